@@ -1,0 +1,26 @@
+# Two commands a newcomer needs: `make demo` and `make test`. Each sets up .venv on first use.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	# torch pinned here only: 2.13.0 resolves to the CPU wheel on this machine (a bare `torch` pulls CUDA).
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test,bench]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m cvops.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

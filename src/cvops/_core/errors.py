@@ -1,0 +1,45 @@
+"""MLU-OPS status codes and the exceptions the functional API raises.
+
+Every functional-API error subclasses ``ValueError`` (bad parameter) or ``NotImplementedError``
+(unsupported) and carries the MLU-OPS status, so one check serves both API levels: the
+MLU-OPS-style layer catches ``CvopsError`` and returns ``err.status``.
+"""
+from __future__ import annotations
+
+import enum
+
+
+class Status(enum.IntEnum):
+    """``mluOpStatus_t`` values."""
+
+    SUCCESS = 0
+    NOT_INITIALIZED = 1
+    ALLOC_FAILED = 2
+    BAD_PARAM = 3
+    INTERNAL_ERROR = 4
+    ARCH_MISMATCH = 5
+    EXECUTION_FAILED = 6
+    NOT_SUPPORTED = 7
+    NUMERICAL_OVERFLOW = 8
+
+
+class CvopsError(Exception):
+    """Base of every cvops error; ``status`` is the MLU-OPS status it maps to."""
+
+    status: Status = Status.INTERNAL_ERROR
+
+    def __init__(self, op: str, message: str):
+        super().__init__(f"{op}: {message}")
+        self.op = op
+
+
+class BadParamError(CvopsError, ValueError):
+    """A parameter breaks a rule of the operator (MLU-OPS ``BAD_PARAM``)."""
+
+    status = Status.BAD_PARAM
+
+
+class NotSupportedError(CvopsError, NotImplementedError):
+    """Valid input the operator or backend does not handle (MLU-OPS ``NOT_SUPPORTED``)."""
+
+    status = Status.NOT_SUPPORTED

@@ -1,0 +1,63 @@
+"""Accuracy metrics of the MLU-OPS acceptance standard (semantics.md §0), all sums in float64."""
+from __future__ import annotations
+
+import torch
+
+_EPS = 1e-9
+
+
+def _pair(actual: torch.Tensor, expected: torch.Tensor):
+    if actual.shape != expected.shape:
+        raise ValueError(f"shape mismatch: actual {tuple(actual.shape)} vs expected {tuple(expected.shape)}")
+    return actual.detach().double().cpu().flatten(), expected.detach().double().cpu().flatten()
+
+
+def diff1(actual, expected) -> float:
+    """Mean relative error: sum|e-b| / (sum|b| + 1e-9)."""
+    e, b = _pair(actual, expected)
+    return float((e - b).abs().sum() / (b.abs().sum() + _EPS))
+
+
+def diff2(actual, expected) -> float:
+    """Relative RMS error: sqrt(sum (e-b)^2 / (sum b^2 + 1e-9))."""
+    e, b = _pair(actual, expected)
+    return float(torch.sqrt(((e - b) ** 2).sum() / ((b**2).sum() + _EPS)))
+
+
+def diff3(actual, expected, eps: float | None = None) -> float:
+    """The gtest scalar: max over points of |e-b| where |b| < eps, else |e-b|/(|b|+1e-9).
+
+    ``eps`` defaults to 1e-4 for half types and 1e-6 otherwise. NaN matching NaN and equal
+    infinities count as no error; any other NaN or inf mismatch is ``inf``.
+    """
+    if eps is None:
+        eps = 1e-4 if actual.dtype in (torch.float16, torch.bfloat16) else 1e-6
+    e, b = _pair(actual, expected)
+    same = (e == b) | (torch.isnan(e) & torch.isnan(b))
+    err = torch.where(b.abs() < eps, (e - b).abs(), (e - b).abs() / (b.abs() + _EPS))
+    err = torch.where(same, torch.zeros_like(err), torch.nan_to_num(err, nan=float("inf")))
+    return float(err.max()) if err.numel() else 0.0
+
+
+def diff3_2(actual, expected) -> float:
+    """Max absolute error (equal values, NaN included, count as 0)."""
+    e, b = _pair(actual, expected)
+    same = (e == b) | (torch.isnan(e) & torch.isnan(b))
+    err = torch.where(same, torch.zeros_like(e), torch.nan_to_num((e - b).abs(), nan=float("inf")))
+    return float(err.max()) if err.numel() else 0.0
+
+
+def bit_equal(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Same shape, dtype and bits (NaN payloads included): the pure-IO contract."""
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        return False
+    a, b = actual.detach().cpu().contiguous(), expected.detach().cpu().contiguous()
+    if a.is_floating_point():
+        itype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        a, b = a.view(itype), b.view(itype)
+    return bool(torch.equal(a, b))
+
+
+def accuracy_report(actual, expected) -> dict[str, float]:
+    return {"diff1": diff1(actual, expected), "diff2": diff2(actual, expected),
+            "diff3": diff3(actual, expected), "diff3_2": diff3_2(actual, expected)}

@@ -1,0 +1,73 @@
+"""Validation helpers shared by every operator's ``checks.py``.
+
+Each helper raises ``BadParamError`` naming the operator, the argument and the rule, e.g.
+``psamask: input channels (15) must equal h_mask * w_mask (16)``.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+from .errors import BadParamError, NotSupportedError
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INDEX_DTYPES = (torch.int32, torch.int64)
+LARGE_TENSOR_NUM = 2**31  # MLU-OPS LARGE_TENSOR_NUM: element counts at or above are NOT_SUPPORTED
+
+
+def require(cond: bool, op: str, message: str) -> None:
+    """Raise ``BadParamError(op, message)`` unless ``cond``."""
+    if not cond:
+        raise BadParamError(op, message)
+
+
+def require_supported(cond: bool, op: str, message: str) -> None:
+    """Raise ``NotSupportedError(op, message)`` unless ``cond``."""
+    if not cond:
+        raise NotSupportedError(op, message)
+
+
+def check_tensor(op: str, name: str, t, *, dim: int | None = None,
+                 dtypes: Sequence[torch.dtype] | None = None) -> None:
+    """``t`` is a tensor with ``dim`` dimensions and one of ``dtypes``."""
+    require(isinstance(t, torch.Tensor), op, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dim is not None:
+        require(t.dim() == dim, op, f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
+    if dtypes is not None:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        require(t.dtype in dtypes, op, f"{name} dtype must be one of ({names}), got {str(t.dtype).replace('torch.', '')}")
+
+
+def check_int(op: str, name: str, value, *, min_value: int | None = None) -> int:
+    """``value`` is an integer (not bool) of at least ``min_value``; returns it as ``int``."""
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if not ok and isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point():
+        value, ok = int(value), True
+    require(ok, op, f"{name} must be an int, got {value!r}")
+    if min_value is not None:
+        require(value >= min_value, op, f"{name} must be >= {min_value}, got {value}")
+    return int(value)
+
+
+def pair(op: str, name: str, value, n: int = 2, *, min_value: int | None = None) -> tuple[int, ...]:
+    """An int or a length-``n`` sequence of ints, as a tuple (torch's ``_pair``/``_triple``)."""
+    if isinstance(value, Iterable) and not isinstance(value, (str, torch.Tensor)):
+        items = tuple(value)
+        require(len(items) == n, op, f"{name} must be an int or {n} ints, got {value!r}")
+    else:
+        items = (value,) * n
+    return tuple(check_int(op, name, v, min_value=min_value) for v in items)
+
+
+def check_same_device(op: str, **tensors: torch.Tensor) -> None:
+    devices = {name: t.device for name, t in tensors.items()}
+    require(len(set(devices.values())) <= 1, op,
+            "tensors must be on one device, got " + ", ".join(f"{k}={v}" for k, v in devices.items()))
+
+
+def check_numel_limit(op: str, **tensors: torch.Tensor) -> None:
+    """MLU-OPS rejects tensors of 2^31 or more elements (NOT_SUPPORTED); used by the MLU-OPS layer."""
+    for name, t in tensors.items():
+        require_supported(t.numel() < LARGE_TENSOR_NUM, op,
+                          f"{name} has {t.numel()} elements, MLU-OPS supports fewer than 2^31")
