@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m cvops.demo
+	$(PY) benchmarks/run_all.py
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 tests

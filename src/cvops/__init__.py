@@ -1,0 +1,9 @@
+"""cvops: the MLU-OPS vision operators for PyTorch, exact and fast on CPU (torch) and GPU (Triton).
+
+Functional ops live here, modules in :mod:`cvops.nn`, the MLU-OPS-style interface in :mod:`cvops.mluops`.
+"""
+from ._core.errors import BadParamError, CvopsError, NotSupportedError, Status
+from .ops.psamask import psamask, psamask_backward, psamask_forward
+from . import mluops, nn  # noqa: E402  (after the ops they wrap)
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""One package per operator: checks, reference, cpu, triton, and the functional API in __init__."""
