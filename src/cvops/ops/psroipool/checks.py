@@ -87,10 +87,10 @@ def check_batch_indices(op: str, rois: torch.Tensor, batch: int) -> None:
     """
     if rois.shape[0] == 0:
         return
-    b = torch.trunc(rois[:, 0].float() if rois.dtype != torch.float64 else rois[:, 0])
-    bad = ~((b >= 0) & (b <= batch - 1))  # NaN fails both comparisons
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0, 0])
+    lo, hi = torch.aminmax(rois[:, 0])  # NaN propagates and fails both comparisons
+    if not (bool(lo > -1) and bool(hi < batch)):  # int(b) in [0, N-1]  <=>  -1 < b < N
+        b = rois[:, 0].double()
+        i = int((~((b > -1) & (b < batch))).nonzero()[0, 0])
         raise_bad(op, f"rois[{i}, 0] = {float(rois[i, 0])} is not a batch index in [0, {batch - 1}] (N = {batch})")
 
 
@@ -98,9 +98,9 @@ def check_mapping_values(op: str, mapping_channel: torch.Tensor, channels: int) 
     """Every mapping_channel entry must address an input channel (data-dependent)."""
     if mapping_channel.numel() == 0:
         return
-    bad = (mapping_channel < 0) | (mapping_channel >= channels)
-    if bool(bad.any()):
-        v = int(mapping_channel[bad][0])
+    lo, hi = torch.aminmax(mapping_channel)
+    if int(lo) < 0 or int(hi) >= channels:
+        v = int(lo) if int(lo) < 0 else int(hi)
         raise_bad(op, f"mapping_channel holds {v}, outside the input channels [0, {channels - 1}]")
 
 
