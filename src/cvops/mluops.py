@@ -17,7 +17,12 @@ from ._core.validate import require, require_supported
 
 # ---------------------------------------------------------------------------------------------- psamask
 def _psamask_check(op, psa_type, in_desc, out_desc, h_mask, w_mask):
-    """``checkParams`` of kernels/psamask: in = x (dx), out = y (dy). All failures are BAD_PARAM."""
+    """``checkParams`` of kernels/psamask: in = x (dx), out = y (dy). All failures are BAD_PARAM.
+
+    MLU-OPS also fails with NOT_SUPPORTED when one row does not fit its on-chip NRAM (``findLimit``);
+    that limit belongs to the MLU, and cvops handles any channel count. Unlike MLU-OPS, an unknown
+    ``psa_type`` is BAD_PARAM rather than a silent no-op (decisions.md).
+    """
     from .ops.psamask.checks import psa_type_code
     psa_type_code(psa_type)
     for name, desc in (("input desc", in_desc), ("output desc", out_desc)):
