@@ -87,7 +87,7 @@ def _nchw_shape(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
 
 
 def psroi_pool(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
-               spatial_scale: float, group_size: int, output_dim: int, layout: str = "NCHW", *,
+               spatial_scale: float, group_size: int, output_dim: int, layout: str = "NCHW",
                backend: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Position-sensitive RoI average pooling (R-FCN).
 
@@ -118,7 +118,7 @@ def psroi_pool(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pool
 
 
 def psroi_pool_backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor,
-                        spatial_scale: float, output_dim: int, input_shape: Sequence[int], layout: str = "NCHW", *,
+                        spatial_scale: float, output_dim: int, input_shape: Sequence[int], layout: str = "NCHW",
                         backend: Optional[str] = None) -> torch.Tensor:
     """Gradient of :func:`psroi_pool` w.r.t. its input (the MLU-OPS ``psroipool_backward``).
 
