@@ -36,6 +36,11 @@ def to_index(v, limit: int) -> int:
 
 def bin_edges(roi, pooled_height: int, pooled_width: int, spatial_scale: float, height: int, width: int, acc):
     """Per roi: hs[PH], he[PH], ws[PW], we[PW] as Python ints (R-FCN arithmetic in ``acc``)."""
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf rois are legal input
+        return _bin_edges(roi, pooled_height, pooled_width, spatial_scale, height, width, acc)
+
+
+def _bin_edges(roi, pooled_height, pooled_width, spatial_scale, height, width, acc):
     scale = acc(spatial_scale)
     x1, y1, x2, y2 = (acc(v) for v in roi[1:5])
     start_w = round_half_away(x1) * scale
