@@ -16,6 +16,9 @@ from cvops.ops.psroipool.case_data import case_input, case_rois
 from cvops._core.dispatch import triton_available
 from tests.conftest import requires_triton
 
+# the Triton interpreter evaluates NaN/inf sums with numpy, which warns
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
 LAYOUTS = ("NCHW", "NHWC")
 FAST_BACKENDS = ["cpu", pytest.param("triton", marks=requires_triton)]
 UNIT = [c for c in load_cases("psroipool", "unit") if "error" not in c]

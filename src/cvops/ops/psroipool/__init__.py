@@ -46,16 +46,17 @@ def _(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, layou
 
 @torch.library.custom_op("cvops::psroi_pool_backward", mutates_args=())
 def _backward_op(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor, spatial_scale: float,
-                 output_dim: int, input_shape: Sequence[int], layout: str, backend: Optional[str]) -> torch.Tensor:
+                 output_dim: int, input_shape: Sequence[int], layout: str, backend: Optional[str],
+                 trusted_mapping: bool = False) -> torch.Tensor:
     impl = _impl(backend, top_grad.device, checks.OP_BACKWARD)
     shape_nchw = _nchw_shape(tuple(input_shape), layout)
     bottom = impl.backward(as_nchw(top_grad, layout), rois, as_nchw(mapping_channel, layout), spatial_scale,
-                           output_dim, shape_nchw, layout)
+                           output_dim, shape_nchw, layout, trusted_mapping)
     return from_nchw(bottom, layout)
 
 
 @_backward_op.register_fake
-def _(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, layout, backend):
+def _(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, layout, backend, trusted_mapping=False):
     return top_grad.new_empty(tuple(input_shape))
 
 
@@ -72,7 +73,8 @@ def _backward(ctx, grad_output, _grad_mapping):
     grad_input = None
     if ctx.needs_input_grad[0]:
         grad_input = _backward_op(grad_output.contiguous() if ctx.layout == "NCHW" else grad_output, rois, mapping,
-                                  ctx.spatial_scale, ctx.output_dim, list(ctx.input_shape), ctx.layout, ctx.backend)
+                                  ctx.spatial_scale, ctx.output_dim, list(ctx.input_shape), ctx.layout, ctx.backend,
+                                  True)  # the forward's own mapping: no range/form check needed
     return grad_input, None, None, None, None, None, None, None
 
 

@@ -3,12 +3,12 @@
 Forward. The input is regrouped once as ``[N, K, H+1, W+1, od]`` (K = PH*PW channel groups; input channel
 ``ctop*K + k``), centred per plane (smaller magnitudes, better fp32 precision) and integrated over H and
 W. A bin's ``od`` sums are then four whole rows of that table, ``S[he,we] - S[hs,we] - S[he,ws] +
-S[hs,ws]``, so one ``embedding_bag`` (bags of 4 corner rows + the plane mean, weights +-1/area) yields
-the output directly in ``[R, PH, PW, od]`` order.
+S[hs,ws]``, so one ``embedding_bag`` (bags of 4 corner rows + the plane-mean row, weights +-1/area and 1)
+yields the output directly in ``[R, PH, PW, od]`` order.
 
 Backward (the adjoint). Each top element adds ``grad/area`` at the four corners of a difference table
-(``index_add_`` over whole rows: a sequential loop on CPU, so deterministic), which two cumulative sums
-turn into ``bottom_grad``; a coverage count gives exact zeros where no bin reaches.
+with one ``scatter_add_`` (each column accumulated by one thread in index order: deterministic); two
+cumulative sums turn it into ``bottom_grad``, and a coverage count gives exact zeros where no bin reaches.
 
 Non-finite values would poison every later entry of a summed-area table, so when any is present the
 table holds the finite values and count tables of NaN, +inf and -inf decide those bins.
@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from ..._core.layout import empty_nchw
 from . import checks
 
+_SIGNS = (1.0, -1.0, -1.0, 1.0)  # corners (hs,ws), (hs,we), (he,ws), (he,we)
+
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Bin-edge arithmetic and accumulation dtype: R-FCN's ``Dtype`` (float32; float64 for float64)."""
@@ -32,49 +34,61 @@ def _round_half_away(v: torch.Tensor) -> torch.Tensor:
     return torch.where((v - t).abs() >= 0.5, t + torch.sign(v), t)
 
 
-def bin_edges(rois: torch.Tensor, pooled_height: int, pooled_width: int, spatial_scale: float,
+def edge_grid(rois: torch.Tensor, pooled_height: int, pooled_width: int, spatial_scale: float,
               height: int, width: int, dtype: torch.dtype):
-    """hs, he [R, PH], ws, we [R, PW] (int64, clamped to [0, H] / [0, W]) and batch [R] (int64).
+    """Bin edges ``[R, 2, P, 2]`` int64 (axis 1: y then x; P = max(PH, PW); last axis: start, end), clamped
+    to [0, H] / [0, W], and the batch index [R] (int64).
 
-    R-FCN arithmetic in ``dtype``, one rounding per operation as in the reference: y and x are handled
-    together as the two rows of ``[R, 2, P+1]`` tensors. NaN edges become 0, +inf the limit.
+    R-FCN arithmetic in ``dtype``, one rounding per operation as in the reference (no fused multiply-add);
+    NaN edges become 0, +inf the limit.
     """
     dev = rois.device
     r = rois.to(dtype)
     scale = torch.tensor(spatial_scale, dtype=dtype, device=dev)
-    yx1 = r[:, [2, 1]]
-    yx2 = r[:, [4, 3]]
-    start = _round_half_away(yx1) * scale
-    end = (_round_half_away(yx2) + 1) * scale
+    start = _round_half_away(r[:, [2, 1]]) * scale
+    end = (_round_half_away(r[:, [4, 3]]) + 1) * scale
     size = torch.maximum(end - start, torch.tensor(0.1, dtype=dtype, device=dev))  # NaN stays NaN
     bins = size / torch.tensor([pooled_height, pooled_width], dtype=dtype, device=dev)
     p = torch.arange(max(pooled_height, pooled_width) + 1, dtype=dtype, device=dev)
     edges = p * bins[:, :, None] + start[:, :, None]  # [R, 2, P+1]
-    limit = torch.tensor([[height], [width]], dtype=dtype, device=dev)
-    lo = torch.minimum(torch.floor(edges[:, :, :-1]).nan_to_num_(nan=0.0).clamp_(min=0), limit)
-    hi = torch.minimum(torch.ceil(edges[:, :, 1:]).nan_to_num_(nan=0.0).clamp_(min=0), limit)
-    lo, hi = lo.to(torch.int64), hi.to(torch.int64)
-    hs, he = lo[:, 0, :pooled_height], hi[:, 0, :pooled_height]
-    ws, we = lo[:, 1, :pooled_width], hi[:, 1, :pooled_width]
-    batch = r[:, 0].to(torch.int64)  # C truncation; validated beforehand
-    return hs, he, ws, we, batch
+    grid = torch.stack((torch.floor(edges[:, :, :-1]), torch.ceil(edges[:, :, 1:])), -1)
+    limit = torch.tensor([height, width], dtype=dtype, device=dev).view(1, 2, 1, 1)
+    grid = torch.minimum(grid.nan_to_num_(nan=0.0).clamp_(min=0), limit).to(torch.int64)
+    return grid, r[:, 0].to(torch.int64)  # C truncation of the batch index (validated beforehand)
 
 
-def _corners(hs, he, ws, we, batch, groups: int, height: int, width: int):
-    """Row indices [R*PH*PW, 4] into the ``[N*K*(H+1)*(W+1), od]`` table, in the corner order
-    (hs,ws), (hs,we), (he,ws), (he,we), and the bin areas [R*PH*PW] (0 for empty bins)."""
-    r, ph_n = hs.shape
-    pw_n = ws.shape[1]
-    k = torch.arange(ph_n * pw_n, device=hs.device).view(1, ph_n, pw_n)
-    plane = (batch.view(r, 1, 1) * groups + k) * (height + 1)  # [R, PH, PW]
-    h_rows = torch.stack((plane + hs[:, :, None], plane + he[:, :, None]), -1) * (width + 1)  # [R,PH,PW,2]
-    w_cols = torch.stack((ws, we), -1)[:, None, :, None, :]  # [R,1,PW,1,2]
-    rows = (h_rows[..., :, None] + w_cols).view(-1, 4)  # (h in {s,e}) x (w in {s,e})
-    area = ((he - hs)[:, :, None] * (we - ws)[:, None, :]).view(-1)
-    return rows, area
+def bin_edges(rois, pooled_height, pooled_width, spatial_scale, height, width, dtype):
+    """hs, he [R, PH], ws, we [R, PW] (int64) and batch [R]: :func:`edge_grid` split up."""
+    grid, batch = edge_grid(rois, pooled_height, pooled_width, spatial_scale, height, width, dtype)
+    return (grid[:, 0, :pooled_height, 0], grid[:, 0, :pooled_height, 1],
+            grid[:, 1, :pooled_width, 0], grid[:, 1, :pooled_width, 1], batch)
 
 
-_SIGNS = (1.0, -1.0, -1.0, 1.0)
+def _corner_rows(grid, batch, ph_n: int, pw_n: int, height: int, width: int, corner_offset=None) -> torch.Tensor:
+    """Rows ``[R*PH*PW, 4]`` of each bin's corners (hs,ws), (hs,we), (he,ws), (he,we) in the
+    ``[N*K*(H+1)*(W+1), od]`` table: ``((b*K + k)*(H+1) + h)*(W+1) + w`` with ``k = ph*PW + pw``, plus
+    ``corner_offset[j]`` if given.
+
+    Built from the h part ``[R, PH, 2]`` and the w part ``[R, PW, 2]`` with repeats and one contiguous add:
+    broadcasting over the short corner axes would cost ~20x more on CPU.
+    """
+    r = grid.shape[0]
+    plane = (height + 1) * (width + 1)
+    dev = grid.device
+    h_part = grid[:, 0, :ph_n] * (width + 1) + (batch.view(-1, 1, 1) * (ph_n * pw_n * plane)
+                                                + (torch.arange(ph_n, device=dev) * (pw_n * plane)).view(1, -1, 1))
+    w_part = grid[:, 1, :pw_n] + (torch.arange(pw_n, device=dev) * plane).view(1, -1, 1)
+    h4 = h_part.repeat_interleave(2, dim=2).repeat_interleave(pw_n, dim=1)  # [R, PH*PW, 4]: hs hs he he
+    w4 = w_part.repeat(1, 1, 2)  # [R, PW, 4]: ws we ws we
+    if corner_offset is not None:
+        w4 += corner_offset
+    return (h4 + w4.repeat(1, ph_n, 1)).view(r * ph_n * pw_n, 4)
+
+
+def _areas(grid, ph_n: int, pw_n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Bin areas ``[R*PH*PW, 1]`` in ``dtype`` (0 for empty bins)."""
+    span = (grid[..., 1] - grid[..., 0]).to(dtype)  # [R, 2, P]
+    return (span[:, 0, :ph_n, None] * span[:, 1, None, :pw_n]).view(-1, 1)
 
 
 def _grouped(t_nchw: torch.Tensor, groups: int) -> torch.Tensor:
@@ -85,30 +99,23 @@ def _grouped(t_nchw: torch.Tensor, groups: int) -> torch.Tensor:
 
 def _integral_table(values: torch.Tensor, dtype: torch.dtype, centre: bool):
     """``[N*K*(H+1)*(W+1) + N*K, od]``: the summed-area table of ``values - mean`` (zero border), followed
-    by the per-plane means (rows ``n_table + plane``). ``values`` is ``[N, K, H, W, od]``."""
+    by the per-plane means (row ``n_table + b*K + k``). ``values`` is ``[N, K, H, W, od]``."""
     n, k, h, w, od = values.shape
     n_table = n * k * (h + 1) * (w + 1)
     table = torch.empty((n_table + n * k, od), dtype=dtype, device=values.device)
     sat = table[:n_table].view(n, k, h + 1, w + 1, od)
     sat[:, :, 0].zero_()
-    sat[:, :, :, 0].zero_()
+    sat[:, :, 1:, 0].zero_()
     mean = table[n_table:].view(n, k, 1, 1, od)
-    if centre and h * w > 0:
+    if centre:
         torch.mean(values, dim=(2, 3), keepdim=True, dtype=dtype, out=mean)
         torch.sub(values, mean, out=sat[:, :, 1:, 1:])
     else:
         mean.zero_()
         sat[:, :, 1:, 1:].copy_(values)
-    torch.cumsum(sat, 2, out=sat)
-    torch.cumsum(sat, 3, out=sat)
+    sat.cumsum_(2)
+    sat.cumsum_(3)
     return table, n_table
-
-
-def _pool(table: torch.Tensor, n_table: int, rows: torch.Tensor, weights: torch.Tensor, mean_rows, with_mean):
-    """embedding_bag over bags of the 4 corner rows (+ the plane-mean row): ``[R*PH*PW, od]``."""
-    if with_mean:
-        rows = torch.cat((rows, mean_rows[:, None] + n_table), 1)
-    return F.embedding_bag(rows, table, mode="sum", per_sample_weights=weights)
 
 
 def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
@@ -118,41 +125,49 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
     r = rois.shape[0]
     ph_n, pw_n, od = pooled_height, pooled_width, output_dim
     groups = ph_n * pw_n
-    output = empty_nchw((r, od, ph_n, pw_n), out_layout, like=input)
+    dev = input.device
     mapping = empty_nchw((r, od, ph_n, pw_n), out_layout, like=input.new_empty(0, dtype=torch.int32))
-    chan = torch.arange(od * groups, dtype=torch.int32, device=input.device).view(1, od, ph_n, pw_n)
+    chan = torch.arange(od * groups, dtype=torch.int32, device=dev).view(1, od, ph_n, pw_n)
     mapping.copy_(chan.expand(r, od, ph_n, pw_n))
     if input.numel() == 0 or r == 0:
-        output.zero_()
-        return output, mapping
+        return empty_nchw((r, od, ph_n, pw_n), out_layout, like=input, zero=True), mapping
     checks.check_batch_indices(checks.OP, rois, n)
     acc = compute_dtype(input.dtype)
-    hs, he, ws, we, batch = bin_edges(rois, ph_n, pw_n, spatial_scale, h, w, acc)
-    rows, area = _corners(hs, he, ws, we, batch, groups, h, w)
-    nonempty = area > 0
-    inv_area = torch.where(nonempty, 1.0 / area.clamp(min=1).to(acc), 0.0)
-    signs = torch.tensor(_SIGNS, dtype=acc, device=input.device)
-    weights = torch.cat((inv_area[:, None] * signs, nonempty.to(acc)[:, None]), 1)  # [B, 5]
-    mean_rows = (batch.view(r, 1) * groups + torch.arange(groups, device=input.device)).view(-1)
+    grid, batch = edge_grid(rois, ph_n, pw_n, spatial_scale, h, w, acc)
+    bins = r * groups
 
     grouped = _grouped(input, groups)
     table, n_table = _integral_table(grouped, acc, centre=True)
-    result = _pool(table, n_table, rows, weights, mean_rows, True)
-    if not bool(torch.isfinite(table[n_table:]).all()):  # a non-finite (or overflowing) plane
-        result = _nonfinite_forward(grouped, acc, rows, weights, mean_rows)
-    output.copy_(result.view(r, ph_n, pw_n, od).permute(0, 3, 1, 2))
+    # bags: 4 corner rows and the plane-mean row; weights +-1/area and 1 (all 0 for an empty bin)
+    k = torch.arange(groups, device=dev).view(1, groups)
+    mean_rows = (batch.view(r, 1) * groups + n_table + k).view(bins, 1)
+    rows = torch.cat((_corner_rows(grid, batch, ph_n, pw_n, h, w), mean_rows), 1)
+    area = _areas(grid, ph_n, pw_n, acc)
+    weights = torch.empty((bins, 5), dtype=acc, device=dev)
+    nonempty = torch.gt(area, 0, out=weights[:, 4:])
+    inv_area = nonempty / torch.clamp_min(area, 1)
+    torch.mul(inv_area, torch.tensor(_SIGNS, dtype=acc, device=dev), out=weights[:, :4])
+
+    result = F.embedding_bag(rows, table, mode="sum", per_sample_weights=weights)  # [R*PH*PW, od]
+    if not bool(torch.isfinite(table[n_table:]).all()):  # some plane holds NaN/inf (or overflows)
+        result = _nonfinite_forward(grouped, acc, rows, weights)
+    result = result.view(r, ph_n, pw_n, od)
+    if out_layout == "NHWC" and result.dtype == input.dtype:
+        return result.permute(0, 3, 1, 2), mapping
+    output = empty_nchw((r, od, ph_n, pw_n), out_layout, like=input)
+    output.copy_(result.permute(0, 3, 1, 2))
     return output, mapping
 
 
-def _nonfinite_forward(grouped, acc, rows, weights, mean_rows):
-    finite_vals = torch.nan_to_num(grouped, nan=0.0, posinf=0.0, neginf=0.0)
-    table, n_table = _integral_table(finite_vals, torch.float64, centre=True)
-    result = _pool(table, n_table, rows, weights.double(), mean_rows, True)
+def _nonfinite_forward(grouped, acc, rows, weights):
+    table, _ = _integral_table(torch.nan_to_num(grouped, nan=0.0, posinf=0.0, neginf=0.0), torch.float64, True)
+    result = F.embedding_bag(rows, table, mode="sum", per_sample_weights=weights.double())
+    presence = weights.double().sign()
+    presence[:, 4] = 0.0
     counts = []
-    presence = (weights[:, :4] != 0).double() * torch.tensor(_SIGNS, dtype=torch.float64, device=rows.device)
     for marker in (torch.isnan(grouped), grouped == float("inf"), grouped == float("-inf")):
-        t, nt = _integral_table(marker, torch.float64, centre=False)
-        counts.append(_pool(t, nt, rows, presence, mean_rows, False) > 0.5)
+        t, _ = _integral_table(marker, torch.float64, centre=False)
+        counts.append(F.embedding_bag(rows, t, mode="sum", per_sample_weights=presence) > 0.5)
     nan_n, pos_n, neg_n = counts
     result = torch.where(pos_n, float("inf"), result)
     result = torch.where(neg_n, float("-inf"), result)
@@ -166,21 +181,26 @@ def _is_canonical(mapping_channel: torch.Tensor) -> bool:
 
 
 def _splat(index: torch.Tensor, values: torch.Tensor, n_rows: int) -> torch.Tensor:
-    """Difference table ``[n_rows, cols]``: row ``index[b, j]`` receives ``sign_j * values[b]``.
+    """Difference table ``[n_rows, cols]``: rows ``index[b, j]`` receive ``values[b]``; indices at or
+    above ``n_rows`` address the negative half, subtracted at the end.
 
-    One ``scatter_add_`` along dim 0 with the row index broadcast over the columns; on CPU each column is
-    accumulated by one thread in index order, so the sums are deterministic.
+    One ``scatter_add_`` along dim 0 with the row index broadcast over the columns (CPU: sorted by index,
+    summed in a fixed order, deterministic).
     """
     cols = values.shape[1]
-    signs = torch.tensor(_SIGNS, dtype=values.dtype, device=values.device)
-    src = (values[None] * signs[:, None, None]).view(-1, cols)  # [4*B, cols], corner-major
-    table = torch.zeros((n_rows, cols), dtype=values.dtype, device=values.device)
-    return table.scatter_add_(0, index.T.reshape(-1, 1).expand(-1, cols), src)
+    table = torch.zeros((2 * n_rows, cols), dtype=values.dtype, device=values.device)
+    for j in range(index.shape[1]):  # one corner at a time: no [B*4, cols] copy of the values
+        table.scatter_add_(0, index[:, j].contiguous().view(-1, 1).expand(-1, cols), values)
+    return torch.sub(table[:n_rows], table[n_rows:], out=table[:n_rows])
 
 
 def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor, spatial_scale: float,
-             output_dim: int, input_shape, out_layout: str = "NCHW"):
-    """bottom_grad (logical NCHW view of a tensor stored in ``out_layout``)."""
+             output_dim: int, input_shape, out_layout: str = "NCHW", trusted_mapping: bool = False):
+    """bottom_grad (logical NCHW view of a tensor stored in ``out_layout``).
+
+    ``trusted_mapping``: mapping_channel comes from this library's forward (autograd), so its range and
+    canonical form need no check.
+    """
     n, c, h, w = input_shape
     r, od, ph_n, pw_n = top_grad.shape
     groups = ph_n * pw_n
@@ -188,38 +208,53 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
     if top_grad.numel() == 0 or bottom.numel() == 0:
         return bottom.zero_()
     checks.check_batch_indices(checks.OP_BACKWARD, rois, n)
-    checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
+    if not trusted_mapping:
+        checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
+    canonical = trusted_mapping or _is_canonical(mapping_channel)
     acc = compute_dtype(top_grad.dtype)
-    hs, he, ws, we, batch = bin_edges(rois, ph_n, pw_n, spatial_scale, h, w, acc)
-    rows, area = _corners(hs, he, ws, we, batch, groups, h, w)  # [B, 4], [B]
+    dev = top_grad.device
+    grid, batch = edge_grid(rois, ph_n, pw_n, spatial_scale, h, w, acc)
+    bins = r * groups
     n_rows = n * groups * (h + 1) * (w + 1)
-    inv_area = torch.where(area > 0, 1.0 / area.clamp(min=1).to(acc), 0.0)
+    # negative corners address a second copy of the table, subtracted at the end
+    rows = _corner_rows(grid, batch, ph_n, pw_n, h, w,
+                        torch.tensor([0, n_rows, n_rows, 0], device=dev))
+    area = _areas(grid, ph_n, pw_n, acc)
 
-    grad = top_grad.permute(0, 2, 3, 1).reshape(-1, od)  # [B, od] in (r, ph, pw) order
-    finite = bool(torch.isfinite(grad.sum(dtype=torch.float64)))
-    nonempty = (area > 0)[:, None]
-    # columns: grad/area | (NaN, +inf, -inf markers if any) | bin coverage (exact zeros elsewhere)
-    cols = [(grad.to(acc) if finite else torch.nan_to_num(grad.to(acc), nan=0.0, posinf=0.0, neginf=0.0))
-            * inv_area[:, None]]
-    if not finite:
-        cols += [(m & nonempty).to(acc) for m in (torch.isnan(grad), grad == float("inf"), grad == float("-inf"))]
+    grad = top_grad.permute(0, 2, 3, 1).reshape(bins, od)  # (r, ph, pw) rows
+    # columns: grad/area | NaN, +inf, -inf markers (only if any) | bin coverage (exact zeros elsewhere)
+    finite = bool(torch.isfinite(grad.sum(dtype=acc)))
+    width = od + 1 if finite else 4 * od + 1
+    values = torch.empty((bins, width), dtype=acc, device=dev)
+    nonempty = torch.gt(area, 0, out=values[:, -1:])
+    inv_area = nonempty / torch.clamp_min(area, 1)
+    if finite:
+        torch.mul(grad, inv_area, out=values[:, :od])
+    else:
+        torch.mul(torch.nan_to_num(grad.to(acc), nan=0.0, posinf=0.0, neginf=0.0), inv_area, out=values[:, :od])
+        for i, marker in enumerate((torch.isnan(grad), grad == float("inf"), grad == float("-inf")), 1):
+            torch.mul(marker, nonempty, out=values[:, i * od:(i + 1) * od])
 
-    if _is_canonical(mapping_channel):  # (r, ph, pw) -> a whole table row, ctop -> its column
-        table = _splat(rows, torch.cat(cols + [nonempty.to(acc)], 1), n_rows).view(n, groups, h + 1, w + 1, -1)
-        parts = [table[..., i * od:(i + 1) * od] for i in range(len(cols))]
+    if canonical:  # (r, ph, pw) -> a whole table row, ctop -> its column
+        table = _splat(rows, values, n_rows).view(n, groups, h + 1, w + 1, width)
+        parts = [table[..., i * od:(i + 1) * od] for i in range((width - 1) // od)]
         cover = table[..., -1:]
     else:  # any channel: split it into (ctop, k) and address single elements
-        ch = mapping_channel.permute(0, 2, 3, 1).reshape(-1, od).to(torch.int64)  # [B, od]
+        ch = mapping_channel.permute(0, 2, 3, 1).reshape(bins, od).to(torch.int64)
         ctop, k = ch // groups, ch % groups
-        canonical_k = torch.arange(groups, device=rows.device).repeat(r)[:, None]  # [B, 1]
+        canonical_k = torch.arange(groups, device=dev).repeat(r)[:, None]
         plane = (h + 1) * (w + 1)
-        elem = ((rows[:, None, :] + ((k - canonical_k) * plane)[:, :, None]) * od + ctop[:, :, None])  # [B,od,4]
-        per_elem = torch.stack(cols + [nonempty.expand(-1, od).to(acc)], -1).view(-1, len(cols) + 1)
+        base = torch.where(rows >= n_rows, rows - n_rows, rows)  # the element path signs by its own offset
+        neg = (rows >= n_rows) * (n_rows * od)
+        elem = ((base[:, None, :] + ((k - canonical_k) * plane)[:, :, None]) * od + ctop[:, :, None]
+                + neg[:, None, :])  # [B, od, 4]
+        per_elem = torch.stack([values[:, i * od:(i + 1) * od] for i in range((width - 1) // od)]
+                               + [values[:, -1:].expand(-1, od)], -1).reshape(bins * od, -1)
         table = _splat(elem.view(-1, 4), per_elem, n_rows * od).view(n, groups, h + 1, w + 1, od, -1)
-        parts = [table[..., i] for i in range(len(cols))]
+        parts = [table[..., i] for i in range(table.shape[-1] - 1)]
         cover = table[..., -1]
-    torch.cumsum(table, 2, out=table)
-    torch.cumsum(table, 3, out=table)
+    table.cumsum_(2)
+    table.cumsum_(3)
     crop = (slice(None), slice(None), slice(0, h), slice(0, w))
     result = parts[0][crop]
     if not finite:
@@ -227,6 +262,11 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
         result = torch.where(pos_n, float("inf"), result)
         result = torch.where(neg_n, float("-inf"), result)
         result = torch.where(nan_n | (pos_n & neg_n), float("nan"), result)
-    result = torch.where(cover[crop] > 0.5, result, 0.0)  # [N, K, H, W, od]
-    bottom.unflatten(1, (od, groups)).copy_(result.permute(0, 4, 1, 2, 3))
+    # [N, K, H, W, od] -> logical [N, od, K, H, W] (channel ctop*K + k), zero where no bin reaches
+    target = bottom.unflatten(1, (od, groups)).permute(0, 2, 3, 4, 1)
+    covered = cover[crop] > 0.5
+    if target.dtype == acc:
+        torch.where(covered, result, torch.zeros((), dtype=acc, device=dev), out=target)
+    else:
+        target.copy_(torch.where(covered, result, 0.0))
     return bottom

@@ -58,6 +58,7 @@ def _bin_edges(roi, pooled_height, pooled_width, spatial_scale, height, width, a
     return hs, he, ws, we
 
 
+@np.errstate(invalid="ignore", over="ignore")  # NaN/inf inputs are legal: their sums are the answer
 def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
             spatial_scale: float, output_dim: int, out_layout: str = "NCHW"):
     """(output [R, od, PH, PW], mapping_channel int32 [R, od, PH, PW]), logical NCHW views."""
@@ -95,8 +96,9 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
     return output, mapping
 
 
+@np.errstate(invalid="ignore", over="ignore")
 def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor, spatial_scale: float,
-             output_dim: int, input_shape, out_layout: str = "NCHW"):
+             output_dim: int, input_shape, out_layout: str = "NCHW", trusted_mapping: bool = False):
     """bottom_grad [N, C, H, W] (logical NCHW view): each top element adds grad / bin_area to every
     pixel of its bin in channel ``mapping_channel`` (R-FCN backward, in a fixed order)."""
     n, c, h, w = input_shape

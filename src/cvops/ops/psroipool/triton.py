@@ -127,15 +127,16 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
 
 
 def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor, spatial_scale: float,
-             output_dim: int, input_shape, out_layout: str = "NCHW"):
+             output_dim: int, input_shape, out_layout: str = "NCHW", trusted_mapping: bool = False):
     n, c, h, w = input_shape
     r, od, ph, pw = top_grad.shape
     bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad)
     if top_grad.numel() == 0 or bottom.numel() == 0:
         return bottom.zero_()
     checks.check_batch_indices(checks.OP_BACKWARD, rois, n)
-    checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
-    if not _is_canonical(mapping_channel):
+    if not trusted_mapping:
+        checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
+    if not trusted_mapping and not _is_canonical(mapping_channel):
         raise NotSupportedError(checks.OP_BACKWARD, "the triton backend needs the forward's mapping_channel "
                                 "(channel (ctop*PH + ph)*PW + pw); use backend='cpu' for any other mapping")
     hs, he, ws, we, batch = _edges_int32(rois, ph, pw, spatial_scale, h, w, top_grad.dtype)
