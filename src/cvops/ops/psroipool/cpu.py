@@ -36,23 +36,24 @@ def _round_half_away(v: torch.Tensor) -> torch.Tensor:
 
 def edge_grid(rois: torch.Tensor, pooled_height: int, pooled_width: int, spatial_scale: float,
               height: int, width: int, dtype: torch.dtype):
-    """Bin edges ``[R, 2, P, 2]`` int64 (axis 1: y then x; P = max(PH, PW); last axis: start, end), clamped
-    to [0, H] / [0, W], and the batch index [R] (int64).
+    """Bin edges ``[R, 2, P, 2]`` int64 (axis 1: x then y; P = max(PH, PW); last axis: start, end), clamped
+    to [0, W] / [0, H], and the batch index [R] (int64).
 
     R-FCN arithmetic in ``dtype``, one rounding per operation as in the reference (no fused multiply-add);
     NaN edges become 0, +inf the limit.
     """
     dev = rois.device
     r = rois.to(dtype)
+    corners = _round_half_away(r[:, 1:5].view(-1, 2, 2))  # [[x1, y1], [x2, y2]]
     scale = torch.tensor(spatial_scale, dtype=dtype, device=dev)
-    start = _round_half_away(r[:, [2, 1]]) * scale
-    end = (_round_half_away(r[:, [4, 3]]) + 1) * scale
+    start = corners[:, 0] * scale
+    end = (corners[:, 1] + 1) * scale
     size = torch.maximum(end - start, torch.tensor(0.1, dtype=dtype, device=dev))  # NaN stays NaN
-    bins = size / torch.tensor([pooled_height, pooled_width], dtype=dtype, device=dev)
+    bins = size / torch.tensor([pooled_width, pooled_height], dtype=dtype, device=dev)
     p = torch.arange(max(pooled_height, pooled_width) + 1, dtype=dtype, device=dev)
     edges = p * bins[:, :, None] + start[:, :, None]  # [R, 2, P+1]
     grid = torch.stack((torch.floor(edges[:, :, :-1]), torch.ceil(edges[:, :, 1:])), -1)
-    limit = torch.tensor([height, width], dtype=dtype, device=dev).view(1, 2, 1, 1)
+    limit = torch.tensor([width, height], dtype=dtype, device=dev).view(1, 2, 1, 1)
     grid = torch.minimum(grid.nan_to_num_(nan=0.0).clamp_(min=0), limit).to(torch.int64)
     return grid, r[:, 0].to(torch.int64)  # C truncation of the batch index (validated beforehand)
 
@@ -60,11 +61,12 @@ def edge_grid(rois: torch.Tensor, pooled_height: int, pooled_width: int, spatial
 def bin_edges(rois, pooled_height, pooled_width, spatial_scale, height, width, dtype):
     """hs, he [R, PH], ws, we [R, PW] (int64) and batch [R]: :func:`edge_grid` split up."""
     grid, batch = edge_grid(rois, pooled_height, pooled_width, spatial_scale, height, width, dtype)
-    return (grid[:, 0, :pooled_height, 0], grid[:, 0, :pooled_height, 1],
-            grid[:, 1, :pooled_width, 0], grid[:, 1, :pooled_width, 1], batch)
+    return (grid[:, 1, :pooled_height, 0], grid[:, 1, :pooled_height, 1],
+            grid[:, 0, :pooled_width, 0], grid[:, 0, :pooled_width, 1], batch)
 
 
-def _corner_rows(grid, batch, ph_n: int, pw_n: int, height: int, width: int, corner_offset=None) -> torch.Tensor:
+def _corner_rows(grid, batch, ph_n: int, pw_n: int, height: int, width: int, corner_offset=None,
+                 out=None) -> torch.Tensor:
     """Rows ``[R*PH*PW, 4]`` of each bin's corners (hs,ws), (hs,we), (he,ws), (he,we) in the
     ``[N*K*(H+1)*(W+1), od]`` table: ``((b*K + k)*(H+1) + h)*(W+1) + w`` with ``k = ph*PW + pw``, plus
     ``corner_offset[j]`` if given.
@@ -75,20 +77,22 @@ def _corner_rows(grid, batch, ph_n: int, pw_n: int, height: int, width: int, cor
     r = grid.shape[0]
     plane = (height + 1) * (width + 1)
     dev = grid.device
-    h_part = grid[:, 0, :ph_n] * (width + 1) + (batch.view(-1, 1, 1) * (ph_n * pw_n * plane)
+    h_part = grid[:, 1, :ph_n] * (width + 1) + (batch.view(-1, 1, 1) * (ph_n * pw_n * plane)
                                                 + (torch.arange(ph_n, device=dev) * (pw_n * plane)).view(1, -1, 1))
-    w_part = grid[:, 1, :pw_n] + (torch.arange(pw_n, device=dev) * plane).view(1, -1, 1)
+    w_part = grid[:, 0, :pw_n] + (torch.arange(pw_n, device=dev) * plane).view(1, -1, 1)
     h4 = h_part.repeat_interleave(2, dim=2).repeat_interleave(pw_n, dim=1)  # [R, PH*PW, 4]: hs hs he he
     w4 = w_part.repeat(1, 1, 2)  # [R, PW, 4]: ws we ws we
     if corner_offset is not None:
         w4 += corner_offset
+    if out is not None:
+        return torch.add(h4, w4.repeat(1, ph_n, 1), out=out.view(r, ph_n * pw_n, 4))
     return (h4 + w4.repeat(1, ph_n, 1)).view(r * ph_n * pw_n, 4)
 
 
 def _areas(grid, ph_n: int, pw_n: int, dtype: torch.dtype) -> torch.Tensor:
     """Bin areas ``[R*PH*PW, 1]`` in ``dtype`` (0 for empty bins)."""
-    span = (grid[..., 1] - grid[..., 0]).to(dtype)  # [R, 2, P]
-    return (span[:, 0, :ph_n, None] * span[:, 1, None, :pw_n]).view(-1, 1)
+    span = (grid[..., 1] - grid[..., 0]).to(dtype)  # [R, 2, P]: widths, heights
+    return (span[:, 1, :ph_n, None] * span[:, 0, None, :pw_n]).view(-1, 1)
 
 
 def _grouped(t_nchw: torch.Tensor, groups: int) -> torch.Tensor:
@@ -139,9 +143,10 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
     grouped = _grouped(input, groups)
     table, n_table = _integral_table(grouped, acc, centre=True)
     # bags: 4 corner rows and the plane-mean row; weights +-1/area and 1 (all 0 for an empty bin)
+    rows = torch.empty((bins, 5), dtype=torch.int64, device=dev)
+    _corner_rows(grid, batch, ph_n, pw_n, h, w, out=rows[:, :4])
     k = torch.arange(groups, device=dev).view(1, groups)
-    mean_rows = (batch.view(r, 1) * groups + n_table + k).view(bins, 1)
-    rows = torch.cat((_corner_rows(grid, batch, ph_n, pw_n, h, w), mean_rows), 1)
+    torch.add(batch.view(r, 1) * groups + n_table, k, out=rows[:, 4].view(r, groups))
     area = _areas(grid, ph_n, pw_n, acc)
     weights = torch.empty((bins, 5), dtype=acc, device=dev)
     nonempty = torch.gt(area, 0, out=weights[:, 4:])
