@@ -367,6 +367,16 @@ def test_gradcheck(layout):
     assert torch.autograd.gradcheck(lambda t: cvops.psroi_pool(t, rois, 2, 2, 0.8, 2, 3, layout)[0], (x,))
     assert torch.autograd.gradcheck(lambda t: cvops.psroi_pool(t, rois, 2, 3, 1.0, 1, 2, layout)[0],
                                     (x.detach().clone().requires_grad_(),))
+    assert torch.autograd.gradgradcheck(lambda t: cvops.psroi_pool(t, rois, 2, 2, 0.8, 2, 3, layout)[0],
+                                        (x.detach().clone().requires_grad_(),))
+
+
+def test_explicit_backward_is_differentiable_in_top_grad():
+    rois = torch.tensor([[0, 0.5, 1, 4, 4.5], [1, 2, 2, 2.5, 5]], dtype=torch.float64)
+    _, mapping = cvops.psroi_pool(torch.zeros(2, 8, 5, 6, dtype=torch.float64), rois, 2, 2, 0.8, 2, 2)
+    top = torch.randn(2, 2, 2, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda t: cvops.psroi_pool_backward(t, rois, mapping, 0.8, 2, (2, 8, 5, 6)), (top,))
 
 
 def test_autograd_equals_explicit_backward_and_is_deterministic():

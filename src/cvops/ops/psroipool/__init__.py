@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..._core.dispatch import backend_module
+from ..._core.errors import NotSupportedError
 from ..._core.layout import as_nchw, from_nchw, parse_layout
 from ..._core.validate import require
 from . import checks
@@ -79,6 +80,33 @@ def _backward(ctx, grad_output, _grad_mapping):
 
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _setup_backward_context(ctx, inputs, output):
+    top_grad, rois, mapping, spatial_scale, output_dim, _shape, layout, backend, trusted = inputs
+    ctx.save_for_backward(rois, mapping)
+    ctx.pooled = tuple(top_grad.shape[2:4]) if layout == "NCHW" else tuple(top_grad.shape[1:3])
+    ctx.spatial_scale, ctx.output_dim, ctx.layout, ctx.backend, ctx.trusted = (spatial_scale, output_dim, layout,
+                                                                               backend, trusted)
+
+
+def _backward_backward(ctx, grad_bottom):
+    """The backward is linear in top_grad; its adjoint is the forward pooling (for the forward's mapping)."""
+    rois, mapping = ctx.saved_tensors
+    if not ctx.trusted and not _forward_mapping(mapping, ctx.layout):
+        raise NotSupportedError(checks.OP_BACKWARD, "double backward needs the forward's mapping_channel")
+    ph, pw = ctx.pooled
+    grad_top, _ = _forward_op(grad_bottom.contiguous(), rois, ph, pw, ctx.spatial_scale, ctx.output_dim,
+                              ctx.layout, ctx.backend)
+    return grad_top, None, None, None, None, None, None, None, None
+
+
+def _forward_mapping(mapping: torch.Tensor, layout: str) -> bool:
+    from .cpu import _is_canonical
+    return _is_canonical(as_nchw(mapping, layout))
+
+
+_backward_op.register_autograd(_backward_backward, setup_context=_setup_backward_context)
 
 
 def _nchw_shape(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
