@@ -108,3 +108,21 @@ def lidar_voxels(num: int, batch_size: int, spatial_shape, seed: int = 0) -> tor
 def uniform_voxels(num: int, batch_size: int, spatial_shape, seed: int = 0) -> torch.Tensor:
     """``[num, NDim + 1]`` int32 distinct voxels drawn uniformly over the grid."""
     return _voxels(num, batch_size, spatial_shape, seed, "uniform")
+
+
+def case_indices(case: dict) -> torch.Tensor:
+    """The ``indices`` of a case of ``cases/get_indice_pairs.json``: explicit rows or a generator."""
+    if "indices" in case:
+        return torch.tensor(case["indices"], dtype=torch.int32).reshape(-1, len(case["spatial_shape"]) + 1)
+    make = {"lidar": lidar_voxels, "uniform": uniform_voxels}[case["generator"]]
+    idx = make(case["num"], case["batch_size"], case["spatial_shape"], case.get("seed", 0))
+    if case.get("duplicates"):  # repeat some rows (legal for a regular conv)
+        idx = torch.cat([idx, idx[: case["duplicates"]]])
+    return idx
+
+
+def case_kwargs(case: dict) -> dict:
+    """Keyword arguments of :func:`cvops.get_indice_pairs` for a case."""
+    keys = ("kernel_size", "stride", "padding", "dilation", "out_padding", "subm", "transpose", "out_spatial_shape")
+    kwargs = {k: case[k] for k in keys if k in case}
+    return dict(batch_size=case["batch_size"], spatial_shape=case["spatial_shape"], **kwargs)
