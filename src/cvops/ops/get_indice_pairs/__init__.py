@@ -56,10 +56,10 @@ def _run(indices: torch.Tensor, geo: Geometry, backend: Optional[str]):
 def _get_indice_pairs_op(indices: torch.Tensor, batch_size: int, spatial_shape: list[int],
                          out_spatial_shape: list[int], kernel_size: list[int], stride: list[int],
                          padding: list[int], dilation: list[int], subm: bool, transpose: bool,
-                         backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                         backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     geo = Geometry(batch_size, tuple(spatial_shape), tuple(out_spatial_shape), tuple(kernel_size),
                    tuple(stride), tuple(padding), tuple(dilation), subm, transpose)
-    return _run(indices, geo, backend or None)
+    return _run(indices, geo, backend)
 
 
 @_get_indice_pairs_op.register_fake
@@ -106,4 +106,4 @@ def get_indice_pairs(indices: torch.Tensor, batch_size: int, spatial_shape: Sequ
     return _get_indice_pairs_op(indices, geo.batch_size, list(geo.spatial_shape),
                                 list(geo.out_spatial_shape), list(geo.kernel_size), list(geo.stride),
                                 list(geo.padding), list(geo.dilation), geo.subm, geo.transpose,
-                                backend or "")
+                                backend)
