@@ -162,5 +162,18 @@ def _subm_pairs(indices: torch.Tensor, geo: Geometry):
 
 
 def get_indice_pairs(indices: torch.Tensor, geo: Geometry):
-    """``(out_indices, indice_pairs, indice_num)``; ``indices`` is non-empty and already checked."""
-    return _subm_pairs(indices, geo) if geo.subm else _conv_pairs(indices, geo)
+    """``(out_indices, indice_pairs, indice_num)``; ``indices`` is non-empty and already checked.
+
+    On CPU the work runs on one intra-op thread: it is a chain of a few hundred sub-millisecond ops,
+    where OpenMP fork/join costs more than it saves, and a loaded machine (another process on the
+    second core) turns every parallel region into a scheduler wait -- measured 10-100x slower.
+    """
+    run = _subm_pairs if geo.subm else _conv_pairs
+    if indices.device.type != "cpu" or torch.get_num_threads() == 1:
+        return run(indices, geo)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run(indices, geo)
+    finally:
+        torch.set_num_threads(threads)
