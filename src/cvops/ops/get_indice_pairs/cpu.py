@@ -69,13 +69,16 @@ def pack_pairs(k: torch.Tensor, i: torch.Tensor, j: torch.Tensor, K: int, L: int
 
 
 def _conv_pairs(indices: torch.Tensor, geo: Geometry):
-    L, ndim = indices.shape[0], geo.ndim
+    L, ndim, K = indices.shape[0], geo.ndim, geo.kernel_volume
     idx = indices.to(torch.int64)
     strides, volume = grid_strides(geo.out_spatial_shape)
-    tables, valid = [], None
+    partial_keys, valid = [], None
     for d in range(ndim):
         o, ok = tap_positions(idx[:, d + 1], d, geo)
-        tables.append(o)
+        part = o * strides[d]
+        if d == 0:
+            part += idx[:, 0] * volume                    # the batch term rides on dimension 0
+        partial_keys.append(part.view(-1))
         shape = [1] * ndim + [L]
         shape[d] = geo.kernel_size[d]
         ok = ok.view(shape)
@@ -83,15 +86,16 @@ def _conv_pairs(indices: torch.Tensor, geo: Geometry):
     flat = valid.reshape(-1).nonzero().squeeze(1)      # k * L + i, ascending: the packed order
     k = torch.div(flat, L, rounding_mode="floor")
     i = flat - k * L
-    key = idx[:, 0].index_select(0, i) * volume
-    rest = k
-    for d in range(ndim - 1, -1, -1):
-        t = rest % geo.kernel_size[d]
-        rest = torch.div(rest, geo.kernel_size[d], rounding_mode="floor")
-        key += tables[d].view(-1).index_select(0, t * L + i) * strides[d]
+    # tap of dimension d for offset k, as a row offset into the [k_d, L] tables (tiny lookup, no division)
+    taps = torch.cartesian_prod(*[torch.arange(kd, dtype=torch.int64, device=idx.device) for kd in geo.kernel_size])
+    taps = taps.view(K, ndim) * L
+    key = None
+    for d in range(ndim):
+        part = partial_keys[d].index_select(0, taps[:, d].index_select(0, k) + i)
+        key = part if key is None else key.add_(part)
     sites, rows = torch.unique(key, sorted=True, return_inverse=True)
     out_indices = unravel(sites, geo.out_spatial_shape)
-    pairs, indice_num = pack_pairs(k, i, rows, geo.kernel_volume, L)
+    pairs, indice_num = pack_pairs(k, i, rows, K, L)
     return out_indices, pairs, indice_num
 
 
@@ -128,7 +132,11 @@ def _subm_pairs(indices: torch.Tensor, geo: Geometry):
     padded_keys = torch.cat([sorted_keys, sorted_keys.new_full((window,), INVALID_KEY)])
     empty = torch.empty(0, dtype=torch.int64, device=indices.device)
     found_s, found_k, found_p = [empty], [empty], [empty]
-    for g in range(n_groups):
+    # centred kernel (2 * pad == dil * (k - 1) everywhere): offset K-1-k holds the pairs of k swapped, so
+    # the groups past the middle come from their mirror for free
+    centred = all(2 * p == d * (k - 1) for p, d, k in zip(geo.padding, geo.dilation, geo.kernel_size))
+    K = geo.kernel_volume
+    for g in range((n_groups + 1) // 2 if centred else n_groups):
         row_base, ok, rest = base_b, x_lo <= x_hi, g
         for d in range(last - 1, -1, -1):
             t = rest % lead_kernel[d]
@@ -150,9 +158,14 @@ def _subm_pairs(indices: torch.Tensor, geo: Geometry):
             if dil_x > 1:
                 on_tap = diff % dil_x == 0
                 s, diff, pos = s[on_tap], diff[on_tap], pos[on_tap]
+            k = g * kx + torch.div(diff, dil_x, rounding_mode="floor")
             found_s.append(s)
-            found_k.append(g * kx + torch.div(diff, dil_x, rounding_mode="floor"))
+            found_k.append(k)
             found_p.append(pos)
+            if centred and g != n_groups - 1 - g:
+                found_s.append(pos)
+                found_k.append(K - 1 - k)
+                found_p.append(s)
     s, k, p = torch.cat(found_s), torch.cat(found_k), torch.cat(found_p)
     i, j = order.index_select(0, s), order.index_select(0, p)
     slot_order = torch.sort(k * L + i).indices                   # (offset, input row) order
