@@ -147,13 +147,14 @@ def _subm_pairs(indices: torch.Tensor, geo: Geometry):
         lo = torch.where(ok, row_base + x_lo, INVALID_KEY)
         hi = torch.where(ok, row_base + x_hi, -1)
         pos0 = torch.searchsorted(sorted_keys, lo)
+        x_anchor = row_base + px + pad_x            # key of the x reached by tap 0
         for m in range(window):
             cand = padded_keys[pos0 + m]
             s = (cand <= hi).nonzero().squeeze(1)
             if s.numel() == 0:
                 break
             # x of the candidate -> tap index: px + pad_x - x = tap * dil_x
-            diff = (px + pad_x + row_base).index_select(0, s) - cand.index_select(0, s)
+            diff = x_anchor.index_select(0, s) - cand.index_select(0, s)
             pos = pos0.index_select(0, s) + m
             if dil_x > 1:
                 on_tap = diff % dil_x == 0
