@@ -79,7 +79,7 @@ def get_indice_pairs(indices: torch.Tensor, batch_size: int, spatial_shape: Sequ
                      kernel_size=3, stride=1, padding=0, dilation=1, out_padding=0,
                      subm: bool = False, transpose: bool = False,
                      out_spatial_shape: Optional[Sequence[int]] = None, *,
-                     backend: Optional[str] = None):
+                     backend: Optional[str] = None, ksize=None):
     """The kernel map of a sparse convolution.
 
     Args:
@@ -94,12 +94,15 @@ def get_indice_pairs(indices: torch.Tensor, batch_size: int, spatial_shape: Sequ
         out_spatial_shape: output grid; computed with :func:`get_conv_output_size` (or
             :func:`get_deconv_output_size`) when None.
         backend: ``None`` (triton on CUDA, else cpu), ``"reference"``, ``"cpu"`` or ``"triton"``.
+        ksize: mmcv/spconv's name for ``kernel_size`` (keyword only; overrides it when given).
 
     Returns:
         ``out_indices [M, NDim + 1]`` int32 (sorted by (b, *coords); subm: ``indices``),
         ``indice_pairs [K, 2, L]`` int32 (-1 filled, packed, ascending input row),
         ``indice_num [K]`` int32, with ``K = prod(kernel_size)``.
     """
+    if ksize is not None:
+        kernel_size = ksize
     geo = check_params(indices, batch_size, spatial_shape, kernel_size, stride, padding, dilation,
                        out_padding, subm, transpose, out_spatial_shape)
     resolve_backend(OP, backend, indices.device)  # a bad backend name fails here, before any work

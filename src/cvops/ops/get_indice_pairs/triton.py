@@ -2,7 +2,7 @@
 
 Kernels do the per-slot work, torch does the sorts (a sort-based join, no dense grid):
 
-* ``_slot_keys_kernel``: one program per (block of input rows, kernel offset) writes the int64 linear
+* ``_slot_keys_kernel``: one program per (kernel offset, block of input rows) writes the int64 linear
   output index of every (offset, row) slot, or -1 when the tap misses the output grid;
 * ``_subm_probe_kernel``: the same position computation for subm, then a branch-free binary search
   of the sorted input keys; writes the output row (the input row of the site hit) or -1;
@@ -83,9 +83,10 @@ def _slot_keys_kernel(idx_ptr, keys_ptr, L, ncols,
                       k0, k1, k2, k3, s0, s1, s2, s3, p0, p1, p2, p3, d0, d1, d2, d3,
                       n0, n1, n2, n3, volume,
                       NDIM: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    k = tl.program_id(1).to(tl.int64)
-    rows = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    pid = tl.program_id(0).to(tl.int64)
+    n_blocks = tl.cdiv(L, BLOCK)
+    k = pid // n_blocks
+    rows = (pid % n_blocks) * BLOCK + tl.arange(0, BLOCK)
     row_mask = rows < L
     key, ok = _slot_key(idx_ptr, rows, row_mask, k, ncols, k0, k1, k2, k3, s0, s1, s2, s3, p0, p1, p2, p3,
                         d0, d1, d2, d3, n0, n1, n2, n3, volume, NDIM, TRANSPOSE)
@@ -97,9 +98,10 @@ def _subm_probe_kernel(idx_ptr, sorted_ptr, order_ptr, out_ptr, L, ncols,
                        k0, k1, k2, k3, p0, p1, p2, p3, d0, d1, d2, d3,
                        n0, n1, n2, n3, volume,
                        NDIM: tl.constexpr, SEARCH_STEPS: tl.constexpr, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    k = tl.program_id(1).to(tl.int64)
-    rows = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    pid = tl.program_id(0).to(tl.int64)
+    n_blocks = tl.cdiv(L, BLOCK)
+    k = pid // n_blocks
+    rows = (pid % n_blocks) * BLOCK + tl.arange(0, BLOCK)
     row_mask = rows < L
     query, ok = _slot_key(idx_ptr, rows, row_mask, k, ncols, k0, k1, k2, k3, 1, 1, 1, 1, p0, p1, p2, p3,
                           d0, d1, d2, d3, n0, n1, n2, n3, volume, NDIM, False)
@@ -122,9 +124,10 @@ def _subm_probe_kernel(idx_ptr, sorted_ptr, order_ptr, out_ptr, L, ncols,
 
 @triton.jit
 def _pack_pairs_kernel(rows_ptr, pos_ptr, pairs_ptr, L, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    k = tl.program_id(1).to(tl.int64)
-    i = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    pid = tl.program_id(0).to(tl.int64)
+    n_blocks = tl.cdiv(L, BLOCK)
+    k = pid // n_blocks
+    i = (pid % n_blocks) * BLOCK + tl.arange(0, BLOCK)
     m = i < L
     row = tl.load(rows_ptr + k * L + i, mask=m, other=-1)
     hit = m & (row >= 0)
@@ -145,7 +148,7 @@ def _pack(out_rows: torch.Tensor, K: int, L: int):
     pos = torch.cumsum(valid, 1, dtype=torch.int32)
     pairs = new_empty((K, 2, L), torch.int32, out_rows.device)
     pairs.fill_(-1)
-    grid = (triton.cdiv(L, BLOCK), K)
+    grid = (triton.cdiv(L, BLOCK) * K,)
     _pack_pairs_kernel[grid](out_rows, pos, pairs, L, BLOCK=BLOCK)
     return pairs, indice_num
 
@@ -157,7 +160,7 @@ def get_indice_pairs(indices: torch.Tensor, geo: Geometry):
     ks, pads, dils = _padded(geo.kernel_size, 1), _padded(geo.padding, 0), _padded(geo.dilation, 1)
     sizes = _padded(geo.out_spatial_shape, 1)
     _, volume = grid_strides(geo.out_spatial_shape)
-    grid = (triton.cdiv(L, BLOCK), K)
+    grid = (triton.cdiv(L, BLOCK) * K,)   # one axis: (offset, row block) flattened
     if geo.subm:
         sorted_keys, order = torch.sort(site_keys(idx, geo.spatial_shape))
         check_no_duplicates(sorted_keys)
