@@ -162,8 +162,14 @@ def get_indice_pairs_workspace_size(handle, sparse_conv_desc, indices_desc, indi
 
     @returns_status
     def query(handle):
-        if _gip_pre_check(sparse_conv_desc, indices_desc, indice_pairs_desc, out_indices_desc, indice_num_desc):
+        # MLU-OPS answers 0 for a zero-element tensor before its other checks (only null descriptors fail)
+        require(isinstance(sparse_conv_desc, SparseConvolutionDescriptor), _GIP, "sparse_conv_desc is null")
+        descs = (indices_desc, indice_pairs_desc, out_indices_desc, indice_num_desc)
+        for name, d in zip(("indices_desc", "indice_pairs_desc", "out_indices_desc", "indice_num_desc"), descs):
+            require(isinstance(d, TensorDescriptor), _GIP, f"{name} is null")
+        if any(d.numel == 0 for d in descs):
             return
+        _gip_pre_check(sparse_conv_desc, *descs)
         L, K = indices_desc.shape[0], indice_pairs_desc.shape[0]
         size[0] = 8 * K * L + 16 * L
 

@@ -210,6 +210,10 @@ def test_deterministic():
 # -------------------------------------------------------------------------------- network scale
 @pytest.fixture(scope="module", params=NETWORK, ids=case_id)
 def network(request):
+    # many mid-size ops: one intra-op thread avoids OpenMP stalls when the other core is busy
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
     case = request.param
     idx = synth.case_indices(case)
     return case, idx, run(case, "cpu", idx)
@@ -434,6 +438,12 @@ def test_mluops_zero_elements_success_untouched():
     st_, ws = mluops.get_indice_pairs_workspace_size(handle, desc, *(mluops.descriptor_of(t) for t in
                                                                        (idx, pairs, out, num)))
     assert st_ == Status.SUCCESS and ws == 0
+    # the workspace query answers 0 for zero elements before any other check, as MLU-OPS does
+    d = mluops.descriptor_of
+    st_, ws = mluops.get_indice_pairs_workspace_size(handle, desc, d(idx), d(torch.zeros(26, 2, 5, dtype=torch.int32)),
+                                                     d(out), d(num))
+    assert st_ == Status.SUCCESS and ws == 0
+    assert mluops.get_indice_pairs_workspace_size(handle, desc, None, d(pairs), d(out), d(num))[0] == Status.BAD_PARAM
 
 
 def test_mluops_statuses():
