@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..._core.dispatch import backend_module
+from ..._core.dispatch import backend_module, resolve_backend
 from ..._core.validate import pair, require
 from . import checks
 
@@ -156,7 +156,8 @@ def masked_im2col(feature: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, kerne
     """
     kernel_h, kernel_w, pad_h, pad_w = checks.check_masked_im2col(feature, mask_h_idx, mask_w_idx,
                                                                    kernel_size, padding)
-    _backend(backend, feature.device)  # reject a bad backend name before the custom op is entered
+    if backend is not None:  # reject a bad backend before the custom op is entered
+        resolve_backend(_OP, backend, feature.device)
     return _im2col_op(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w, backend)
 
 
@@ -176,7 +177,8 @@ def masked_col2im(masked_output: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor,
         device. Differentiable w.r.t. ``masked_output``.
     """
     height, width = checks.check_masked_col2im(masked_output, mask_h_idx, mask_w_idx, height, width)
-    _backend(backend, masked_output.device)
+    if backend is not None:
+        resolve_backend(_OP, backend, masked_output.device)
     return _col2im_op(masked_output, mask_h_idx, mask_w_idx, height, width, backend)
 
 

@@ -12,6 +12,8 @@ import torch
 
 from ..._core.memory import new_empty, new_zeros
 
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
 
 def tap_positions(mask_h_idx, mask_w_idx, height, width, kernel_h, kernel_w, pad_h, pad_w):
     """Flat source position of every (tap, mask point), shape ``[kh*kw*M]``, and its validity."""
@@ -35,8 +37,10 @@ def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, p
     if mask_cnt == 0:
         return data_col.view(channels * taps, 0)
     flat, valid = tap_positions(mask_h_idx, mask_w_idx, height, width, kernel_h, kernel_w, pad_h, pad_w)
-    planes = feature.reshape(channels, height * width)
-    torch.gather(planes, 1, flat.expand(channels, -1), out=data_col)
+    # Gather the raw bits (an integer view): some float gather paths rewrite NaN payloads.
+    bits = _BITS[feature.element_size()]
+    planes = feature.reshape(channels, height * width).view(bits)
+    torch.gather(planes, 1, flat.expand(channels, -1), out=data_col.view(bits))
     outside = (~valid).nonzero().squeeze(1)
     if outside.numel():
         data_col.index_fill_(1, outside, 0)
