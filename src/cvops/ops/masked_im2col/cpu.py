@@ -1,8 +1,8 @@
 """Vectorised torch backend (device-agnostic torch code).
 
-im2col is one ``torch.gather`` per output row: for tap (i, j) and mask point m the source is the
-flat position ``(h_m - pad_h + i) * W + (w_m - pad_w + j)`` of the channel's plane, so one index
-row of length ``kh*kw*M`` (tap-major, m-minor) serves every channel and the gather writes
+im2col is one ``index_select`` along the plane axis: for tap (i, j) and mask point m the source is
+the flat position ``(h_m - pad_h + i) * W + (w_m - pad_w + j)`` of the channel's plane, so one
+index row of length ``kh*kw*M`` (tap-major, m-minor) serves every channel and the select writes
 ``data_col`` in its final (c, i, j) x m order. Taps that fall outside the feature read position 0
 and are zeroed afterwards (a few columns at the border), which keeps NaN/Inf bits exact.
 """
@@ -11,8 +11,6 @@ from __future__ import annotations
 import torch
 
 from ..._core.memory import new_empty, new_zeros
-
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def tap_positions(mask_h_idx, mask_w_idx, height, width, kernel_h, kernel_w, pad_h, pad_w):
@@ -37,10 +35,10 @@ def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, p
     if mask_cnt == 0:
         return data_col.view(channels * taps, 0)
     flat, valid = tap_positions(mask_h_idx, mask_w_idx, height, width, kernel_h, kernel_w, pad_h, pad_w)
-    # Gather the raw bits (an integer view): some float gather paths rewrite NaN payloads.
-    bits = _BITS[feature.element_size()]
-    planes = feature.reshape(channels, height * width).view(bits)
-    torch.gather(planes, 1, flat.expand(channels, -1), out=data_col.view(bits))
+    # index_select along dim 1 copies bits (NaN payloads kept; torch.gather rewrites fp16/bf16
+    # NaNs) and walks one channel plane at a time, which stays in cache.
+    planes = feature.reshape(channels, height * width)
+    torch.index_select(planes, 1, flat, out=data_col)
     outside = (~valid).nonzero().squeeze(1)
     if outside.numel():
         data_col.index_fill_(1, outside, 0)
