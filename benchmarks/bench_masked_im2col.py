@@ -6,9 +6,11 @@ Rows:
 * ``MaskedConv2d`` forward (cases with ``out_channels``): IO = input + mask + weight + bias +
   output, FLOPs = 2*O*C*kh*kw*M. Anchor: the dense ``F.conv2d`` of the same layer.
 
-    PYTHONPATH=src python benchmarks/bench_masked_im2col.py
+    python benchmarks/bench_masked_im2col.py [--tag network] [--backend cpu]
 """
 from __future__ import annotations
+
+import argparse
 
 import torch
 import torch.nn.functional as F
@@ -27,15 +29,16 @@ def _exact_on_sample(data_col, feature, h, w, kernel, pad) -> str:
     return "exact" if bit_equal(data_col[:, pick], ref) else "MISMATCH"
 
 
-def run(limits: MachineLimits, tag: str = "network") -> list[BenchRow]:
+def run(limits: MachineLimits, tag: str = "network", backend: str | None = None) -> list[BenchRow]:
     device = limits.device
-    backend = "triton" if device.type == "cuda" else "cpu"
+    name = backend or ("triton" if device.type == "cuda" else "cpu")
     rows = []
     for case in load_cases("masked_im2col", tag):
         feature, h, w, kernel, pad = case_inputs(case, device=device)
         _, channels, height, width = feature.shape
-        data_col = cvops.masked_im2col(feature, h, w, kernel, pad)
-        t = time_fn(lambda: cvops.masked_im2col(feature, h, w, kernel, pad), device, repeats=15, min_total_s=0.2)
+        data_col = cvops.masked_im2col(feature, h, w, kernel, pad, backend=backend)
+        t = time_fn(lambda: cvops.masked_im2col(feature, h, w, kernel, pad, backend=backend), device, repeats=15,
+                    min_total_s=0.2)
         hl, wl = h.long(), w.long()
 
         def unfold_pick():
@@ -43,7 +46,7 @@ def run(limits: MachineLimits, tag: str = "network") -> list[BenchRow]:
             return cols[0][:, hl * (width + 2 * pad[1] - kernel[1] + 1) + wl]
 
         t_anchor = time_fn(unfold_pick, device, repeats=5)
-        rows.append(BenchRow("masked_im2col", case["name"], "fwd", backend, t,
+        rows.append(BenchRow("masked_im2col", case["name"], "forward", name, t,
                              tensor_bytes(feature, h, w, data_col),
                              check=_exact_on_sample(data_col, feature, h, w, kernel, pad),
                              anchor="F.unfold+pick", anchor_seconds=t_anchor))
@@ -51,21 +54,32 @@ def run(limits: MachineLimits, tag: str = "network") -> list[BenchRow]:
             continue
         mask = case_mask(case, h, w)
         conv = cvops.nn.MaskedConv2d(channels, case["out_channels"], kernel, padding=pad).to(device)
+        weight, bias = conv.weight.detach(), conv.bias.detach()
         with torch.no_grad():
-            out = conv(feature, mask)
-            dense = F.conv2d(feature, conv.weight, conv.bias, padding=pad) * (mask > 0)
-            t_masked = time_fn(lambda: conv(feature, mask), device, repeats=9, min_total_s=0.2)
-            t_dense = time_fn(lambda: F.conv2d(feature, conv.weight, conv.bias, padding=pad), device, repeats=5)
+            out = cvops.masked_conv2d(feature, mask, weight, bias, pad, backend=backend)
+            dense = F.conv2d(feature, weight, bias, padding=pad) * (mask > 0)
+            t_masked = time_fn(lambda: cvops.masked_conv2d(feature, mask, weight, bias, pad, backend=backend), device,
+                               repeats=9, min_total_s=0.2)
+            t_dense = time_fn(lambda: F.conv2d(feature, weight, bias, padding=pad), device, repeats=5)
         m = int((mask > 0).sum())
         ratio = f"{m / (height * width):.0%} masked"
-        rows.append(BenchRow("MaskedConv2d", f"{case['name']} ({ratio})", "fwd", backend, t_masked,
-                             tensor_bytes(feature, mask, conv.weight, conv.bias, out),
+        rows.append(BenchRow("MaskedConv2d", f"{case['name']} ({ratio})", "forward", name, t_masked,
+                             tensor_bytes(feature, mask, weight, bias, out),
                              flops=2.0 * case["out_channels"] * channels * kernel[0] * kernel[1] * m,
                              check=f"diff1={diff1(out, dense):.1e}", anchor="dense F.conv2d",
                              anchor_seconds=t_dense))
     return rows
 
 
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tag", default="network")
+    parser.add_argument("--backend", default=None)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    limits = MachineLimits.measure(args.device)
+    print_table(run(limits, args.tag, args.backend), limits, f"masked_im2col / MaskedConv2d ({args.tag} cases)")
+
+
 if __name__ == "__main__":
-    limits = MachineLimits.measure("cuda" if torch.cuda.is_available() else "cpu")
-    print_table(run(limits), limits, "masked_im2col / MaskedConv2d (network cases)")
+    main()
