@@ -6,7 +6,10 @@ Rows:
 * ``MaskedConv2d`` forward (cases with ``out_channels``): IO = input + mask + weight + bias +
   output, FLOPs = 2*O*C*kh*kw*M. Anchor: the dense ``F.conv2d`` of the same layer.
 
-    python benchmarks/bench_masked_im2col.py [--tag network] [--backend cpu]
+    python benchmarks/bench_masked_im2col.py [--tag network] [--backend cpu] [--threads 1]
+
+``--threads 1`` gives stable figures on a shared machine: bandwidth and matmul peak are then
+measured with the same single thread, so the efficiencies stay comparable.
 """
 from __future__ import annotations
 
@@ -76,7 +79,10 @@ def main() -> None:
     parser.add_argument("--tag", default="network")
     parser.add_argument("--backend", default=None)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     limits = MachineLimits.measure(args.device)
     print_table(run(limits, args.tag, args.backend), limits, f"masked_im2col / MaskedConv2d ({args.tag} cases)")
 

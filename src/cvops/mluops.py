@@ -37,8 +37,8 @@ def _masked_im2col_pre_check(feature_desc, mask_h_idx_desc, mask_w_idx_desc, dat
             f"feature dtype must be FLOAT or HALF, got {feature_desc.dtype.name}")
     require(feature_desc.dtype == data_col_desc.dtype, op,
             f"data_col dtype ({data_col_desc.dtype.name}) must equal feature dtype ({feature_desc.dtype.name})")
-    require(mask_h_idx_desc.dtype == DataType.INT32, op, f"mask_h_idx dtype must be INT32, got {mask_h_idx_desc.dtype.name}")
-    require(mask_w_idx_desc.dtype == DataType.INT32, op, f"mask_w_idx dtype must be INT32, got {mask_w_idx_desc.dtype.name}")
+    for name, desc in (("mask_h_idx", mask_h_idx_desc), ("mask_w_idx", mask_w_idx_desc)):
+        require(desc.dtype == DataType.INT32, op, f"{name} dtype must be INT32, got {desc.dtype.name}")
     require(feature_desc.shape[0] == 1, op, f"feature dims[0] (batch) must be 1, got {feature_desc.shape[0]}")
     require(mask_h_idx_desc.dim == 1, op, f"mask_h_idx must be 1-D, got {mask_h_idx_desc.dim}-D")
     require(mask_w_idx_desc.dim == 1, op, f"mask_w_idx must be 1-D, got {mask_w_idx_desc.dim}-D")

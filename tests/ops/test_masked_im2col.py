@@ -370,7 +370,8 @@ def _mlu_args(c=4, hgt=5, wid=6, m=3, kh=3, kw=3, dtype=torch.float32, idx=torch
     h = torch.tensor([0, 2, -3, 4, 9, 1][:m], dtype=idx)
     w = torch.tensor([1, -1, 3, 5, 0, 7][:m], dtype=idx)
     data_col = torch.full((c * kh * kw, m), 7.0, dtype=dtype)
-    return dict(feature_desc=mluops.create_tensor_descriptor(mluops.Layout.NCHW, from_torch_dtype(dtype), feature.shape),
+    feature_desc = mluops.create_tensor_descriptor(mluops.Layout.NCHW, from_torch_dtype(dtype), feature.shape)
+    return dict(feature_desc=feature_desc,
                 feature=feature, mask_h_idx_desc=mluops.descriptor_of(h), mask_h_idx=h,
                 mask_w_idx_desc=mluops.descriptor_of(w), mask_w_idx=w, kernel_h=kh, kernel_w=kw, pad_h=1, pad_w=1,
                 workspace=None, workspace_size=0, data_col_desc=mluops.descriptor_of(data_col), data_col=data_col)

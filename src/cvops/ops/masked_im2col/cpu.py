@@ -86,7 +86,8 @@ def im2col_backward(grad_col, mask_h_idx, mask_w_idx, channels, height, width, k
             shift = (t // kernel_w) * buf_w + t % kernel_w
             for pts, org in zip(rounds, origins):
                 buffer.index_add_(1, org + shift, grad_col[:, t].index_select(1, pts).to(acc_dtype))
-    buffer = buffer.view(channels, buf_h, buf_w)[:, kernel_h - 1:kernel_h - 1 + height, kernel_w - 1:kernel_w - 1 + width]
+    inner = (slice(None), slice(kernel_h - 1, kernel_h - 1 + height), slice(kernel_w - 1, kernel_w - 1 + width))
+    buffer = buffer.view(channels, buf_h, buf_w)[inner]
     return buffer.unsqueeze(0).to(grad_col.dtype).contiguous()
 
 

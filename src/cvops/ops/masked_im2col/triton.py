@@ -107,7 +107,8 @@ def im2col_backward(grad_col, mask_h_idx, mask_w_idx, channels, height, width, k
             shift = (t // kernel_w) * buf_w + t % kernel_w
             for pts, org in rounds:
                 _scatter_columns(grad_col, t * mask_cnt + pts, org + shift, buffer, accumulate=True)
-    buffer = buffer.view(channels, buf_h, buf_w)[:, kernel_h - 1:kernel_h - 1 + height, kernel_w - 1:kernel_w - 1 + width]
+    inner = (slice(None), slice(kernel_h - 1, kernel_h - 1 + height), slice(kernel_w - 1, kernel_w - 1 + width))
+    buffer = buffer.view(channels, buf_h, buf_w)[inner]
     return buffer.unsqueeze(0).to(grad_col.dtype).contiguous()
 
 
