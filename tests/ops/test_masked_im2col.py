@@ -307,6 +307,25 @@ def test_masked_conv2d_float32_network_scale_kernel_and_unmasked_path():
     assert torch.equal(module(feature), F.conv2d(feature, module.weight, module.bias, padding=1))
 
 
+def test_masked_conv2d_inference_path_agrees_with_training_path():
+    """Under no_grad float32 CPU uses oneDNN's matmul; with grads, torch.addmm (mmcv's formula)."""
+    torch.manual_seed(4)
+    module = cvops.nn.MaskedConv2d(16, 8, 3, padding=1)
+    x = torch.randn(1, 16, 20, 24)
+    mask = (torch.rand(1, 20, 24) > 0.7).float()
+    with torch.no_grad():
+        fast = module(x, mask)
+    train = module(x, mask)
+    dense = _dense_masked(module, x, mask)
+    assert fast.shape == train.shape == (1, 8, 20, 24)
+    assert bool((fast[:, :, mask[0] == 0] == 0).all())
+    for out in (fast, train):
+        assert diff1(out, dense) <= 1e-5 and diff2(out, dense) <= 1e-5
+    with torch.no_grad():
+        no_bias = cvops.masked_conv2d(x, mask, module.weight, None, 1)
+    assert diff1(no_bias, _dense_masked(module, x, mask) - module.bias[:, None, None] * (mask > 0)) <= 1e-5
+
+
 def test_masked_conv2d_all_zero_mask_gives_zeros_and_zero_grads():
     module = cvops.nn.MaskedConv2d(2, 3, 3, padding=1)
     x = torch.randn(1, 2, 4, 4, requires_grad=True)
