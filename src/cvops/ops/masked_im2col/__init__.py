@@ -229,7 +229,7 @@ def _project(weight_2d: Tensor, data_col: Tensor, bias: Optional[Tensor]) -> Ten
         try:  # "weight" = data_col^T, a free view: the product comes out as [O, M]
             out = torch.ops.mkldnn._linear_pointwise(weight_2d.contiguous(), data_col.t(), None, "none", [], "")
             return out if bias is None else out.add_(bias[:, None])
-        except RuntimeError:  # a torch build whose oneDNN rejects the shapes: the BLAS route below
+        except (RuntimeError, TypeError):  # a torch build whose oneDNN op differs or refuses: BLAS below
             pass
     if bias is None:
         return weight_2d.mm(data_col)
