@@ -59,12 +59,12 @@ def _slot_key(idx_ptr, rows, row_mask, k, ncols,
     if NDIM >= 4:
         c = tl.load(base + (1 + 0 - (4 - NDIM)), mask=row_mask, other=0).to(tl.int64)
         o, v = _tap(c, t0, s0, p0, d0, n0, TRANSPOSE)
-        key = key + o * (n1 * n2 * n3)
+        key = key + o * n1 * n2 * n3      # o is int64: each product widens first
         ok = ok & v
     if NDIM >= 3:
         c = tl.load(base + (1 + 1 - (4 - NDIM)), mask=row_mask, other=0).to(tl.int64)
         o, v = _tap(c, t1, s1, p1, d1, n1, TRANSPOSE)
-        key = key + o * (n2 * n3)
+        key = key + o * n2 * n3
         ok = ok & v
     if NDIM >= 2:
         c = tl.load(base + (1 + 2 - (4 - NDIM)), mask=row_mask, other=0).to(tl.int64)
@@ -132,7 +132,7 @@ def _pack_pairs_kernel(rows_ptr, pos_ptr, pairs_ptr, L, BLOCK: tl.constexpr):
     row = tl.load(rows_ptr + k * L + i, mask=m, other=-1)
     hit = m & (row >= 0)
     pos = tl.load(pos_ptr + k * L + i, mask=hit, other=1).to(tl.int64) - 1   # inclusive cumsum - 1
-    dst = pairs_ptr + k * (2 * L) + pos
+    dst = pairs_ptr + k * 2 * L + pos
     tl.store(dst, i.to(tl.int32), mask=hit)
     tl.store(dst + L, row.to(tl.int32), mask=hit)
 
