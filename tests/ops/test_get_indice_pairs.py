@@ -285,7 +285,8 @@ def test_output_size_helpers():
 
 def test_mmcv_style_arguments():
     idx = synth.uniform_voxels(30, 2, [5, 6, 7], seed=8)
-    expected = cvops.get_indice_pairs(idx, 2, [5, 6, 7], [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1], backend="reference")
+    expected = cvops.get_indice_pairs(idx, 2, [5, 6, 7], [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1],
+                                      backend="reference")
     assert_same(cvops.get_indice_pairs(idx, 2, torch.tensor([5, 6, 7]), ksize=3, stride=2, padding=1), expected)
     assert_same(cvops.get_indice_pairs(idx, 2, (5, 6, 7), 3, (2, 2, 2), 1, 1, [0, 0, 0], False, False), expected)
 

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from ..._core.validate import INDEX_DTYPES, check_int, check_tensor, pair, require, require_supported
+from ..._core.validate import INDEX_DTYPES, check_int, check_tensor, pair, require
 
 OP = "get_indice_pairs"
 MAX_NDIM = 4
