@@ -65,11 +65,9 @@ def bin_edges(rois, pooled_height, pooled_width, spatial_scale, height, width, d
             grid[:, 0, :pooled_width, 0], grid[:, 0, :pooled_width, 1], batch)
 
 
-def _corner_rows(grid, batch, ph_n: int, pw_n: int, height: int, width: int, corner_offset=None,
-                 out=None) -> torch.Tensor:
+def _corner_rows(grid, batch, ph_n: int, pw_n: int, height: int, width: int, out=None) -> torch.Tensor:
     """Rows ``[R*PH*PW, 4]`` of each bin's corners (hs,ws), (hs,we), (he,ws), (he,we) in the
-    ``[N*K*(H+1)*(W+1), od]`` table: ``((b*K + k)*(H+1) + h)*(W+1) + w`` with ``k = ph*PW + pw``, plus
-    ``corner_offset[j]`` if given.
+    ``[N*K*(H+1)*(W+1), od]`` table: ``((b*K + k)*(H+1) + h)*(W+1) + w`` with ``k = ph*PW + pw``.
 
     Built from the h part ``[R, PH, 2]`` and the w part ``[R, PW, 2]`` with repeats and one contiguous add:
     broadcasting over the short corner axes would cost ~20x more on CPU.
@@ -82,8 +80,6 @@ def _corner_rows(grid, batch, ph_n: int, pw_n: int, height: int, width: int, cor
     w_part = grid[:, 0, :pw_n] + (torch.arange(pw_n, device=dev) * plane).view(1, -1, 1)
     h4 = h_part.repeat_interleave(2, dim=2).repeat_interleave(pw_n, dim=1)  # [R, PH*PW, 4]: hs hs he he
     w4 = w_part.repeat(1, 1, 2)  # [R, PW, 4]: ws we ws we
-    if corner_offset is not None:
-        w4 += corner_offset
     if out is not None:
         return torch.add(h4, w4.repeat(1, ph_n, 1), out=out.view(r, ph_n * pw_n, 4))
     return (h4 + w4.repeat(1, ph_n, 1)).view(r * ph_n * pw_n, 4)
@@ -186,17 +182,18 @@ def _is_canonical(mapping_channel: torch.Tensor) -> bool:
 
 
 def _splat(index: torch.Tensor, values: torch.Tensor, n_rows: int) -> torch.Tensor:
-    """Difference table ``[n_rows, cols]``: rows ``index[b, j]`` receive ``values[b]``; indices at or
-    above ``n_rows`` address the negative half, subtracted at the end.
+    """Difference table ``[n_rows, cols]``: row ``index[b, j]`` receives ``sign_j * values[b]`` (signs
+    + - - + for the corners (hs,ws), (hs,we), (he,ws), (he,we)).
 
-    One ``scatter_add_`` along dim 0 with the row index broadcast over the columns (CPU: sorted by index,
-    summed in a fixed order, deterministic).
+    One ``scatter_add_`` per corner along dim 0 with the row index broadcast over the columns (CPU: the
+    expanded-index path sorts by row and sums in a fixed order, so the result is deterministic).
     """
     cols = values.shape[1]
-    table = torch.zeros((2 * n_rows, cols), dtype=values.dtype, device=values.device)
-    for j in range(index.shape[1]):  # one corner at a time: no [B*4, cols] copy of the values
-        table.scatter_add_(0, index[:, j].contiguous().view(-1, 1).expand(-1, cols), values)
-    return torch.sub(table[:n_rows], table[n_rows:], out=table[:n_rows])
+    table = torch.zeros((n_rows, cols), dtype=values.dtype, device=values.device)
+    negated = -values
+    for j, sign in enumerate(_SIGNS):
+        table.scatter_add_(0, index[:, j].contiguous().view(-1, 1).expand(-1, cols), values if sign > 0 else negated)
+    return table
 
 
 def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor, spatial_scale: float,
@@ -213,17 +210,15 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
     if top_grad.numel() == 0 or bottom.numel() == 0:
         return bottom.zero_()
     checks.check_batch_indices(checks.OP_BACKWARD, rois, n)
-    if not trusted_mapping:
-        checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
     canonical = trusted_mapping or _is_canonical(mapping_channel)
+    if not canonical:  # the forward's mapping is in range by construction
+        checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
     acc = compute_dtype(top_grad.dtype)
     dev = top_grad.device
     grid, batch = edge_grid(rois, ph_n, pw_n, spatial_scale, h, w, acc)
     bins = r * groups
     n_rows = n * groups * (h + 1) * (w + 1)
-    # negative corners address a second copy of the table, subtracted at the end
-    rows = _corner_rows(grid, batch, ph_n, pw_n, h, w,
-                        torch.tensor([0, n_rows, n_rows, 0], device=dev))
+    rows = _corner_rows(grid, batch, ph_n, pw_n, h, w)
     area = _areas(grid, ph_n, pw_n, acc)
 
     grad = top_grad.permute(0, 2, 3, 1).reshape(bins, od)  # (r, ph, pw) rows
@@ -249,10 +244,7 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
         ctop, k = ch // groups, ch % groups
         canonical_k = torch.arange(groups, device=dev).repeat(r)[:, None]
         plane = (h + 1) * (w + 1)
-        base = torch.where(rows >= n_rows, rows - n_rows, rows)  # the element path signs by its own offset
-        neg = (rows >= n_rows) * (n_rows * od)
-        elem = ((base[:, None, :] + ((k - canonical_k) * plane)[:, :, None]) * od + ctop[:, :, None]
-                + neg[:, None, :])  # [B, od, 4]
+        elem = (rows[:, None, :] + ((k - canonical_k) * plane)[:, :, None]) * od + ctop[:, :, None]  # [B, od, 4]
         per_elem = torch.stack([values[:, i * od:(i + 1) * od] for i in range((width - 1) // od)]
                                + [values[:, -1:].expand(-1, od)], -1).reshape(bins * od, -1)
         table = _splat(elem.view(-1, 4), per_elem, n_rows * od).view(n, groups, h + 1, w + 1, od, -1)
