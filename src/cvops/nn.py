@@ -70,21 +70,25 @@ class PSRoIPool(nn.Module):
     """Position-sensitive RoI average pooling of R-FCN (torchvision ``PSRoIPool`` names, R-FCN numerics).
 
     Args:
-        pooled_size: ``PH`` or ``(PH, PW)``.
+        pooled_size: ``PH`` or ``(PH, PW)`` (``output_size=`` as in torchvision is accepted too).
         spatial_scale: image-to-feature scale (e.g. 1/16).
         group_size: R-FCN group size; ``None`` means ``PH`` (must equal PH when PH == PW).
         output_dim: output channels; ``None`` infers ``C // (PH * PW)`` from the input.
+        keep_mapping: keep the last ``mapping_channel`` on ``self.last_mapping_channel``.
 
     Shape: input ``[N, C, H, W]`` with ``C = output_dim * PH * PW``; rois ``Tensor[R, 5]``
     ``(batch_index, x1, y1, x2, y2)`` or a list of per-image ``Tensor[L_i, 4]`` -> ``[R, output_dim, PH, PW]``.
-    ``mapping_channel`` (the channel each output read) is kept on ``self.last_mapping_channel``
-    only if ``keep_mapping=True``.
     """
 
-    def __init__(self, pooled_size, spatial_scale: float, group_size=None, output_dim=None, keep_mapping: bool = False):
+    def __init__(self, pooled_size=None, spatial_scale: float = None, group_size=None, output_dim=None,
+                 keep_mapping: bool = False, *, output_size=None):
         super().__init__()
         from .ops.psroipool.checks import OP, check_pool_params
-        from ._core.validate import pair
+        from ._core.validate import pair, require
+        require((pooled_size is None) != (output_size is None), OP,
+                "give pooled_size (or torchvision's name output_size), exactly once")
+        require(spatial_scale is not None, OP, "spatial_scale is required")
+        pooled_size = pooled_size if output_size is None else output_size
         self.pooled_size = pair(OP, "pooled_size", pooled_size, min_value=1)
         ph, pw = self.pooled_size
         self.group_size = ph if group_size is None else group_size

@@ -408,6 +408,10 @@ def test_module_boxes_list_and_inferred_output_dim():
     rois = torch.tensor([[0.0, 1, 1, 4, 4], [1, 0, 0, 5, 5], [1, 2, 2, 3, 3]])
     assert torch.equal(m(x, boxes), cvops.psroi_pool(x, rois, 3, 3, 1.0, 3, 2)[0])
     assert "pooled_size=(3, 3)" in repr(m)
+    tv = cvops.nn.PSRoIPool(output_size=3, spatial_scale=1.0, keep_mapping=True)  # torchvision's keywords
+    assert torch.equal(tv(x, rois), m(x, boxes)) and tv.last_mapping_channel.shape == (3, 2, 3, 3)
+    import numpy as np
+    assert torch.equal(cvops.psroi_pool(x, rois, 3, 3, np.float32(1.0), 3, 2)[0], m(x, rois))
     with pytest.raises(BadParamError, match="group_size"):
         cvops.nn.PSRoIPool(3, 1.0, group_size=2)
     with pytest.raises(BadParamError, match=r"boxes\[0\] must be \[L, 4\]"):

@@ -5,6 +5,8 @@ logical NCHW: input ``[N, C, H, W]``, rois ``[R, 5]``, output / mapping_channel 
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from ..._core.validate import FLOAT_DTYPES, INDEX_DTYPES, check_int, check_same_device, check_tensor, require
@@ -24,7 +26,9 @@ def check_pool_params(op: str, pooled_height, pooled_width, spatial_scale, outpu
     ph = check_int(op, "pooled_height", pooled_height, min_value=1)
     pw = check_int(op, "pooled_width", pooled_width, min_value=1)
     od = check_int(op, "output_dim", output_dim, min_value=1)
-    require(isinstance(spatial_scale, (int, float)) and not isinstance(spatial_scale, bool), op,
+    if isinstance(spatial_scale, torch.Tensor) and spatial_scale.dim() == 0 and spatial_scale.is_floating_point():
+        spatial_scale = float(spatial_scale)
+    require(isinstance(spatial_scale, numbers.Real) and not isinstance(spatial_scale, bool), op,
             f"spatial_scale must be a float, got {spatial_scale!r}")
     scale = float(spatial_scale)
     require(scale > 0 and scale != float("inf"), op, f"spatial_scale must be > 0 and finite, got {scale}")
