@@ -140,8 +140,8 @@ def psroi_pool(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pool
         the input channel each output averaged. Differentiable w.r.t. ``input``.
     """
     layout = parse_layout(checks.OP, layout)
-    check_tensor_first = isinstance(input, torch.Tensor) and input.dim() == 4
-    x_nchw = as_nchw(input, layout) if check_tensor_first else input
+    is_4d = isinstance(input, torch.Tensor) and input.dim() == 4  # otherwise the checks name the problem
+    x_nchw = as_nchw(input, layout) if is_4d else input
     checks.check_forward(x_nchw, rois, pooled_height, pooled_width, spatial_scale, group_size, output_dim)
     return _forward_op(input, rois, int(pooled_height), int(pooled_width), float(spatial_scale), int(output_dim),
                        layout, backend)
@@ -166,9 +166,9 @@ def psroi_pool_backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_chan
         bottom_grad of ``input_shape``, dtype of ``top_grad``.
     """
     layout = parse_layout(checks.OP_BACKWARD, layout)
-    shape = tuple(int(s) if isinstance(s, (int, torch.SymInt)) or (isinstance(s, torch.Tensor) and s.dim() == 0)
-                  else s for s in input_shape) if isinstance(input_shape, (list, tuple, torch.Size)) else input_shape
-    require(isinstance(shape, tuple), checks.OP_BACKWARD, f"input_shape must be a sequence, got {input_shape!r}")
+    require(isinstance(input_shape, (list, tuple, torch.Size)), checks.OP_BACKWARD,
+            f"input_shape must be a sequence of 4 ints, got {input_shape!r}")
+    shape = tuple(int(s) if isinstance(s, (torch.SymInt, torch.Tensor)) else s for s in input_shape)
     dims_ok = all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (top_grad, mapping_channel))
     top_nchw = as_nchw(top_grad, layout) if dims_ok else top_grad
     map_nchw = as_nchw(mapping_channel, layout) if dims_ok else mapping_channel
