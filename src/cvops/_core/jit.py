@@ -12,11 +12,13 @@ and cached on disk (``cache=True``), never use fastmath (results must match the 
 bit), and release the GIL.
 
 Parallel kernels (``prange``) use numba's thread pool; :func:`match_torch_threads` gives it torch's
-thread count first, so ``OMP_NUM_THREADS`` / ``torch.set_num_threads`` bound both paths alike.
+thread count first, so ``OMP_NUM_THREADS`` / ``torch.set_num_threads`` bound both paths alike, and
+:func:`njit_variants` / :func:`use_parallel` keep small calls off the pool.
 """
 from __future__ import annotations
 
 import os
+import types
 from functools import lru_cache
 from typing import Callable, Optional
 
@@ -47,6 +49,32 @@ def njit(fn: Optional[Callable] = None, *, parallel: bool = False):
         return numba.njit(cache=True, nogil=True, parallel=parallel, fastmath=False)(f)
 
     return wrap(fn) if fn is not None else wrap
+
+
+def njit_variants(fn: Callable):
+    """``(serial, parallel)`` compilations of one kernel written with ``prange``.
+
+    Waking a thread pool costs from tens of microseconds (idle machine) to a scheduler tick or two (busy
+    one), more than a small call's whole work, so callers pick the serial variant below a work threshold
+    (see :func:`use_parallel`). Each variant gets its own ``__qualname__``: numba's on-disk cache is keyed by
+    name and signature, not by the ``parallel`` flag, and would otherwise hand one variant the other's code.
+    """
+    variants = []
+    for suffix, parallel in (("serial", False), ("parallel", True)):
+        copy = types.FunctionType(fn.__code__, fn.__globals__, f"{fn.__name__}_{suffix}", fn.__defaults__,
+                                  fn.__closure__)
+        copy.__qualname__ = f"{fn.__qualname__}_{suffix}"
+        copy.__doc__ = fn.__doc__
+        variants.append(njit(copy, parallel=parallel))
+    return tuple(variants)
+
+
+def use_parallel(work: float, threshold: float = 4e6) -> bool:
+    """Whether a call doing about ``work`` elementary steps should run on the thread pool: torch uses more
+    than one thread and the work amounts to milliseconds (below that a pool wake-up costs as much)."""
+    import torch
+
+    return work >= threshold and torch.get_num_threads() > 1
 
 
 def match_torch_threads() -> None:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from numba import prange
 
-from ..._core.jit import match_torch_threads, njit
+from ..._core.jit import match_torch_threads, njit, njit_variants, use_parallel
 from ..._core.layout import empty_nchw
 from . import checks
 
@@ -86,51 +86,54 @@ def _first_bad_batch(rois, batch):
     return -1
 
 
-@njit(parallel=True)
 def _forward_kernel(x, xs, shape, rois, ph_n, pw_n, scale, od, out, ost, mapping, ms, dt):
-    """x: flat input, logical [N, C, H, W] with element strides xs; out/mapping: flat [R, od, PH, PW]
-    with strides ost/ms. Returns the first RoI with a bad batch index (nothing written), or -1."""
+    """x: flat input, logical [N, C, H, W] with element strides xs; out/mapping: flat dense [R, od, PH, PW]
+    with strides ost/ms (each RoI's block contiguous). Returns the first RoI with a bad batch index
+    (nothing written), or -1."""
     bad = _first_bad_batch(rois, shape[0])
     if bad >= 0:
         return bad
     height, width = shape[2], shape[3]
     groups = ph_n * pw_n
+    block = od * groups
+    template = np.empty(block, mapping.dtype)  # one RoI's mapping_channel, in storage order
+    for ctop in range(od):
+        for k in range(groups):
+            template[ctop * ms[1] + (k // pw_n) * ms[2] + (k % pw_n) * ms[3]] = ctop * groups + k
+    ctop_stride = groups * xs[1]
     for i in prange(rois.shape[0]):
+        mapping[i * block:(i + 1) * block] = template
+        out[i * block:(i + 1) * block] = 0
         edges = np.empty((4, max(ph_n, pw_n)), np.int64)
         _roi_edges(rois, i, ph_n, pw_n, scale, height, width, dt, edges)
         base = int(rois[i, 0]) * xs[0]
-        sums = np.empty(od, dt)
         for ph in range(ph_n):
             hs, he = edges[0, ph], edges[1, ph]
+            if he <= hs:
+                continue  # empty bins stay 0
             for pw in range(pw_n):
                 ws, we = edges[2, pw], edges[3, pw]
+                if we <= ws:
+                    continue
                 k = ph * pw_n + pw
                 top = i * ost[0] + ph * ost[2] + pw * ost[3]
-                top_map = i * ms[0] + ph * ms[2] + pw * ms[3]
+                # every output sums its bin row by row from 0, as the reference; the od outputs of a bin
+                # are interleaved (independent chains; contiguous reads for NHWC storage)
+                for y in range(hs, he):
+                    for xx in range(ws, we):
+                        pixel = base + k * xs[1] + y * xs[2] + xx * xs[3]
+                        for ctop in range(od):
+                            out[top + ctop * ost[1]] += x[pixel + ctop * ctop_stride]
+                area = dt((he - hs) * (we - ws))
                 for ctop in range(od):
-                    mapping[top_map + ctop * ms[1]] = ctop * groups + k
-                    sums[ctop] = 0
-                if he > hs and we > ws:
-                    # each output sums its bin row by row, as the reference does; ctop innermost
-                    # walks the channel axis (contiguous-ish for NHWC storage)
-                    for y in range(hs, he):
-                        for xx in range(ws, we):
-                            pixel = base + k * xs[1] + y * xs[2] + xx * xs[3]
-                            for ctop in range(od):
-                                sums[ctop] += x[pixel + ctop * groups * xs[1]]
-                    area = dt((he - hs) * (we - ws))
-                    for ctop in range(od):
-                        out[top + ctop * ost[1]] = sums[ctop] / area
-                else:
-                    for ctop in range(od):
-                        out[top + ctop * ost[1]] = 0
+                    out[top + ctop * ost[1]] /= area
     return -1
 
 
-@njit(parallel=True)
+@njit
 def _all_edges(rois, ph_n, pw_n, scale, height, width, dt):
     edges = np.empty((rois.shape[0], 4, max(ph_n, pw_n)), np.int64)
-    for i in prange(rois.shape[0]):
+    for i in range(rois.shape[0]):
         _roi_edges(rois, i, ph_n, pw_n, scale, height, width, dt, edges[i])
     return edges
 
@@ -167,37 +170,35 @@ def _zero_plane(bottom, plane, bs, height, width):
             bottom[plane + y * bs[2] + xx * bs[3]] = 0
 
 
-@njit(parallel=True)
 def _backward_canonical(g, gs, top_shape, rois, scale, bottom, bs, shape, dt):
-    """mapping_channel is the forward's: plane (b, ctop*K + k) gets bin k of channel ctop of every RoI of
-    batch b, in RoI order. g: flat top_grad [R, od, PH, PW] (strides gs); bottom: flat [N, C, H, W]."""
+    """mapping_channel is the forward's: channel ctop*K + k of image b gets bin k of channel ctop of every
+    RoI of that image. One task per ctop owns those K channels and adds the RoIs in index order (the
+    reference's order), so no two tasks touch the same element. g: flat top_grad [R, od, PH, PW] (strides
+    gs); bottom: flat dense [N, C, H, W] (strides bs)."""
     bad = _first_bad_batch(rois, shape[0])
     if bad >= 0:
         return bad
-    r, _, ph_n, pw_n = top_shape
-    n, c, height, width = shape
+    r, od, ph_n, pw_n = top_shape
+    height, width = shape[2], shape[3]
     groups = ph_n * pw_n
     edges = _all_edges(rois, ph_n, pw_n, scale, height, width, dt)
-    batch = np.empty(r, np.int64)
-    for i in range(r):
-        batch[i] = int(rois[i, 0])
-    order, start = _bucket(batch, n)
-    for key in prange(n * c):
-        b, ch = key // c, key % c
-        ctop, k = ch // groups, ch % groups
-        ph, pw = k // pw_n, k % pw_n
-        plane = b * bs[0] + ch * bs[1]
-        _zero_plane(bottom, plane, bs, height, width)
-        for j in range(start[b], start[b + 1]):
-            i = order[j]
-            hs, he, ws, we = edges[i, 0, ph], edges[i, 1, ph], edges[i, 2, pw], edges[i, 3, pw]
-            if he > hs and we > ws:
-                diff = g[i * gs[0] + ctop * gs[1] + ph * gs[2] + pw * gs[3]] / dt((he - hs) * (we - ws))
-                _add_bin(bottom, plane, bs, hs, he, ws, we, diff)
+    bottom[:] = 0
+    for ctop in prange(od):
+        for i in range(r):
+            first = int(rois[i, 0]) * bs[0] + ctop * groups * bs[1]
+            for ph in range(ph_n):
+                hs, he = edges[i, 0, ph], edges[i, 1, ph]
+                if he <= hs:
+                    continue
+                for pw in range(pw_n):
+                    ws, we = edges[i, 2, pw], edges[i, 3, pw]
+                    if we <= ws:
+                        continue
+                    diff = g[i * gs[0] + ctop * gs[1] + ph * gs[2] + pw * gs[3]] / dt((he - hs) * (we - ws))
+                    _add_bin(bottom, first + (ph * pw_n + pw) * bs[1], bs, hs, he, ws, we, diff)
     return -1
 
 
-@njit(parallel=True)
 def _backward_any(g, gs, top_shape, rois, mapping, ms, scale, bottom, bs, shape, dt):
     """Any in-range mapping_channel: contributions bucketed by destination plane (batch, channel) in the
     reference's order (RoI, ctop, ph, pw), then each plane sums its bucket."""
@@ -232,18 +233,31 @@ def _backward_any(g, gs, top_shape, rois, mapping, ms, scale, bottom, bs, shape,
     return -1
 
 
-@njit(parallel=True)
+@njit
 def _count_foreign(mapping, ms, top_shape):
     """How many mapping_channel entries differ from the forward's ``(ctop*PH + ph)*PW + pw``."""
     r, od, ph_n, pw_n = top_shape
     foreign = 0
-    for i in prange(r):
+    for i in range(r):
         for ctop in range(od):
             for ph in range(ph_n):
                 for pw in range(pw_n):
                     if mapping[i * ms[0] + ctop * ms[1] + ph * ms[2] + pw * ms[3]] != (ctop * ph_n + ph) * pw_n + pw:
                         foreign += 1
     return foreign
+
+
+_FORWARD = njit_variants(_forward_kernel)
+_BACKWARD_CANONICAL = njit_variants(_backward_canonical)
+_BACKWARD_ANY = njit_variants(_backward_any)
+
+
+def _variant(kernels, work: float):
+    """The parallel compilation for calls of milliseconds and more, else the serial one."""
+    if use_parallel(work):
+        match_torch_threads()
+        return kernels[1]
+    return kernels[0]
 
 
 # ------------------------------------------------------------------------------------------- wrappers
@@ -283,8 +297,8 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     _, out_flat, out_strides = _flat(target)
     _, map_flat, map_strides = _flat(mapping)
     dt = _np_dtype(acc)
-    match_torch_threads()
-    bad = _forward_kernel(x_flat, x_strides, (n, c, h, w), _rois64(rois), pooled_height, pooled_width,
+    kernel = _variant(_FORWARD, r * output_dim * h * w)  # ~ pixel reads (every RoI covering the image)
+    bad = kernel(x_flat, x_strides, (n, c, h, w), _rois64(rois), pooled_height, pooled_width,
                           dt(spatial_scale), output_dim, out_flat, out_strides, map_flat, map_strides, dt)
     if bad >= 0:
         checks.check_batch_indices(checks.OP, rois, n)  # raises, naming the RoI
@@ -305,17 +319,17 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
     _, b_flat, b_strides = _flat(target)
     rois64 = _rois64(rois)
     top_shape = tuple(top_grad.shape)
-    match_torch_threads()
+    work = top_grad.numel() // (top_shape[2] * top_shape[3]) * h * w + bottom.numel()  # as forward + zeroing
     canonical = trusted_mapping
     if not canonical:
         _, m_flat, m_strides = _flat(mapping_channel)
         canonical = _count_foreign(m_flat, m_strides, top_shape) == 0
     if canonical:
-        bad = _backward_canonical(g_flat, g_strides, top_shape, rois64, dt(spatial_scale), b_flat, b_strides,
+        bad = _variant(_BACKWARD_CANONICAL, work)(g_flat, g_strides, top_shape, rois64, dt(spatial_scale), b_flat, b_strides,
                                   (n, c, h, w), dt)
     else:
         checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
-        bad = _backward_any(g_flat, g_strides, top_shape, rois64, m_flat, m_strides, dt(spatial_scale), b_flat,
+        bad = _variant(_BACKWARD_ANY, work)(g_flat, g_strides, top_shape, rois64, m_flat, m_strides, dt(spatial_scale), b_flat,
                             b_strides, (n, c, h, w), dt)
     if bad >= 0:
         checks.check_batch_indices(checks.OP_BACKWARD, rois, n)  # raises, naming the RoI
