@@ -324,13 +324,15 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
     if not canonical:
         _, m_flat, m_strides = _flat(mapping_channel)
         canonical = _count_foreign(m_flat, m_strides, top_shape) == 0
+    scale = dt(spatial_scale)
     if canonical:
-        bad = _variant(_BACKWARD_CANONICAL, work)(g_flat, g_strides, top_shape, rois64, dt(spatial_scale), b_flat, b_strides,
-                                  (n, c, h, w), dt)
+        kernel = _variant(_BACKWARD_CANONICAL, work)
+        bad = kernel(g_flat, g_strides, top_shape, rois64, scale, b_flat, b_strides, (n, c, h, w), dt)
     else:
         checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
-        bad = _variant(_BACKWARD_ANY, work)(g_flat, g_strides, top_shape, rois64, m_flat, m_strides, dt(spatial_scale), b_flat,
-                            b_strides, (n, c, h, w), dt)
+        kernel = _variant(_BACKWARD_ANY, work)
+        bad = kernel(g_flat, g_strides, top_shape, rois64, m_flat, m_strides, scale, b_flat, b_strides, (n, c, h, w),
+                     dt)
     if bad >= 0:
         checks.check_batch_indices(checks.OP_BACKWARD, rois, n)  # raises, naming the RoI
     if target is not bottom:
