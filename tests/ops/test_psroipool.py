@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 import torch
@@ -14,15 +15,35 @@ from cvops._core.errors import BadParamError, NotSupportedError, Status
 from cvops._core.metrics import bit_equal, diff1, diff2
 from cvops.ops.psroipool.case_data import case_input, case_rois
 from cvops._core.dispatch import triton_available
+from cvops._core.jit import numba_available
 from tests.conftest import requires_triton
+
+requires_numba = pytest.mark.skipif(not numba_available(), reason="numba not installed (the numba extra)")
 
 # the Triton interpreter evaluates NaN/inf sums with numpy, which warns
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 
 LAYOUTS = ("NCHW", "NHWC")
-FAST_BACKENDS = ["cpu", pytest.param("triton", marks=requires_triton)]
+# the cpu backend has two paths: vectorised torch and, with numba installed, fused numba loops
+CPU_PATHS = ["cpu-torch", pytest.param("cpu-numba", marks=requires_numba)]
+FAST_BACKENDS = CPU_PATHS + [pytest.param("triton", marks=requires_triton)]
 UNIT = [c for c in load_cases("psroipool", "unit") if "error" not in c]
 ERRORS = [c for c in load_cases("psroipool", "unit") if "error" in c]
+
+
+def select(backend, monkeypatch):
+    """``cpu-torch`` / ``cpu-numba``: backend ``cpu`` with ``CVOPS_NUMBA`` switching the path."""
+    if backend.startswith("cpu-"):
+        monkeypatch.setenv("CVOPS_NUMBA", "1" if backend == "cpu-numba" else "0")
+        return "cpu"
+    return backend
+
+
+@pytest.fixture(params=CPU_PATHS)
+def cpu_path(request, monkeypatch):
+    """Runs a test once per cpu path (for tests calling the default backend on CPU tensors)."""
+    select(request.param, monkeypatch)
+    return request.param
 
 
 def tol(dtype):
@@ -124,14 +145,15 @@ def test_mapping_channel_formula_pooled_non_square():
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", UNIT, ids=case_id)
-def test_unit_cases(backend, layout, case):
+def test_unit_cases(backend, layout, case, monkeypatch):
     x = to_layout(case_input(case), layout)
-    compare_backends(backend, x, case_rois(case), *params(case), layout)
+    compare_backends(select(backend, monkeypatch), x, case_rois(case), *params(case), layout)
 
 
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
-def test_every_float_dtype(backend, dtype):
+def test_every_float_dtype(backend, dtype, monkeypatch):
+    backend = select(backend, monkeypatch)
     case = next(c for c in UNIT if c["name"] == "fractional_rois")
     for layout in LAYOUTS:
         x = to_layout(case_input(case, dtype), layout)
@@ -140,8 +162,9 @@ def test_every_float_dtype(backend, dtype):
 
 
 @pytest.mark.parametrize("case", ERRORS, ids=case_id)
-@pytest.mark.parametrize("backend", ["reference", "cpu", pytest.param("triton", marks=requires_triton)])
-def test_error_cases(case, backend):
+@pytest.mark.parametrize("backend", ["reference", *CPU_PATHS, pytest.param("triton", marks=requires_triton)])
+def test_error_cases(case, backend, monkeypatch):
+    backend = select(backend, monkeypatch)
     x = case_input(case)
     with pytest.raises(getattr(cvops, case["error"])):
         cvops.psroi_pool(x, case_rois(case), *params(case), "NHWC", backend=backend)
@@ -151,14 +174,16 @@ def test_error_cases(case, backend):
 @given(n=st.integers(1, 2), h=st.integers(1, 9), w=st.integers(1, 9), ph=st.integers(1, 4), pw=st.integers(1, 4),
        od=st.integers(1, 3), r=st.integers(1, 5), scale=st.sampled_from([1.0, 0.5, 0.25, 0.0625, 0.3, 2.0]),
        layout=st.sampled_from(LAYOUTS), seed=st.integers(0, 2**16))
-def test_property_cpu_matches_reference(n, h, w, ph, pw, od, r, scale, layout, seed):
+@pytest.mark.parametrize("path", CPU_PATHS)
+def test_property_cpu_matches_reference(path, n, h, w, ph, pw, od, r, scale, layout, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn((n, od * ph * pw, h, w) if layout == "NCHW" else (n, h, w, od * ph * pw), generator=g)
     img = torch.tensor([w, h, w, h]) / scale
     corners = (torch.rand(r, 4, generator=g) * 1.4 - 0.2) * img
     corners = torch.where(torch.rand(r, 4, generator=g) < 0.3, corners.round() + 0.5, corners)  # x.5 ties
     rois = torch.cat((torch.randint(0, n, (r, 1), generator=g).float(), corners), 1)
-    compare_backends("cpu", x, rois, ph, pw, scale, ph if ph == pw else 1, od, layout, seed=seed)
+    with pytest.MonkeyPatch.context() as mp:
+        compare_backends(select(path, mp), x, rois, ph, pw, scale, ph if ph == pw else 1, od, layout, seed=seed)
 
 
 @requires_triton
@@ -173,7 +198,7 @@ def test_property_triton_matches_reference(h, w, p, od, layout, seed):
     compare_backends("triton", x, rois, p, p, 1.0, p, od, layout, seed=seed)
 
 
-def test_non_contiguous_input_and_rois():
+def test_non_contiguous_input_and_rois(cpu_path):
     case = next(c for c in UNIT if c["name"] == "rois_outside")
     x = to_layout(case_input(case, shape=[2, 6, 7, 16]), "NCHW")[:, ::2]
     rois = torch.cat((case_rois(case), torch.zeros(5, 1)), 1)[:, :5]
@@ -181,8 +206,9 @@ def test_non_contiguous_input_and_rois():
     compare_backends("cpu", x, rois, *params(case), "NCHW")
 
 
-@pytest.mark.parametrize("backend", ["cpu", pytest.param("triton", marks=requires_triton)])
-def test_any_mapping_channel_in_backward(backend):
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_any_mapping_channel_in_backward(backend, monkeypatch):
+    backend = select(backend, monkeypatch)
     case = next(c for c in UNIT if c["name"] == "fractional_rois")
     ph, pw, scale, _, od = params(case)
     rois = case_rois(case)
@@ -201,7 +227,7 @@ def test_any_mapping_channel_in_backward(backend):
 # ------------------------------------------------------------------------------------ network scale
 @pytest.mark.slow
 @pytest.mark.parametrize("case", load_cases("psroipool", "network"), ids=case_id)
-def test_network_cases_cpu_vs_reference_on_a_subsample(case):
+def test_network_cases_cpu_vs_reference_on_a_subsample(case, cpu_path):
     x, rois = case_input(case), case_rois(case)
     ph, pw, scale, group, od = params(case)
     out, mapping = cvops.psroi_pool(x, rois, ph, pw, scale, group, od, "NHWC")
@@ -219,7 +245,7 @@ def test_network_cases_cpu_vs_reference_on_a_subsample(case):
 
 
 @pytest.mark.parametrize("case", load_cases("psroipool", "network"), ids=case_id)
-def test_network_cases_invariants(case):
+def test_network_cases_invariants(case, cpu_path):
     rois = case_rois(case)
     ph, pw, scale, group, od = params(case)
     # a constant input pools to that constant in every non-empty bin
@@ -236,9 +262,87 @@ def test_network_cases_invariants(case):
         assert bit_equal(cvops.psroi_pool_backward(g, rois, mapping, scale, od, case["bottom_shape"], "NHWC"), first)
 
 
+# ------------------------------------------------------------------------------------ numba path
+def _pair(backend, x, rois, ph, pw, scale, group, od, layout, seed=3):
+    """forward output, mapping and backward of one backend on the same input and top_grad."""
+    out, mapping = cvops.psroi_pool(x, rois, ph, pw, scale, group, od, layout, backend=backend)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(x.dtype)
+    return out, mapping, cvops.psroi_pool_backward(g, rois, mapping, scale, od, tuple(x.shape), layout,
+                                                   backend=backend)
+
+
+@requires_numba
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_numba_path_is_bit_equal_to_reference(dtype, layout, monkeypatch):
+    # same bin arithmetic and the same summation order as the loops: identical bits, not just close
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    for case in UNIT:
+        x = to_layout(case_input(case, dtype), layout)
+        args = (x, case_rois(case, dtype), *params(case), layout)
+        for mine, ref in zip(_pair("cpu", *args), _pair("reference", *args)):
+            assert bit_equal(mine, ref), case["name"]
+
+
+@requires_numba
+@pytest.mark.parametrize("case", load_cases("psroipool", "network"), ids=case_id)
+def test_numba_network_cases_bit_equal_to_reference_and_parallel_deterministic(case, monkeypatch):
+    from cvops.ops.psroipool import cpu_numba
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    x_nhwc, rois = case_input(case), case_rois(case)
+    pick = torch.arange(0, len(rois), 11)
+    ph, pw, scale, group, od = params(case)
+    args = (x_nhwc, rois[pick], ph, pw, scale, group, od, "NHWC")
+    serial = _pair("cpu", *args)
+    for mine, ref in zip(serial, _pair("reference", *args)):
+        assert bit_equal(mine, ref)
+    # the thread-pool variants (forced, two threads): same bits, run after run
+    monkeypatch.setattr(cpu_numba, "use_parallel", lambda work: True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for _ in range(2):
+            for a, b in zip(_pair("cpu", *args), serial):
+                assert bit_equal(a, b)
+        out, mapping = cvops.psroi_pool(x_nhwc, rois, ph, pw, scale, group, od, "NHWC")
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(4))
+        foreign = mapping.roll(1, dims=-1)  # not the forward's mapping: the bucketed backward
+        for m in (mapping, foreign):
+            first = cvops.psroi_pool_backward(g, rois, m, scale, od, case["bottom_shape"], "NHWC")
+            assert bit_equal(cvops.psroi_pool_backward(g, rois, m, scale, od, case["bottom_shape"], "NHWC"), first)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@requires_numba
+def test_numba_and_torch_paths_agree_in_float64(monkeypatch):
+    case = next(c for c in UNIT if c["name"] == "fractional_rois")
+    x = to_layout(case_input(case, torch.float64), "NHWC")
+    args = (x, case_rois(case, torch.float64), *params(case), "NHWC")
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    fused = _pair("cpu", *args)
+    monkeypatch.setenv("CVOPS_NUMBA", "0")
+    for a, b in zip(fused, _pair("cpu", *args)):
+        assert a.dtype == b.dtype and torch.allclose(a.double(), b.double(), rtol=1e-12, atol=1e-12)
+
+
+def test_numba_switch_and_lazy_import(monkeypatch):
+    import subprocess
+    import sys
+    from cvops.ops.psroipool.cpu import _numba_path
+    monkeypatch.setenv("CVOPS_NUMBA", "0")
+    assert _numba_path(torch.zeros(1), torch.zeros(1, 5)) is None
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    assert (_numba_path(torch.zeros(1), torch.zeros(1, 5)) is not None) == numba_available()
+    # importing cvops does not import numba (it loads on the first call that uses it)
+    code = "import sys, cvops; assert 'numba' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
+
+
 # ------------------------------------------------------------------------------------ nan / inf
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
-def test_nan_inf_in_input_and_grad(backend):
+def test_nan_inf_in_input_and_grad(backend, monkeypatch):
+    backend = select(backend, monkeypatch)
     case = next(c for c in UNIT if c["name"] == "fractional_rois")
     x = to_layout(case_input(case), "NCHW")
     # pixels inside bins of the case's first two RoIs (see the bin arithmetic in semantics.md 3)
@@ -259,7 +363,7 @@ def test_nan_inf_in_input_and_grad(backend):
     assert torch.isnan(ref).any() and torch.isinf(ref).any()
 
 
-def test_nan_inf_rois_do_not_crash():
+def test_nan_inf_rois_do_not_crash(cpu_path):
     x = torch.randn(1, 9, 5, 5)
     rois = torch.tensor([[0.0, float("nan"), 1, 3, 3], [0, 1, float("inf"), 3, 3], [0, float("-inf"), 0, 2, 2]])
     ref, ref_map = cvops.psroi_pool(x, rois, 3, 3, 1.0, 3, 1, backend="reference")
@@ -269,9 +373,10 @@ def test_nan_inf_rois_do_not_crash():
 
 
 # ------------------------------------------------------------------------------------ zero elements
-@pytest.mark.parametrize("backend", ["reference", "cpu", pytest.param("triton", marks=requires_triton)])
+@pytest.mark.parametrize("backend", ["reference", *CPU_PATHS, pytest.param("triton", marks=requires_triton)])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_zero_elements(backend, layout):
+def test_zero_elements(backend, layout, monkeypatch):
+    backend = select(backend, monkeypatch)
     case = next(c for c in load_cases("psroipool", "unit") if c["name"] == "empty_input")
     x = to_layout(case_input(case), layout)
     out, mapping = cvops.psroi_pool(x, case_rois(case), *params(case), layout, backend=backend)
@@ -322,8 +427,9 @@ ROI = torch.tensor([[0.0, 0, 0, 3, 3]])
     (dict(layout="NCWH"), "layout"),
     (dict(backend="gpu"), "backend"),
 ])
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
-def test_bad_forward_parameters(kwargs, match, backend):
+@pytest.mark.parametrize("backend", ["reference", *CPU_PATHS])
+def test_bad_forward_parameters(kwargs, match, backend, monkeypatch):
+    backend = select(backend, monkeypatch)
     args = dict(input=_x(), rois=ROI, pooled_height=3, pooled_width=3, spatial_scale=1.0, group_size=3,
                 output_dim=1, layout="NCHW", backend=backend)
     args.update(kwargs)
@@ -350,7 +456,7 @@ def test_non_square_pooled_accepts_any_group_size():
     (dict(top_grad=torch.zeros(1, 3, 3)), "top_grad must be 4-D"),
     (dict(spatial_scale=0), "spatial_scale must be > 0"),
 ])
-def test_bad_backward_parameters(kwargs, match):
+def test_bad_backward_parameters(kwargs, match, cpu_path):
     args = dict(top_grad=torch.ones(1, 1, 3, 3), rois=ROI, mapping_channel=torch.zeros(1, 1, 3, 3, dtype=torch.int32),
                 spatial_scale=1.0, output_dim=1, input_shape=(1, 9, 5, 5), layout="NCHW", backend="cpu")
     args.update(kwargs)
@@ -360,7 +466,7 @@ def test_bad_backward_parameters(kwargs, match):
 
 # ------------------------------------------------------------------------------------ autograd and compile
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_gradcheck(layout):
+def test_gradcheck(layout, cpu_path):
     x = torch.randn((2, 12, 5, 6) if layout == "NCHW" else (2, 5, 6, 12), dtype=torch.float64).requires_grad_()
     rois = torch.tensor([[0, 0.5, 1, 4, 4.5], [1, -1, -1, 7, 7], [1, 4, 3, 1, 1], [0, 2, 2, 2.5, 5]],
                         dtype=torch.float64)
@@ -379,7 +485,7 @@ def test_explicit_backward_is_differentiable_in_top_grad():
         lambda t: cvops.psroi_pool_backward(t, rois, mapping, 0.8, 2, (2, 8, 5, 6)), (top,))
 
 
-def test_autograd_equals_explicit_backward_and_is_deterministic():
+def test_autograd_equals_explicit_backward_and_is_deterministic(cpu_path):
     x = torch.randn(2, 18, 8, 8, requires_grad=True)
     rois = torch.tensor([[0, 0, 0, 7, 7], [1, 2.5, 1.5, 6.5, 7.5], [1, 1, 1, 1, 1]])
     out, mapping = cvops.psroi_pool(x, rois, 3, 3, 1.0, 3, 2)

@@ -12,16 +12,30 @@ cumulative sums turn it into ``bottom_grad``, and a coverage count gives exact z
 
 Non-finite values would poison every later entry of a summed-area table, so when any is present the
 table holds the finite values and count tables of NaN, +inf and -inf decide those bins.
+
+With numba installed (the ``numba`` extra) and ``CVOPS_NUMBA`` not ``0``, non-empty CPU calls go to the fused
+loops of ``cpu_numba`` instead (the network cases are too small for eager torch to reach the IO goal);
+this torch code is the fallback and gives the same results within the accumulation tolerance.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from ..._core.jit import numba_enabled
 from ..._core.layout import empty_nchw
 from . import checks
 
 _SIGNS = (1.0, -1.0, -1.0, 1.0)  # corners (hs,ws), (hs,we), (he,ws), (he,we)
+
+
+def _numba_path(*tensors: torch.Tensor):
+    """The fused numba kernels (``cpu_numba``) when installed, not switched off (``CVOPS_NUMBA=0``) and
+    suited to these tensors; None selects the torch code below."""
+    if not numba_enabled():
+        return None
+    from . import cpu_numba
+    return cpu_numba if cpu_numba.supports(*tensors) else None
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -121,6 +135,9 @@ def _integral_table(values: torch.Tensor, dtype: torch.dtype, centre: bool):
 def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
             spatial_scale: float, output_dim: int, out_layout: str = "NCHW"):
     """(output, mapping_channel int32) as logical NCHW views of tensors stored in ``out_layout``."""
+    fused = _numba_path(input, rois)
+    if fused is not None and input.numel() > 0 and rois.shape[0] > 0:
+        return fused.forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout)
     n, c, h, w = input.shape
     r = rois.shape[0]
     ph_n, pw_n, od = pooled_height, pooled_width, output_dim
@@ -203,6 +220,10 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
     ``trusted_mapping``: mapping_channel comes from this library's forward (autograd), so its range and
     canonical form need no check.
     """
+    fused = _numba_path(top_grad, rois, mapping_channel)
+    if fused is not None and top_grad.numel() > 0 and all(input_shape):
+        return fused.backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, out_layout,
+                              trusted_mapping)
     n, c, h, w = input_shape
     r, od, ph_n, pw_n = top_grad.shape
     groups = ph_n * pw_n
