@@ -4,6 +4,7 @@ Functional ops live here, modules in :mod:`cvops.nn`, the MLU-OPS-style interfac
 """
 from ._core.errors import BadParamError, CvopsError, NotSupportedError, Status
 from .ops.psamask import psamask, psamask_backward, psamask_forward
+from .ops.carafe import carafe, carafe_backward, carafe_forward, carafe_naive
 from . import mluops, nn  # noqa: E402  (after the ops they wrap)
 
 __version__ = "0.1.0"
