@@ -11,7 +11,7 @@ import torch
 from ._core.descriptor import (DataType, Handle, Layout, TensorDescriptor, check_data, check_descriptor,
                                create_handle, create_tensor_descriptor, descriptor_of, returns_status,
                                to_torch_dtype)
-from ._core.errors import Status
+from ._core.errors import BadParamError, Status
 from ._core.validate import require, require_supported
 
 
@@ -161,3 +161,54 @@ def carafe_backward(handle: Handle, carafe_desc: CarafeDescriptor, input_desc: T
     gx.copy_(gi)
     gm.copy_(gmask)
     return None
+# ---------------------------------------------------------------------------------------------- psamask
+def _psamask_check(op, psa_type, in_desc, out_desc, h_mask, w_mask):
+    """``checkParams`` of kernels/psamask: in = x (dx), out = y (dy). All failures are BAD_PARAM.
+
+    MLU-OPS also fails with NOT_SUPPORTED when one row does not fit its on-chip NRAM (``findLimit``);
+    that limit belongs to the MLU, and cvops handles any channel count. Unlike MLU-OPS, an unknown
+    ``psa_type`` is BAD_PARAM rather than a silent no-op (decisions.md).
+    """
+    from .ops.psamask.checks import psa_type_code
+    psa_type_code(psa_type)
+    for name, desc in (("input desc", in_desc), ("output desc", out_desc)):
+        check_descriptor(op, name, desc)
+        require(desc.dim == 4, op, f"{name} must be 4-D, got {desc.dim}-D")
+        require(desc.layout == Layout.NHWC, op, f"{name} layout must be NHWC, got {desc.layout.name}")
+        require(desc.dtype == DataType.FLOAT, op, f"{name} dtype must be FLOAT, got {desc.dtype.name}")
+    require(in_desc.shape[:3] == out_desc.shape[:3], op,
+            f"N, H, W of input {in_desc.shape[:3]} and output {out_desc.shape[:3]} must match")
+    require(h_mask * w_mask == in_desc.shape[3], op,
+            f"input channels ({in_desc.shape[3]}) must equal h_mask * w_mask ({h_mask * w_mask})")
+    require(out_desc.shape[1] * out_desc.shape[2] == out_desc.shape[3], op,
+            f"output channels ({out_desc.shape[3]}) must equal h_feature * w_feature")
+
+
+@returns_status
+def psamask_forward(handle, psa_type, x_desc, x, h_mask, w_mask, y_desc, y):
+    """``mluOpPsamaskForward``: x ``[N, H, W, h_mask*w_mask]`` NHWC float -> y ``[N, H, W, H*W]``."""
+    from .ops.psamask import psamask_forward as run
+    op = "mluOpPsamaskForward"
+    try:
+        _psamask_check(op, psa_type, x_desc, y_desc, h_mask, w_mask)
+    except NotImplementedError as err:  # the caller remaps every checkParams failure to BAD_PARAM
+        raise BadParamError(op, str(err)) from err
+    if x_desc.numel == 0:
+        return Status.SUCCESS
+    x, y = check_data(op, "x", x_desc, x), check_data(op, "y", y_desc, y)
+    y.copy_(run(x, psa_type, (h_mask, w_mask), layout="NHWC"))
+
+
+@returns_status
+def psamask_backward(handle, psa_type, dy_desc, dy, h_mask, w_mask, dx_desc, dx):
+    """``mluOpPsamaskBackward``: dy ``[N, H, W, H*W]`` NHWC float -> dx ``[N, H, W, h_mask*w_mask]``."""
+    from .ops.psamask import psamask_backward as run
+    op = "mluOpPsamaskBackward"
+    try:
+        _psamask_check(op, psa_type, dx_desc, dy_desc, h_mask, w_mask)
+    except NotImplementedError as err:
+        raise BadParamError(op, str(err)) from err
+    if dy_desc.numel == 0:
+        return Status.SUCCESS
+    dy, dx = check_data(op, "dy", dy_desc, dy), check_data(op, "dx", dx_desc, dx)
+    dx.copy_(run(dy, psa_type, (h_mask, w_mask), layout="NHWC"))
