@@ -27,18 +27,19 @@ def _stored_shape(shape_nchw, layout: str):
 def _forward_impl(features, masks, kernel_size, group_size, scale_factor, layout, backend):
     f, m = as_nchw(features, layout), as_nchw(masks, layout)
     shape = checks.output_shape(f.shape, scale_factor)
-    if checks.is_empty(features, masks):
-        return features.new_zeros(_stored_shape(shape, layout))
     impl = backend_module(__package__, "carafe", backend, features.device)
+    if checks.is_empty(features, masks):  # carafe_backward.md 1.1: zero elements return at once
+        return features.new_zeros(_stored_shape(shape, layout))
     out = impl.forward(f, m, kernel_size, group_size, scale_factor, layout)
     return from_nchw(out, layout).contiguous()
 
 
 def _backward_impl(grad_output, features, masks, kernel_size, group_size, scale_factor, layout, backend):
     go, f, m = as_nchw(grad_output, layout), as_nchw(features, layout), as_nchw(masks, layout)
-    if checks.is_empty(grad_output, features, masks):
-        return torch.zeros_like(features), torch.zeros_like(masks)
     impl = backend_module(__package__, "carafe", backend, features.device)
+    if checks.is_empty(grad_output, features, masks):
+        return (torch.zeros_like(features, memory_format=torch.contiguous_format),
+                torch.zeros_like(masks, memory_format=torch.contiguous_format))
     gi, gm = impl.backward(go, f, m, kernel_size, group_size, scale_factor, layout)
     return from_nchw(gi, layout).contiguous(), from_nchw(gm, layout).contiguous()
 
