@@ -64,7 +64,26 @@ def _frame_masks(frame: _Frame, masks: torch.Tensor, acc) -> torch.Tensor:
     a = new_zeros((f.q_total, f.g, f.s * f.s, f.k, f.k), acc, masks.device)
     src = masks.reshape(f.n, f.g, f.k, f.k, f.h, f.s, f.w, f.s).permute(0, 4, 6, 1, 5, 7, 2, 3)
     f.interior(a).view(f.n, f.h, f.w, f.g, f.s, f.s, f.k, f.k).copy_(src)
+    _zero_outside_taps(f, a)
     return a
+
+
+def _zero_outside_taps(frame: _Frame, t: torch.Tensor) -> None:
+    """Zero the taps of ``t`` (frame ``[Q, G, s*s, k, k]``) that fall outside the feature map.
+
+    The reference skips such taps, so an inf or NaN mask value there must not meet the zero padding
+    (0 * inf = NaN); the same holds for grad_mask, which is exactly 0 at those taps.
+    """
+    f = frame
+    inner = f.interior(t)  # [N, H, W, G, ss, k, k]
+    for ky in range(f.k):
+        top, bottom = max(0, f.r - ky), max(0, ky - f.r)
+        inner[:, :min(top, f.h), :, :, :, ky, :] = 0
+        inner[:, max(f.h - bottom, 0):, :, :, :, ky, :] = 0
+    for kx in range(f.k):
+        left, right = max(0, f.r - kx), max(0, kx - f.r)
+        inner[:, :, :min(left, f.w), :, :, :, kx] = 0
+        inner[:, :, max(f.w - right, 0):, :, :, :, kx] = 0
 
 
 def _frame_grad_output(frame: _Frame, grad_output: torch.Tensor, acc) -> torch.Tensor:
@@ -145,6 +164,7 @@ def backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Ten
             gy = gb[qa:qb, :, g * cg:(g + 1) * cg]
             for ky in range(k):
                 gm[qa:qb, g, :, ky, :] = torch.bmm(gy, _tap_rows(f, xflat, qa, qb, ky, g).transpose(1, 2))
+    _zero_outside_taps(f, gm)
 
     # grad_input[p, c] = sum_{ky, kx, phase} mask[q, phase, ky, kx] * gy[q, phase, c],
     # q = p - (ky - r) * Wp - (kx - r). With kx' = k - 1 - kx, q = base + kx' (base = p - (ky-r)*Wp - r),
