@@ -502,3 +502,15 @@ def test_mluops_backward_statuses():
     # zero elements: SUCCESS, outputs untouched
     x0, m0, gy0 = torch.randn(2, 3, 0, 16), torch.randn(2, 6, 0, 100), torch.randn(2, 6, 0, 16)
     assert call_bwd(h, d, x0, m0, gy0, torch.empty_like(x0), torch.empty_like(m0)) == OK
+
+
+def test_cpu_under_inference_mode_and_thread_count_restored():
+    x, m, gy = inputs(2, 8, 6, 5, 3, 2, 2, "NCHW")
+    threads = torch.get_num_threads()
+    expected = cvops.carafe(x, m, 3, 2, 2, backend="reference")
+    with torch.inference_mode():
+        assert_close(cvops.carafe(x, m, 3, 2, 2), expected, 3e-6)
+    with torch.no_grad():
+        assert_close(cvops.carafe_backward(gy, x, m, 3, 2, 2)[1],
+                     cvops.carafe_backward(gy, x, m, 3, 2, 2, backend="reference")[1], 3e-6)
+    assert torch.get_num_threads() == threads

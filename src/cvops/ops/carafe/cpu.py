@@ -23,8 +23,12 @@ from __future__ import annotations
 import torch
 
 from cvops._core.memory import new_empty, new_zeros
+from cvops._core.parallel import run_split
+from cvops._core.transpose import copy_channels_last_into, to_channels_last
 
-_CHUNK_ELEMS = 1 << 18  # accumulator elements per chunk (1 MiB of float32): stays in L2
+# Accumulator elements per chunk (1 MiB of float32): stays in cache across the k products. Chunks
+# are dealt to the cores by run_split (each core runs its products single-threaded: no barriers).
+_CHUNK_ELEMS = 1 << 18
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -47,10 +51,9 @@ class _Frame:
         self.q0 = self.rh * self.wp + self.rw
         self.q1 = (n - 1) * self.hp * self.wp + (self.rh + h - 1) * self.wp + self.rw + w
 
-    def chunks(self, per_block: int):
+    def chunks(self, per_block: int) -> list[tuple[int, int]]:
         step = max(self.wp, _CHUNK_ELEMS // max(per_block, 1))
-        for a in range(self.q0, self.q1, step):
-            yield a, min(a + step, self.q1)
+        return [(a, min(a + step, self.q1)) for a in range(self.q0, self.q1, step)]
 
     def interior(self, t: torch.Tensor) -> torch.Tensor:
         """``[N, H, W, ...]`` interior view of a frame tensor ``[Q, ...]``."""
@@ -64,19 +67,30 @@ class _Frame:
         return xflat.as_strided((b - a, self.kw, cg), (self.c, self.c, 1), xflat.storage_offset() + start)
 
 
+def _per_image(f: _Frame, body) -> None:
+    """``body(n)`` for every image, images dealt to the cores."""
+    run_split(list(range(f.n)), body)
+
+
 def _pad_input(f: _Frame, features: torch.Tensor, acc) -> torch.Tensor:
     """Features (logical NCHW) -> zero-padded channels-last frame, flattened ``[Q * C]``."""
     xp = new_zeros((f.q_total, f.c), acc, features.device)
-    f.interior(xp).copy_(features.permute(0, 2, 3, 1))
+    inner = f.interior(xp)
+    _per_image(f, lambda n: inner[n:n + 1].copy_(to_channels_last(features[n:n + 1])))
     return xp.view(-1)
 
 
 def _frame_masks(f: _Frame, masks: torch.Tensor, acc) -> torch.Tensor:
     """Masks (logical NCHW ``[N, G*k*k, sH, sW]``) -> frame ``[Q, G, s*s, kh, kw]``, zero borders."""
     a = new_zeros((f.q_total, f.g, f.s * f.s, f.kh, f.kw), acc, masks.device)
-    src = masks.reshape(f.n, f.g, f.k, f.k, f.h, f.s, f.w, f.s)
-    src = src[:, :, f.ky0:f.ky0 + f.kh, f.kx0:f.kx0 + f.kw].permute(0, 4, 6, 1, 5, 7, 2, 3)
-    f.interior(a).view(f.n, f.h, f.w, f.g, f.s, f.s, f.kh, f.kw).copy_(src)
+    inner = f.interior(a).view(f.n, f.h, f.w, f.g, f.s, f.s, f.kh, f.kw)
+
+    def fill(n):
+        src = to_channels_last(masks[n:n + 1]).view(1, f.h, f.s, f.w, f.s, f.g, f.k, f.k)
+        src = src[..., f.ky0:f.ky0 + f.kh, f.kx0:f.kx0 + f.kw].permute(0, 1, 3, 5, 2, 4, 6, 7)
+        inner[n:n + 1].copy_(src)
+
+    _per_image(f, fill)
     _zero_outside_taps(f, a)
     return a
 
@@ -101,27 +115,32 @@ def _zero_outside_taps(f: _Frame, t: torch.Tensor) -> None:
 def _frame_grad_output(f: _Frame, grad_output: torch.Tensor, acc) -> torch.Tensor:
     """grad_output (logical NCHW ``[N, C, sH, sW]``) -> frame ``[Q, s*s, C]``, zero borders."""
     gb = new_zeros((f.q_total, f.s * f.s, f.c), acc, grad_output.device)
-    src = grad_output.reshape(f.n, f.c, f.h, f.s, f.w, f.s).permute(0, 2, 4, 3, 5, 1)
-    f.interior(gb).view(f.n, f.h, f.w, f.s, f.s, f.c).copy_(src)
+    inner = f.interior(gb).view(f.n, f.h, f.w, f.s, f.s, f.c)
+
+    def fill(n):
+        src = to_channels_last(grad_output[n:n + 1]).view(1, f.h, f.s, f.w, f.s, f.c).permute(0, 1, 3, 2, 4, 5)
+        inner[n:n + 1].copy_(src)
+
+    _per_image(f, fill)
     return gb
 
 
 def _store_output(f: _Frame, blocks: torch.Tensor, layout: str, dtype) -> torch.Tensor:
     """Frame ``[Q, s*s, C]`` -> output ``[N, C, sH, sW]`` stored in ``layout`` (logical NCHW view)."""
+    src = f.interior(blocks).view(f.n, f.h, f.w, f.s, f.s, f.c).permute(0, 1, 3, 2, 4, 5)
+    shape_nhwc = (f.n, f.h * f.s, f.w * f.s, f.c)
+    nhwc = new_empty(shape_nhwc, dtype, blocks.device)
     if layout == "NHWC":
-        src = f.interior(blocks).view(f.n, f.h, f.w, f.s, f.s, f.c)
-        out = new_empty((f.n, f.h * f.s, f.w * f.s, f.c), dtype, blocks.device)
-        out.view(f.n, f.h, f.s, f.w, f.s, f.c).copy_(src.permute(0, 1, 3, 2, 4, 5))
-        return out.permute(0, 3, 1, 2)
-    # NCHW: a plain 2-D transpose per image (torch's blocked transpose copy), then a copy that
-    # only interleaves the sub-pixel phases; one strided 6-D permute copy is several times slower.
+        _per_image(f, lambda n: nhwc[n].view(f.h, f.s, f.w, f.s, f.c).copy_(src[n]))
+        return nhwc.permute(0, 3, 1, 2)
+    # NCHW: interleave the phases channels-last (long contiguous runs), then transpose per image
     out = new_empty((f.n, f.c, f.h * f.s, f.w * f.s), dtype, blocks.device)
-    per_image = blocks.view(f.n, f.hp * f.wp * f.s * f.s, f.c)
-    tmp = new_empty((f.c, f.hp * f.wp * f.s * f.s), blocks.dtype, blocks.device)
-    for n in range(f.n):
-        tmp.copy_(per_image[n].t())
-        phases = tmp.view(f.c, f.hp, f.wp, f.s, f.s)[:, f.rh:f.rh + f.h, f.rw:f.rw + f.w]
-        out[n].view(f.c, f.h, f.s, f.w, f.s).copy_(phases.permute(0, 1, 3, 2, 4))
+
+    def store(n):
+        nhwc[n].view(f.h, f.s, f.w, f.s, f.c).copy_(src[n])
+        copy_channels_last_into(out[n:n + 1], nhwc[n:n + 1])
+
+    _per_image(f, store)
     return out
 
 
@@ -136,11 +155,14 @@ def forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int, group
     a = _frame_masks(f, masks, acc)
     ss, cg = f.s * f.s, c // f.g
     blocks = new_empty((f.q_total, ss, c), acc, features.device)  # border blocks are never read
-    for qa, qb in f.chunks(ss * c):
+    def chunk(bounds):
+        qa, qb = bounds
         for g in range(f.g):
             acc_view = blocks[qa:qb, :, g * cg:(g + 1) * cg]
             for ky in range(f.kh):
                 acc_view.baddbmm_(a[qa:qb, g, :, ky, :], f.tap_rows(xflat, qa, qb, ky, g), beta=0 if ky == 0 else 1)
+
+    run_split(f.chunks(ss * c), chunk)
     return _store_output(f, blocks, layout, features.dtype)
 
 
@@ -160,11 +182,14 @@ def backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Ten
 
     # grad_mask[q, g, phase, ky, kx] = sum_c gy[q, phase, c] * x[q + tap, c]
     gm = new_zeros((f.q_total, f.g, ss, kh, kw), acc, dev)
-    for qa, qb in f.chunks(ss * kh * kw * f.g + ss * c):
+    def mask_chunk(bounds):
+        qa, qb = bounds
         for g in range(f.g):
             gy = gb[qa:qb, :, g * cg:(g + 1) * cg]
             for ky in range(kh):
                 gm[qa:qb, g, :, ky, :] = torch.bmm(gy, f.tap_rows(xflat, qa, qb, ky, g).transpose(1, 2))
+
+    run_split(f.chunks(ss * kh * kw * f.g + ss * c), mask_chunk)
     _zero_outside_taps(f, gm)
 
     # grad_input[p, c] = sum_{ky, kx, phase} mask[q, phase, ky, kx] * gy[q, phase, c] over the blocks
@@ -178,7 +203,8 @@ def backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Ten
     ad = new_zeros((f.q_total, f.g, kh, kw * ss), acc, dev)
     ad.view(f.q_total, f.g, kh, kw, ss)[f.q0:f.q1].copy_(diagonal)
     gx = new_empty((f.q_total, c), acc, dev)
-    for qa, qb in f.chunks(c + kh * kw * ss * f.g):
+    def input_chunk(bounds):
+        qa, qb = bounds
         for g in range(f.g):
             acc_view = gx[qa:qb, None, g * cg:(g + 1) * cg]
             for ky in range(kh):
@@ -186,29 +212,25 @@ def backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Ten
                 rows = gflat.as_strided((qb - qa, kw * ss, cg), (ss * c, c, 1), gflat.storage_offset() + start)
                 acc_view.baddbmm_(ad[qa:qb, g, kh - 1 - ky, None, :], rows, beta=0 if ky == 0 else 1)
 
-    if layout == "NHWC":
-        gi = new_empty((n, h, w, c), features.dtype, dev)
-        gi.copy_(f.interior(gx))
-        gi = gi.permute(0, 3, 1, 2)
-    else:
-        gi = new_empty((n, c, h, w), features.dtype, dev)
-        per_image = gx.view(n, f.hp * f.wp, c)
-        tmp = new_empty((c, f.hp * f.wp), acc, dev)
-        for i in range(n):
-            tmp.copy_(per_image[i].t())
-            gi[i].copy_(tmp.view(c, f.hp, f.wp)[:, rh:rh + h, rw:rw + w])
+    run_split(f.chunks(c + kh * kw * ss * f.g), input_chunk)
 
-    src = f.interior(gm).reshape(n, h, w, f.g, f.s, f.s, kh, kw)
+    gi_nhwc = new_empty((n, h, w, c), features.dtype, dev)
+    gx_inner = f.interior(gx)
+    src = f.interior(gm).reshape(n, h, w, f.g, f.s, f.s, kh, kw).permute(0, 1, 4, 2, 5, 3, 6, 7)
     cropped = (kh, kw) != (k, k)
+    gm_nhwc = (new_zeros if cropped else new_empty)((n, h * f.s, w * f.s, f.g * k * k), masks.dtype, dev)
+    gm_dst = gm_nhwc.view(n, h, f.s, w, f.s, f.g, k, k)[..., f.ky0:f.ky0 + kh, f.kx0:f.kx0 + kw]
+    gi = gi_nhwc if layout == "NHWC" else new_empty((n, c, h, w), features.dtype, dev)
+    gmask = gm_nhwc if layout == "NHWC" else new_empty(tuple(masks.shape), masks.dtype, dev)
+
+    def store(i):
+        gi_nhwc[i].copy_(gx_inner[i])
+        gm_dst[i].copy_(src[i])
+        if layout == "NCHW":
+            copy_channels_last_into(gi[i:i + 1], gi_nhwc[i:i + 1])
+            copy_channels_last_into(gmask[i:i + 1], gm_nhwc[i:i + 1])
+
+    _per_image(f, store)
     if layout == "NHWC":
-        alloc = new_zeros if cropped else new_empty
-        gmask = alloc((n, h * f.s, w * f.s, f.g * k * k), masks.dtype, dev)
-        dst = gmask.view(n, h, f.s, w, f.s, f.g, k, k)[..., f.ky0:f.ky0 + kh, f.kx0:f.kx0 + kw]
-        dst.copy_(src.permute(0, 1, 4, 2, 5, 3, 6, 7))
-        gmask = gmask.permute(0, 3, 1, 2)
-    else:
-        alloc = new_zeros if cropped else new_empty
-        gmask = alloc((n, f.g * k * k, h * f.s, w * f.s), masks.dtype, dev)
-        dst = gmask.view(n, f.g, k, k, h, f.s, w, f.s)[:, :, f.ky0:f.ky0 + kh, f.kx0:f.kx0 + kw]
-        dst.copy_(src.permute(0, 3, 6, 7, 1, 4, 2, 5))
+        gi, gmask = gi.permute(0, 3, 1, 2), gmask.permute(0, 3, 1, 2)
     return gi, gmask
