@@ -67,6 +67,17 @@ class _Frame:
         return xflat.as_strided((b - a, self.kw, cg), (self.c, self.c, 1), xflat.storage_offset() + start)
 
 
+def _new_frame(f: _Frame, shape, dtype, device) -> torch.Tensor:
+    """Uninitialised frame tensor ``[Q, ...]`` whose border blocks (the padding) are zero."""
+    t = new_empty(shape, dtype, device)
+    v = t.view(f.n, f.hp, f.wp, -1)
+    v[:, :f.rh] = 0
+    v[:, f.rh + f.h:] = 0
+    v[:, f.rh:f.rh + f.h, :f.rw] = 0
+    v[:, f.rh:f.rh + f.h, f.rw + f.w:] = 0
+    return t
+
+
 def _per_image(f: _Frame, body) -> None:
     """``body(n)`` for every image, images dealt to the cores."""
     run_split(list(range(f.n)), body)
@@ -74,7 +85,7 @@ def _per_image(f: _Frame, body) -> None:
 
 def _pad_input(f: _Frame, features: torch.Tensor, acc) -> torch.Tensor:
     """Features (logical NCHW) -> zero-padded channels-last frame, flattened ``[Q * C]``."""
-    xp = new_zeros((f.q_total, f.c), acc, features.device)
+    xp = _new_frame(f, (f.q_total, f.c), acc, features.device)
     inner = f.interior(xp)
     _per_image(f, lambda n: inner[n:n + 1].copy_(to_channels_last(features[n:n + 1])))
     return xp.view(-1)
@@ -82,7 +93,7 @@ def _pad_input(f: _Frame, features: torch.Tensor, acc) -> torch.Tensor:
 
 def _frame_masks(f: _Frame, masks: torch.Tensor, acc) -> torch.Tensor:
     """Masks (logical NCHW ``[N, G*k*k, sH, sW]``) -> frame ``[Q, G, s*s, kh, kw]``, zero borders."""
-    a = new_zeros((f.q_total, f.g, f.s * f.s, f.kh, f.kw), acc, masks.device)
+    a = _new_frame(f, (f.q_total, f.g, f.s * f.s, f.kh, f.kw), acc, masks.device)
     inner = f.interior(a).view(f.n, f.h, f.w, f.g, f.s, f.s, f.kh, f.kw)
 
     def fill(n):
@@ -114,7 +125,7 @@ def _zero_outside_taps(f: _Frame, t: torch.Tensor) -> None:
 
 def _frame_grad_output(f: _Frame, grad_output: torch.Tensor, acc) -> torch.Tensor:
     """grad_output (logical NCHW ``[N, C, sH, sW]``) -> frame ``[Q, s*s, C]``, zero borders."""
-    gb = new_zeros((f.q_total, f.s * f.s, f.c), acc, grad_output.device)
+    gb = _new_frame(f, (f.q_total, f.s * f.s, f.c), acc, grad_output.device)
     inner = f.interior(gb).view(f.n, f.h, f.w, f.s, f.s, f.c)
 
     def fill(n):
@@ -181,12 +192,14 @@ def backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Ten
     gflat = gb.view(-1)
 
     # grad_mask[q, g, phase, ky, kx] = sum_c gy[q, phase, c] * x[q + tap, c]
-    gm = new_zeros((f.q_total, f.g, ss, kh, kw), acc, dev)
+    gm = new_empty((f.q_total, f.g, ss, kh, kw), acc, dev)  # only the interior is computed and read
     def mask_chunk(bounds):
         qa, qb = bounds
         for g in range(f.g):
             gy = gb[qa:qb, :, g * cg:(g + 1) * cg]
             for ky in range(kh):
+                # a fresh contiguous product then a copy: an in-place product into this strided
+                # view takes torch's slow per-matrix path
                 gm[qa:qb, g, :, ky, :] = torch.bmm(gy, f.tap_rows(xflat, qa, qb, ky, g).transpose(1, 2))
 
     run_split(f.chunks(ss * kh * kw * f.g + ss * c), mask_chunk)
@@ -200,7 +213,7 @@ def backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Ten
     sq = a.stride(0)
     diagonal = a.as_strided((f.q1 - f.q0, f.g, kh, kw, ss), (sq, a.stride(1), wp * sq - kw, sq - 1, kh * kw),
                             a.storage_offset() + kh * kw - 1)
-    ad = new_zeros((f.q_total, f.g, kh, kw * ss), acc, dev)
+    ad = new_empty((f.q_total, f.g, kh, kw * ss), acc, dev)  # rows [q0, q1) are all the products read
     ad.view(f.q_total, f.g, kh, kw, ss)[f.q0:f.q1].copy_(diagonal)
     gx = new_empty((f.q_total, c), acc, dev)
     def input_chunk(bounds):
