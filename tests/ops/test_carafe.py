@@ -165,6 +165,7 @@ def test_non_contiguous_inputs(backend):
     assert_close(gm, rm, 3e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", load_cases("carafe", "network")[:1], ids=case_id)
 def test_network_scale_cpu_matches_composite(case):
     # FPN scale (C=256, 100x152, k5 G1 s2) with batch 1; the loop reference is far too slow here,
