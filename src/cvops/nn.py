@@ -100,6 +100,25 @@ class CARAFEPack(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mask = self.content_encoder(self.channel_compressor(x))
         return self.feature_reassemble(x, self.kernel_normalizer(mask))
+class MaskedConv2d(nn.Conv2d):
+    """mmcv's ``MaskedConv2d``: a ``Conv2d`` evaluated only where ``mask > 0``, trainable here.
+
+    ``forward(input, mask=None)``: without a mask it is the plain ``Conv2d``; with ``mask [1, H, W]``
+    (``input [1, C, H, W]``) the output ``[1, O, H + 2p - kh + 1, W + 2p - kw + 1]`` holds
+    ``bias + W * window`` at the mask points and exact zeros elsewhere (mmcv adds no bias there).
+    The masked path needs stride, dilation and groups of 1 and has a backward for input, weight
+    and bias (mmcv's has none).
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+                 bias=True):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)
+
+    def forward(self, input, mask=None):
+        if mask is None:
+            return super().forward(input)
+        return cvops.masked_conv2d(input, mask, self.weight, self.bias, self.padding, self.stride,
+                                   self.dilation, self.groups)
 class PSAMask(nn.Module):
     """PSANet's point-wise spatial attention mask (mmcv ``PSAMask``).
 
@@ -122,3 +141,68 @@ class PSAMask(nn.Module):
 
     def extra_repr(self) -> str:
         return f"psa_type={self.psa_type!r}, mask_size={self.mask_size}"
+
+
+def _rois_from_boxes(boxes, op: str) -> torch.Tensor:
+    """``Tensor[R, 5]`` as given, or a list of per-image ``Tensor[L_i, 4]`` (torchvision) -> ``[R, 5]``."""
+    if isinstance(boxes, torch.Tensor):
+        return boxes
+    from ._core.validate import require
+    require(isinstance(boxes, (list, tuple)) and all(isinstance(b, torch.Tensor) for b in boxes), op,
+            "rois must be a Tensor[R, 5] or a list of Tensor[L_i, 4]")
+    for i, b in enumerate(boxes):
+        require(b.dim() == 2 and b.shape[1] == 4, op, f"boxes[{i}] must be [L, 4], got {tuple(b.shape)}")
+    if not boxes:
+        return torch.zeros((0, 5))
+    dtype, device = boxes[0].dtype, boxes[0].device
+    index = torch.cat([torch.full((b.shape[0], 1), i, dtype=dtype, device=device) for i, b in enumerate(boxes)])
+    return torch.cat((index, torch.cat([b.to(dtype) for b in boxes])), 1)
+
+
+class PSRoIPool(nn.Module):
+    """Position-sensitive RoI average pooling of R-FCN (torchvision ``PSRoIPool`` names, R-FCN numerics).
+
+    Args:
+        pooled_size: ``PH`` or ``(PH, PW)`` (``output_size=`` as in torchvision is accepted too).
+        spatial_scale: image-to-feature scale (e.g. 1/16).
+        group_size: R-FCN group size; ``None`` means ``PH`` (must equal PH when PH == PW).
+        output_dim: output channels; ``None`` infers ``C // (PH * PW)`` from the input.
+        keep_mapping: keep the last ``mapping_channel`` on ``self.last_mapping_channel``.
+
+    Shape: input ``[N, C, H, W]`` with ``C = output_dim * PH * PW``; rois ``Tensor[R, 5]``
+    ``(batch_index, x1, y1, x2, y2)`` or a list of per-image ``Tensor[L_i, 4]`` -> ``[R, output_dim, PH, PW]``.
+    """
+
+    def __init__(self, pooled_size=None, spatial_scale: float = None, group_size=None, output_dim=None,
+                 keep_mapping: bool = False, *, output_size=None):
+        super().__init__()
+        from .ops.psroipool.checks import OP, check_pool_params
+        from ._core.validate import pair, require
+        require((pooled_size is None) != (output_size is None), OP,
+                "give pooled_size (or torchvision's name output_size), exactly once")
+        require(spatial_scale is not None, OP, "spatial_scale is required")
+        pooled_size = pooled_size if output_size is None else output_size
+        self.pooled_size = pair(OP, "pooled_size", pooled_size, min_value=1)
+        ph, pw = self.pooled_size
+        self.group_size = ph if group_size is None else group_size
+        check_pool_params(OP, ph, pw, spatial_scale, 1 if output_dim is None else output_dim, self.group_size)
+        self.spatial_scale = float(spatial_scale)
+        self.output_dim = output_dim
+        self.keep_mapping = keep_mapping
+        self.last_mapping_channel = None
+
+    def forward(self, input: torch.Tensor, rois) -> torch.Tensor:
+        from .ops.psroipool.checks import OP
+        ph, pw = self.pooled_size
+        output_dim = self.output_dim
+        if output_dim is None and isinstance(input, torch.Tensor) and input.dim() == 4:
+            output_dim = max(input.shape[1] // (ph * pw), 1)
+        output, mapping = cvops.psroi_pool(input, _rois_from_boxes(rois, OP), ph, pw, self.spatial_scale,
+                                           self.group_size, output_dim)
+        if self.keep_mapping:
+            self.last_mapping_channel = mapping
+        return output
+
+    def extra_repr(self) -> str:
+        return (f"pooled_size={self.pooled_size}, spatial_scale={self.spatial_scale}, "
+                f"group_size={self.group_size}, output_dim={self.output_dim}")
