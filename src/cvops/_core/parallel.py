@@ -12,9 +12,10 @@ other threads run meanwhile run single-threaded (slower, never wrong).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -22,10 +23,28 @@ _lock = threading.Lock()
 _pools: dict[int, ThreadPoolExecutor] = {}
 
 
-def _pool(workers: int) -> ThreadPoolExecutor:
+def pool(workers: int) -> ThreadPoolExecutor:
+    """The shared worker threads (one pool per size); NumPy copies and torch ops release the GIL."""
     if workers not in _pools:
         _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="cvops")
     return _pools[workers]
+
+
+@contextlib.contextmanager
+def single_threaded() -> Iterator[None]:
+    """Torch intra-op threading off for the block, for chains of many sub-millisecond ops where the
+    per-op fork/join costs more than it saves. Restored afterwards; the lock keeps concurrent callers
+    from restoring each other's setting."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    with _lock:
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
 
 
 def run_split(items: Sequence, body: Callable[[object], None]) -> None:
@@ -48,11 +67,7 @@ def run_split(items: Sequence, body: Callable[[object], None]) -> None:
             for item in items[part::threads]:
                 body(item)
 
-    with _lock:
-        try:
-            torch.set_num_threads(1)
-            futures = [_pool(threads).submit(share, part) for part in range(threads)]
-            for future in futures:
-                future.result()
-        finally:
-            torch.set_num_threads(threads)
+    with single_threaded():
+        futures = [pool(threads).submit(share, part) for part in range(threads)]
+        for future in futures:
+            future.result()

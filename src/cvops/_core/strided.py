@@ -7,12 +7,12 @@ NumPy can, and its copy loop picks a memory-friendly order; large copies are spl
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import torch
+
+from .parallel import pool
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _PARALLEL_BYTES = 1 << 20  # below this a thread hand-off costs more than it saves
@@ -45,16 +45,11 @@ def _as_numpy(t: torch.Tensor, view: View) -> np.ndarray:
                                            writeable=True)
 
 
-@lru_cache(maxsize=None)
-def _pool(workers: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cvops-copy")
-
-
 def strided_copy(dst: torch.Tensor, dst_view: View, src: torch.Tensor, src_view: View,
                  parallel: bool = True) -> None:
     """``dst[dst_view] = src[src_view]`` element for element (same sizes, same element width).
 
-    ``parallel=False`` inside :func:`parallel_for` tasks (the pool must not wait on itself).
+    ``parallel=False`` inside tasks already on the pool (``parallel.run_split``): it must not wait on itself.
     """
     if dst_view.sizes != src_view.sizes:
         raise ValueError(f"view sizes differ: {dst_view.sizes} vs {src_view.sizes}")
@@ -72,22 +67,12 @@ def strided_copy(dst: torch.Tensor, dst_view: View, src: torch.Tensor, src_view:
     axis = next((i for i in order if dst_view.sizes[i] >= workers), order[0])
     bounds = np.linspace(0, dst_view.sizes[axis], workers + 1).astype(int)
     chunks = [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
-    list(_pool(workers).map(lambda lh: _copy_part(d, s, axis, lh), chunks))
+    list(pool(workers).map(lambda lh: _copy_part(d, s, axis, lh), chunks))
 
 
 def _copy_part(d: np.ndarray, s: np.ndarray, axis: int, lo_hi) -> None:
     sel = (slice(None),) * axis + (slice(*lo_hi),)
     np.copyto(d[sel], s[sel])
-
-
-def parallel_for(task, items) -> None:
-    """Run ``task(item)`` for every item on the copy threads (tasks must write disjoint memory)."""
-    workers = torch.get_num_threads()
-    if workers < 2:
-        for item in items:
-            task(item)
-    else:
-        list(_pool(workers).map(task, items))
 
 
 def zero_fill(t: torch.Tensor) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..._core.memory import new_empty
+from ..._core.parallel import single_threaded
 from .checks import INVALID_KEY, Geometry, check_no_duplicates
 
 
@@ -183,11 +184,7 @@ def get_indice_pairs(indices: torch.Tensor, geo: Geometry):
     second core) turns every parallel region into a scheduler wait -- measured 10-100x slower.
     """
     run = _subm_pairs if geo.subm else _conv_pairs
-    if indices.device.type != "cpu" or torch.get_num_threads() == 1:
+    if indices.device.type != "cpu":
         return run(indices, geo)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with single_threaded():
         return run(indices, geo)
-    finally:
-        torch.set_num_threads(threads)

@@ -18,7 +18,8 @@ from typing import NamedTuple
 import torch
 
 from ..._core.layout import empty_nchw
-from ..._core.strided import View, parallel_for, strided_copy, zero_fill
+from ..._core.parallel import run_split
+from ..._core.strided import View, strided_copy, zero_fill
 from .checks import COLLECT
 
 
@@ -123,5 +124,5 @@ def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: 
         for dst, src in _views(dx, dy, psa_type, h_mask, w_mask, **part):
             strided_copy(dx, dst, dy, src, parallel=False)
 
-    parallel_for(fill_block, list(blocks))
+    run_split(list(blocks), fill_block)
     return dx
