@@ -1,0 +1,164 @@
+"""Sparse convolution on a kernel map: ``indice_conv`` forward and backward, as torch custom ops.
+
+Shapes (K = prod(kernel_size), N = input rows, M = output rows):
+
+- ``features [N, C_in]`` floating (float16, bfloat16, float32, float64);
+- ``weight [K, C_in, C_out]`` (or ``[*kernel_size, C_in, C_out]``, the mmcv layout, flattened here);
+- ``indice_pairs [K, 2, L]`` int32/int64 and ``indice_num [K]``, the kernel map of
+  :func:`cvops.get_indice_pairs`: ``pairs[k, 0, i]`` input row, ``pairs[k, 1, i]`` output row,
+  valid for ``i < indice_num[k]``;
+- returns ``[num_out, C_out]``: ``out[pairs[k,1,i]] += features[pairs[k,0,i]] @ weight[k]``.
+
+``inverse=True`` runs the map backwards (``SparseInverseConv``): gather from ``pairs[k, 1]`` and
+scatter to ``pairs[k, 0]``. ``identity_offset`` names the subm offset whose pairs are ``(i, i)`` for
+every row (``-1``: none); it is computed as one dense matmul.
+
+Backward gives ``grad_features`` and ``grad_weight``; both are deterministic (see ``cpu.py``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from .._core.dispatch import backend_module
+from .._core.validate import FLOAT_DTYPES, INDEX_DTYPES, check_int, check_tensor, require
+
+OP = "indice_conv"
+
+
+# ----------------------------------------------------------------------------- geometry helpers
+def conv_output_size(spatial_shape: Sequence[int], kernel_size, stride, padding, dilation) -> list[int]:
+    """``(in + 2p - d(k-1) - 1) // s + 1`` per dimension (mmcv/spconv ``get_conv_output_size``)."""
+    return [(i + 2 * p - d * (k - 1) - 1) // s + 1
+            for i, k, s, p, d in zip(spatial_shape, kernel_size, stride, padding, dilation)]
+
+
+def identity_offset(kernel_size: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> int:
+    """The flattened kernel offset whose subm pairs are ``(i, i)``: ``t = pad / dil`` per dimension.
+
+    A subm map has ``o = p + pad - t*dil``, so the identity sits where ``t*dil == pad``. Returns -1
+    when no offset satisfies it (then every offset is gathered and scattered).
+    """
+    flat = 0
+    for k, p, d in zip(kernel_size, padding, dilation):
+        if p % d or not 0 <= p // d < k:
+            return -1
+        flat = flat * k + p // d
+    return flat
+
+
+# ----------------------------------------------------------------------------- checks
+def check_indice_conv(features, weight, indice_pairs, indice_num, num_out, inverse, identity_offset_):
+    """Every rule of the kernel-map convolution; raises ``BadParamError`` naming the argument."""
+    check_tensor(OP, "features", features, dim=2, dtypes=FLOAT_DTYPES)
+    check_tensor(OP, "weight", weight, dim=3, dtypes=FLOAT_DTYPES)
+    check_tensor(OP, "indice_pairs", indice_pairs, dim=3, dtypes=INDEX_DTYPES)
+    check_tensor(OP, "indice_num", indice_num, dim=1, dtypes=INDEX_DTYPES)
+    num_out = check_int(OP, "num_out", num_out, min_value=0)
+    require(isinstance(inverse, bool), OP, f"inverse must be a bool, got {inverse!r}")
+    require(weight.dtype == features.dtype, OP,
+            f"weight dtype ({weight.dtype}) must equal features dtype ({features.dtype})")
+    require(weight.device == features.device and indice_pairs.device == features.device, OP,
+            f"features ({features.device}), weight ({weight.device}) and indice_pairs "
+            f"({indice_pairs.device}) must be on one device")
+    K, c_in, _ = weight.shape
+    require(c_in == features.shape[1], OP,
+            f"weight in_channels ({c_in}) must equal features channels ({features.shape[1]})")
+    require(indice_pairs.shape[0] == K and indice_pairs.shape[1] == 2, OP,
+            f"indice_pairs must be [K={K}, 2, L], got {tuple(indice_pairs.shape)}")
+    require(indice_num.shape[0] == K, OP, f"indice_num must have K={K} entries, got {indice_num.shape[0]}")
+    n_src, n_dst = features.shape[0], num_out
+    # pairs[k, 0] indexes the conv's input rows, pairs[k, 1] its output rows; inverse swaps roles
+    n_col0, n_col1 = (n_dst, n_src) if inverse else (n_src, n_dst)
+    L = indice_pairs.shape[2]
+    counts = indice_num.cpu()
+    if K and L:
+        require(bool((counts >= 0).all()) and bool((counts <= L).all()), OP,
+                f"indice_num values must lie in [0, L={L}], got {counts.tolist()}")
+    elif K:
+        require(bool((counts == 0).all()), OP, "indice_num must be 0 when indice_pairs has L = 0")
+    if K and L and int(counts.max()) > 0:
+        # only the valid prefix of each offset is read; its values must index real rows
+        width = int(counts.max())
+        valid = torch.arange(width, device=indice_pairs.device) < indice_num.to(indice_pairs.device)[:, None]
+        for col, rows, name in ((0, n_col0, "input"), (1, n_col1, "output")):
+            vals = indice_pairs[:, col, :width][valid]
+            lo, hi = (int(v) for v in torch.aminmax(vals))
+            require(lo >= 0 and hi < rows, OP,
+                    f"indice_pairs[:, {col}] ({name} rows) must lie in [0, {rows}) where valid, "
+                    f"got values in [{lo}, {hi}]")
+    identity_offset_ = check_int(OP, "identity_offset", identity_offset_, min_value=-1)
+    if identity_offset_ >= 0:
+        require(identity_offset_ < K, OP, f"identity_offset ({identity_offset_}) must be < K ({K})")
+        require(n_src == n_dst and int(counts[identity_offset_]) == n_src, OP,
+                f"identity_offset {identity_offset_} needs as many output rows ({n_dst}) as input rows "
+                f"({n_src}) and indice_num[{identity_offset_}] == {n_src}, got {int(counts[identity_offset_])}")
+    return num_out
+
+
+# ----------------------------------------------------------------------------- custom ops
+@torch.library.custom_op("cvops::sparse_indice_conv", mutates_args=())
+def _indice_conv_op(features: torch.Tensor, weight: torch.Tensor, indice_pairs: torch.Tensor,
+                    indice_num: torch.Tensor, num_out: int, inverse: bool, identity_offset: int,
+                    backend: str | None) -> torch.Tensor:
+    impl = backend_module(__package__, OP, backend, features.device)
+    return impl.forward(features, weight, indice_pairs, indice_num, num_out, inverse, identity_offset)
+
+
+@_indice_conv_op.register_fake
+def _(features, weight, indice_pairs, indice_num, num_out, inverse, identity_offset, backend):
+    return features.new_empty(num_out, weight.shape[2])
+
+
+@torch.library.custom_op("cvops::sparse_indice_conv_backward", mutates_args=())
+def _indice_conv_backward_op(grad_out: torch.Tensor, features: torch.Tensor, weight: torch.Tensor,
+                             indice_pairs: torch.Tensor, indice_num: torch.Tensor, inverse: bool,
+                             identity_offset: int, backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    impl = backend_module(__package__, OP, backend, features.device)
+    return impl.backward(grad_out.contiguous(), features, weight, indice_pairs, indice_num, inverse,
+                         identity_offset)
+
+
+@_indice_conv_backward_op.register_fake
+def _(grad_out, features, weight, indice_pairs, indice_num, inverse, identity_offset, backend):
+    return torch.empty_like(features), torch.empty_like(weight)
+
+
+def _setup_context(ctx, inputs, output):
+    features, weight, indice_pairs, indice_num, _, inverse, identity_offset_, backend = inputs
+    ctx.save_for_backward(features, weight, indice_pairs, indice_num)
+    ctx.inverse, ctx.identity_offset, ctx.backend = inverse, identity_offset_, backend
+
+
+def _backward(ctx, grad_out):
+    features, weight, indice_pairs, indice_num = ctx.saved_tensors
+    grad_features, grad_weight = _indice_conv_backward_op(grad_out, features, weight, indice_pairs,
+                                                          indice_num, ctx.inverse, ctx.identity_offset,
+                                                          ctx.backend)
+    return grad_features, grad_weight, None, None, None, None, None, None
+
+
+_indice_conv_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------- public API
+def indice_conv(features: torch.Tensor, weight: torch.Tensor, indice_pairs: torch.Tensor,
+                indice_num: torch.Tensor, num_out: int, *, inverse: bool = False,
+                identity_offset: int = -1, backend: str | None = None) -> torch.Tensor:
+    """Sparse convolution of ``features [N, C_in]`` on a kernel map; returns ``[num_out, C_out]``.
+
+    ``weight`` is ``[K, C_in, C_out]`` or the mmcv layout ``[*kernel_size, C_in, C_out]``. See the
+    module docstring for the pair semantics, ``inverse`` and ``identity_offset``. ``backend``:
+    ``None`` (triton for CUDA tensors, cpu otherwise), ``"reference"``, ``"cpu"`` or ``"triton"``.
+    """
+    check_tensor(OP, "weight", weight, dtypes=FLOAT_DTYPES)
+    require(weight.dim() >= 3, OP, f"weight must be [K, C_in, C_out] or [*k, C_in, C_out], got {tuple(weight.shape)}")
+    weight = weight.reshape(math.prod(weight.shape[:-2]), weight.shape[-2], weight.shape[-1])
+    num_out = check_indice_conv(features, weight, indice_pairs, indice_num, num_out, inverse, identity_offset)
+    if features.shape[0] == 0 or num_out == 0 or weight.shape[0] == 0:
+        # nothing to gather: zeros, still connected to the graph so backward gives zero gradients
+        return features.new_zeros(num_out, weight.shape[2]) + 0 * weight.sum() + 0 * features.sum()
+    return _indice_conv_op(features.contiguous(), weight.contiguous(), indice_pairs.contiguous(),
+                           indice_num.cpu(), num_out, inverse, int(identity_offset), backend)
