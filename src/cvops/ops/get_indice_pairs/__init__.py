@@ -1,0 +1,109 @@
+"""get_indice_pairs: the sparse-convolution kernel map (MLU-OPS ``mluOpGetIndicePairs``, mmcv/spconv).
+
+Contract (decisions.md): ``out_indices [M, NDim + 1]`` int32 sorted ascending by (b, *coords) (subm:
+``indices`` itself); ``indice_pairs [K, 2, L]`` int32 filled with -1, ``pairs[k, 0, n]`` the input row
+and ``pairs[k, 1, n]`` the output row of the n-th pair of kernel offset k, packed at the front in
+ascending input row; ``indice_num [K]`` int32 the pair count per offset.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from ..._core.dispatch import backend_module, resolve_backend
+from . import checks
+from .checks import OP, Geometry, check_index_values, check_params
+
+__all__ = ["get_indice_pairs", "get_conv_output_size", "get_deconv_output_size"]
+
+
+def get_conv_output_size(input_size: Sequence[int], kernel_size, stride, padding, dilation) -> list[int]:
+    """Output spatial shape of a sparse conv: ``(in + 2p - d(k-1) - 1) // s + 1`` (k == -1: 1)."""
+    n = len(input_size)
+    kernel = checks.pair(OP, "kernel_size", kernel_size, n)
+    stride = checks.pair(OP, "stride", stride, n, min_value=1)
+    padding = checks.pair(OP, "padding", padding, n, min_value=0)
+    dilation = checks.pair(OP, "dilation", dilation, n, min_value=1)
+    return checks.conv_output_size([int(s) for s in input_size], kernel, stride, padding, dilation)
+
+
+def get_deconv_output_size(input_size: Sequence[int], kernel_size, stride, padding, dilation,
+                           output_padding=0) -> list[int]:
+    """Output spatial shape of a transposed sparse conv: ``(in - 1) s - 2p + k + output_padding``."""
+    n = len(input_size)
+    kernel = checks.pair(OP, "kernel_size", kernel_size, n)
+    stride = checks.pair(OP, "stride", stride, n, min_value=1)
+    padding = checks.pair(OP, "padding", padding, n, min_value=0)
+    dilation = checks.pair(OP, "dilation", dilation, n, min_value=1)
+    out_padding = checks.pair(OP, "output_padding", output_padding, n, min_value=0)
+    return checks.deconv_output_size([int(s) for s in input_size], kernel, stride, padding, dilation,
+                                     out_padding)
+
+
+def _run(indices: torch.Tensor, geo: Geometry, backend: Optional[str]):
+    check_index_values(indices, geo)
+    L, K = indices.shape[0], geo.kernel_volume
+    if L == 0:  # zero elements: empty outputs of the right shapes
+        return (torch.empty((0, geo.ndim + 1), dtype=torch.int32, device=indices.device),
+                torch.full((K, 2, 0), -1, dtype=torch.int32, device=indices.device),
+                torch.zeros(K, dtype=torch.int32, device=indices.device))
+    impl = backend_module(__package__, OP, backend, indices.device)
+    return impl.get_indice_pairs(indices, geo)
+
+
+@torch.library.custom_op("cvops::get_indice_pairs", mutates_args=())
+def _get_indice_pairs_op(indices: torch.Tensor, batch_size: int, spatial_shape: list[int],
+                         out_spatial_shape: list[int], kernel_size: list[int], stride: list[int],
+                         padding: list[int], dilation: list[int], subm: bool, transpose: bool,
+                         backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    geo = Geometry(batch_size, tuple(spatial_shape), tuple(out_spatial_shape), tuple(kernel_size),
+                   tuple(stride), tuple(padding), tuple(dilation), subm, transpose)
+    return _run(indices, geo, backend or None)
+
+
+@_get_indice_pairs_op.register_fake
+def _(indices, batch_size, spatial_shape, out_spatial_shape, kernel_size, stride, padding, dilation,
+      subm, transpose, backend):
+    L = indices.shape[0]
+    K = 1
+    for k in kernel_size:
+        K *= k
+    num_out = L if subm else torch.library.get_ctx().new_dynamic_size()
+    return (indices.new_empty((num_out, len(spatial_shape) + 1), dtype=torch.int32),
+            indices.new_empty((K, 2, L), dtype=torch.int32),
+            indices.new_empty((K,), dtype=torch.int32))
+
+
+def get_indice_pairs(indices: torch.Tensor, batch_size: int, spatial_shape: Sequence[int],
+                     kernel_size=3, stride=1, padding=0, dilation=1, out_padding=0,
+                     subm: bool = False, transpose: bool = False,
+                     out_spatial_shape: Optional[Sequence[int]] = None, *,
+                     backend: Optional[str] = None):
+    """The kernel map of a sparse convolution.
+
+    Args:
+        indices: ``[L, NDim + 1]`` int32/int64 active input sites ``(b, *coords)``, NDim in 1..4.
+        batch_size: B; every ``b`` lies in ``[0, B)``.
+        spatial_shape: input grid ``(D, H, W)`` for 3-D.
+        kernel_size, stride, padding, dilation, out_padding: an int or NDim ints (out_padding only
+            matters for ``transpose``). ``stride > 1`` and ``dilation > 1`` in one dimension is rejected.
+        subm: submanifold conv: output sites are the input sites (stride 1; padding used as given,
+            so the identity pairs sit at offset ``t = padding``).
+        transpose: deconvolution positions ``o = p*stride - padding + t*dilation``.
+        out_spatial_shape: output grid; computed with :func:`get_conv_output_size` (or
+            :func:`get_deconv_output_size`) when None.
+        backend: ``None`` (triton on CUDA, else cpu), ``"reference"``, ``"cpu"`` or ``"triton"``.
+
+    Returns:
+        ``out_indices [M, NDim + 1]`` int32 (sorted by (b, *coords); subm: ``indices``),
+        ``indice_pairs [K, 2, L]`` int32 (-1 filled, packed, ascending input row),
+        ``indice_num [K]`` int32, with ``K = prod(kernel_size)``.
+    """
+    geo = check_params(indices, batch_size, spatial_shape, kernel_size, stride, padding, dilation,
+                       out_padding, subm, transpose, out_spatial_shape)
+    resolve_backend(OP, backend, indices.device)  # a bad backend name fails here, before any work
+    return _get_indice_pairs_op(indices, geo.batch_size, list(geo.spatial_shape),
+                                list(geo.out_spatial_shape), list(geo.kernel_size), list(geo.stride),
+                                list(geo.padding), list(geo.dilation), geo.subm, geo.transpose,
+                                backend or "")
