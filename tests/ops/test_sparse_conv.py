@@ -20,11 +20,19 @@ from tests.conftest import requires_triton
 from tests.ops._sparse_kmap import build_kernel_map
 
 
-@pytest.fixture(autouse=True)
-def _kernel_map_source(monkeypatch):
-    # until the get_indice_pairs operator is merged, the layers use the test-only contract builder
-    if not hasattr(cvops, "get_indice_pairs"):
-        monkeypatch.setattr(cvops, "get_indice_pairs", build_kernel_map, raising=False)
+@pytest.mark.parametrize("subm,kernel,stride,padding,dilation", [
+    (True, 3, 1, 1, 1), (True, 3, 1, 0, 1), (False, 3, 2, 1, 1), (False, (3, 2, 3), (2, 1, 2), (0, 1, 1), 1),
+    (False, 3, 1, 2, 2)])
+def test_layers_use_the_contract_kernel_map(subm, kernel, stride, padding, dilation):
+    # the layers call cvops.get_indice_pairs; it must give the contract's map (test-only builder)
+    x = random_sparse(2, (5, 6, 7), 40, 1, seed=21)
+    k3 = sparse.SparseConv3d(1, 1, kernel, stride, padding, dilation)
+    got = sparse.get_indice_pairs_nd(x.indices, 2, x.spatial_shape, k3.kernel_size, k3.stride, k3.padding,
+                                     k3.dilation, subm)
+    expected = build_kernel_map(x.indices, 2, x.spatial_shape, k3.kernel_size, k3.stride, k3.padding, k3.dilation,
+                                subm=subm)
+    for a, b in zip(got, expected):
+        assert bit_equal(a, b)
 
 
 def random_sparse(batch, shape, n, channels, *, dtype=torch.float64, seed=0, sort=False):

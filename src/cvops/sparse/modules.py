@@ -18,24 +18,11 @@ from .tensor import IndiceData, SparseConvTensor
 
 
 def get_indice_pairs_nd(indices, batch_size, spatial_shape, kernel_size, stride, padding, dilation, subm):
-    """:func:`cvops.get_indice_pairs` for 3-D grids; a 2-D grid is run as a ``[1, H, W]`` 3-D grid.
-
-    Lifting adds a z coordinate 0 with kernel 1, stride 1, padding 0 and dilation 1 in z: the kernel
-    offsets keep their row-major (ky, kx) order and the output rows their (b, y, x) order.
-    """
+    """The layer's kernel map from :func:`cvops.get_indice_pairs` (1-D to 4-D grids)."""
     import cvops  # the kernel map lives in the get_indice_pairs operator
 
-    if len(spatial_shape) == 3:
-        return cvops.get_indice_pairs(indices, batch_size, list(spatial_shape), list(kernel_size), list(stride),
-                                      list(padding), list(dilation), 0, subm=subm)
-    zeros = torch.zeros_like(indices[:, :1])
-    lifted = torch.cat([indices[:, :1], zeros, indices[:, 1:]], dim=1)
-    out_indices, pairs, num = cvops.get_indice_pairs(
-        lifted, batch_size, [1, *spatial_shape], [1, *kernel_size], [1, *stride], [0, *padding],
-        [1, *dilation], 0, subm=subm)
-    if subm:
-        return indices, pairs, num
-    return torch.cat([out_indices[:, :1], out_indices[:, 2:]], dim=1).contiguous(), pairs, num
+    return cvops.get_indice_pairs(indices, batch_size, list(spatial_shape), list(kernel_size), list(stride),
+                                  list(padding), list(dilation), 0, subm=subm)
 
 
 class SparseModule(nn.Module):
