@@ -195,6 +195,28 @@ def test_backends_match_reference(case, backend):
         assert diff1(a, b) < 1e-6 and diff2(a, b) < 1e-6
 
 
+@pytest.mark.parametrize("inverse", [False, True])
+def test_pairs_sorted_by_output_give_the_same_result(inverse):
+    feats, weight, pairs, num, num_out, inverse, ident = _map_case(inverse=inverse, seed=19)
+    by_out = sparse.sort_pairs_by_output(pairs, num)
+    for k in range(27):  # a permutation of each offset's valid pairs, ascending output row, -1 tail
+        n = int(num[k])
+        assert sorted(map(tuple, by_out[k, :, :n].t().tolist())) == sorted(map(tuple, pairs[k, :, :n].t().tolist()))
+        assert torch.all(by_out[k, 1, :n].diff() > 0) and torch.all(by_out[k, :, n:] == -1)
+    f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
+    runs = []
+    for extra in ({}, {"indice_pairs_by_output": by_out}):
+        out = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, **extra)
+        runs.append((out, *torch.autograd.grad(out, (f, w), torch.ones_like(out))))
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    bad = by_out.clone()
+    bad[0, 0, 0] = 10**6
+    if int(num[0]):
+        with pytest.raises(BadParamError, match="must lie in"):
+            sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, indice_pairs_by_output=bad)
+
+
 @requires_triton
 def test_triton_gather_scatter_rows():
     from cvops.sparse import triton as tri

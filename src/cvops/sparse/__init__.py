@@ -10,7 +10,7 @@
 Weights are ``[*kernel_size, C_in, C_out]`` (mmcv layout); :mod:`cvops.sparse.weights` converts spconv
 2.x checkpoints. :func:`indice_conv` is the functional gather-GEMM-scatter on a kernel map.
 """
-from .functional import conv_output_size, identity_offset, indice_conv
+from .functional import conv_output_size, identity_offset, indice_conv, sort_pairs_by_output
 from .modules import (SparseConv2d, SparseConv3d, SparseConvolution, SparseInverseConv2d, SparseInverseConv3d,
                       SparseModule, SparseSequential, SubMConv2d, SubMConv3d, get_indice_pairs_nd)
 from .tensor import IndiceData, SparseConvTensor
@@ -19,4 +19,4 @@ from .weights import convert_weight, load_state_dict
 __all__ = ["IndiceData", "SparseConv2d", "SparseConv3d", "SparseConvTensor", "SparseConvolution",
            "SparseInverseConv2d", "SparseInverseConv3d", "SparseModule", "SparseSequential", "SubMConv2d",
            "SubMConv3d", "conv_output_size", "convert_weight", "get_indice_pairs_nd", "identity_offset",
-           "indice_conv", "load_state_dict"]
+           "indice_conv", "load_state_dict", "sort_pairs_by_output"]

@@ -49,6 +49,20 @@ def identity_offset(kernel_size: Sequence[int], padding: Sequence[int], dilation
     return flat
 
 
+def sort_pairs_by_output(indice_pairs: torch.Tensor, indice_num: torch.Tensor) -> torch.Tensor:
+    """The kernel map with each offset's valid pairs reordered by ascending output row.
+
+    Scattering into rows in ascending order is several times faster on CPU (cache lines are reused)
+    than the contract's input-row order; the sums do not change, because within one offset every
+    output row occurs at most once. Invalid slots stay -1 at the back.
+    """
+    K, _, L = indice_pairs.shape
+    valid = torch.arange(L, device=indice_pairs.device) < indice_num.to(indice_pairs.device)[:, None]
+    key = torch.where(valid, indice_pairs[:, 1].long(), torch.iinfo(torch.int64).max)
+    order = torch.sort(key, dim=1, stable=True).indices
+    return torch.gather(indice_pairs, 2, order[:, None, :].expand(K, 2, L)).contiguous()
+
+
 # ----------------------------------------------------------------------------- checks
 def check_indice_conv(features, weight, indice_pairs, indice_num, num_out, inverse, identity_offset_):
     """Every rule of the kernel-map convolution; raises ``BadParamError`` naming the argument."""
@@ -102,15 +116,16 @@ def check_indice_conv(features, weight, indice_pairs, indice_num, num_out, inver
 
 # ----------------------------------------------------------------------------- custom ops
 @torch.library.custom_op("cvops::sparse_indice_conv", mutates_args=())
-def _indice_conv_op(features: torch.Tensor, weight: torch.Tensor, indice_pairs: torch.Tensor,
-                    indice_num: torch.Tensor, num_out: int, inverse: bool, identity_offset: int,
-                    backend: str | None) -> torch.Tensor:
+def _indice_conv_op(features: torch.Tensor, weight: torch.Tensor, pairs_forward: torch.Tensor,
+                    pairs_backward: torch.Tensor, indice_num: torch.Tensor, num_out: int, inverse: bool,
+                    identity_offset: int, backend: str | None) -> torch.Tensor:
+    # pairs_forward / pairs_backward: the same map, each offset ordered by the rows it scatters into
     impl = backend_module(__package__, OP, backend, features.device)
-    return impl.forward(features, weight, indice_pairs, indice_num, num_out, inverse, identity_offset)
+    return impl.forward(features, weight, pairs_forward, indice_num, num_out, inverse, identity_offset)
 
 
 @_indice_conv_op.register_fake
-def _(features, weight, indice_pairs, indice_num, num_out, inverse, identity_offset, backend):
+def _(features, weight, pairs_forward, pairs_backward, indice_num, num_out, inverse, identity_offset, backend):
     return features.new_empty(num_out, weight.shape[2])
 
 
@@ -129,8 +144,8 @@ def _(grad_out, features, weight, indice_pairs, indice_num, inverse, identity_of
 
 
 def _setup_context(ctx, inputs, output):
-    features, weight, indice_pairs, indice_num, _, inverse, identity_offset_, backend = inputs
-    ctx.save_for_backward(features, weight, indice_pairs, indice_num)
+    features, weight, _, pairs_backward, indice_num, _, inverse, identity_offset_, backend = inputs
+    ctx.save_for_backward(features, weight, pairs_backward, indice_num)
     ctx.inverse, ctx.identity_offset, ctx.backend = inverse, identity_offset_, backend
 
 
@@ -139,7 +154,7 @@ def _backward(ctx, grad_out):
     grad_features, grad_weight = _indice_conv_backward_op(grad_out, features, weight, indice_pairs,
                                                           indice_num, ctx.inverse, ctx.identity_offset,
                                                           ctx.backend)
-    return grad_features, grad_weight, None, None, None, None, None, None
+    return grad_features, grad_weight, None, None, None, None, None, None, None
 
 
 _indice_conv_op.register_autograd(_backward, setup_context=_setup_context)
@@ -148,19 +163,34 @@ _indice_conv_op.register_autograd(_backward, setup_context=_setup_context)
 # ----------------------------------------------------------------------------- public API
 def indice_conv(features: torch.Tensor, weight: torch.Tensor, indice_pairs: torch.Tensor,
                 indice_num: torch.Tensor, num_out: int, *, inverse: bool = False,
-                identity_offset: int = -1, backend: str | None = None) -> torch.Tensor:
+                identity_offset: int = -1, indice_pairs_by_output: torch.Tensor | None = None,
+                backend: str | None = None) -> torch.Tensor:
     """Sparse convolution of ``features [N, C_in]`` on a kernel map; returns ``[num_out, C_out]``.
 
     ``weight`` is ``[K, C_in, C_out]`` or the mmcv layout ``[*kernel_size, C_in, C_out]``. See the
     module docstring for the pair semantics, ``inverse`` and ``identity_offset``. ``backend``:
     ``None`` (triton for CUDA tensors, cpu otherwise), ``"reference"``, ``"cpu"`` or ``"triton"``.
+    ``indice_pairs_by_output``: optionally :func:`sort_pairs_by_output` of the map (cached by the
+    layers), used where rows are scattered into output rows; the result is the same without it.
     """
     check_tensor(OP, "weight", weight, dtypes=FLOAT_DTYPES)
     require(weight.dim() >= 3, OP, f"weight must be [K, C_in, C_out] or [*k, C_in, C_out], got {tuple(weight.shape)}")
     weight = weight.reshape(math.prod(weight.shape[:-2]), weight.shape[-2], weight.shape[-1])
     num_out = check_indice_conv(features, weight, indice_pairs, indice_num, num_out, inverse, identity_offset)
+    by_input = indice_pairs.contiguous()
+    if indice_pairs_by_output is None:
+        by_output = by_input
+    else:
+        check_tensor(OP, "indice_pairs_by_output", indice_pairs_by_output, dtypes=(indice_pairs.dtype,))
+        require(indice_pairs_by_output.shape == indice_pairs.shape and
+                indice_pairs_by_output.device == indice_pairs.device, OP,
+                f"indice_pairs_by_output must match indice_pairs {tuple(indice_pairs.shape)} on {indice_pairs.device}")
+        check_indice_conv(features, weight, indice_pairs_by_output, indice_num, num_out, inverse, identity_offset)
+        by_output = indice_pairs_by_output.contiguous()
+    # forward scatters into the output rows (input rows when inverse), backward into the others
+    pairs_forward, pairs_backward = (by_input, by_output) if inverse else (by_output, by_input)
     if features.shape[0] == 0 or num_out == 0 or weight.shape[0] == 0:
         # nothing to gather: zeros, still connected to the graph so backward gives zero gradients
         return features.new_zeros(num_out, weight.shape[2]) + 0 * weight.sum() + 0 * features.sum()
-    return _indice_conv_op(features.contiguous(), weight.contiguous(), indice_pairs.contiguous(),
+    return _indice_conv_op(features.contiguous(), weight.contiguous(), pairs_forward, pairs_backward,
                            indice_num.cpu(), num_out, inverse, int(identity_offset), backend)

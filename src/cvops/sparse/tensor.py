@@ -27,6 +27,13 @@ class IndiceData:
     out_spatial_shape: list[int]
     kernel_size: tuple[int, ...]
     subm: bool
+    pairs_by_output: torch.Tensor | None = None  # sort_pairs_by_output(indice_pairs), built on first use
+
+    def pairs_sorted_by_output(self) -> torch.Tensor:
+        if self.pairs_by_output is None:
+            from .functional import sort_pairs_by_output
+            self.pairs_by_output = sort_pairs_by_output(self.indice_pairs, self.indice_num)
+        return self.pairs_by_output
 
 
 class SparseConvTensor:
