@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench bench-gpu clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -24,3 +24,8 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
+
+# On a machine with an NVIDIA GPU: every op's network cases with CUDA tensors, results kept in benchmarks/results/.
+bench-gpu: $(STAMP)
+	$(PY) -m pip install -q triton
+	$(PY) benchmarks/run_all.py --device cuda --results benchmarks/results

@@ -11,5 +11,151 @@ import torch
 from ._core.descriptor import (DataType, Handle, Layout, TensorDescriptor, check_data, check_descriptor,
                                create_handle, create_tensor_descriptor, descriptor_of, returns_status,
                                to_torch_dtype)
-from ._core.errors import Status
+from ._core.errors import BadParamError, Status
 from ._core.validate import require, require_supported
+
+
+# ---------------------------------------------------------------------------------------------
+# masked_im2col (mluOpGetMaskedIm2colForwardWorkspaceSize, mluOpMaskedIm2colForward)
+
+from ._core.validate import check_int  # noqa: E402
+from .ops.masked_im2col import masked_im2col as _masked_im2col  # noqa: E402
+
+_MASKED_IM2COL = "mluOpMaskedIm2colForward"
+
+
+def _masked_im2col_pre_check(feature_desc, mask_h_idx_desc, mask_w_idx_desc, data_col_desc, kernel_h, kernel_w):
+    """The MLU-OPS host checks, in their order; returns ``(feature_desc, data_col_desc, M)``."""
+    op = _MASKED_IM2COL
+    feature_desc = check_descriptor(op, "feature_desc", feature_desc)
+    mask_h_idx_desc = check_descriptor(op, "mask_h_idx_desc", mask_h_idx_desc)
+    mask_w_idx_desc = check_descriptor(op, "mask_w_idx_desc", mask_w_idx_desc)
+    data_col_desc = check_descriptor(op, "data_col_desc", data_col_desc)
+    require(feature_desc.layout == Layout.NCHW, op, f"feature layout must be NCHW, got {feature_desc.layout.name}")
+    require(feature_desc.dim == 4, op, f"feature must be 4-D, got {feature_desc.dim}-D")
+    require(feature_desc.dtype in (DataType.FLOAT, DataType.HALF), op,
+            f"feature dtype must be FLOAT or HALF, got {feature_desc.dtype.name}")
+    require(feature_desc.dtype == data_col_desc.dtype, op,
+            f"data_col dtype ({data_col_desc.dtype.name}) must equal feature dtype ({feature_desc.dtype.name})")
+    for name, desc in (("mask_h_idx", mask_h_idx_desc), ("mask_w_idx", mask_w_idx_desc)):
+        require(desc.dtype == DataType.INT32, op, f"{name} dtype must be INT32, got {desc.dtype.name}")
+    require(feature_desc.shape[0] == 1, op, f"feature dims[0] (batch) must be 1, got {feature_desc.shape[0]}")
+    require(mask_h_idx_desc.dim == 1, op, f"mask_h_idx must be 1-D, got {mask_h_idx_desc.dim}-D")
+    require(mask_w_idx_desc.dim == 1, op, f"mask_w_idx must be 1-D, got {mask_w_idx_desc.dim}-D")
+    require(mask_h_idx_desc.shape[0] == mask_w_idx_desc.shape[0], op,
+            f"mask_h_idx length ({mask_h_idx_desc.shape[0]}) must equal mask_w_idx length ({mask_w_idx_desc.shape[0]})")
+    require(data_col_desc.dim == 2, op, f"data_col must be 2-D, got {data_col_desc.dim}-D")
+    kernel_h = check_int(op, "kernel_h", kernel_h)
+    kernel_w = check_int(op, "kernel_w", kernel_w)
+    channels = feature_desc.shape[1]
+    require(data_col_desc.shape[0] == channels * kernel_h * kernel_w, op,
+            f"data_col dims[0] ({data_col_desc.shape[0]}) must equal channels * kernel_h * kernel_w "
+            f"({channels} * {kernel_h} * {kernel_w})")
+    require(data_col_desc.shape[1] == mask_h_idx_desc.shape[0], op,
+            f"data_col dims[1] ({data_col_desc.shape[1]}) must equal the mask count ({mask_h_idx_desc.shape[0]})")
+    require(kernel_h > 0, op, f"kernel_h must be > 0, got {kernel_h}")
+    require(kernel_w > 0, op, f"kernel_w must be > 0, got {kernel_w}")
+    require(feature_desc.numel > 0 and data_col_desc.shape[0] > 0, op,
+            "zero-element feature or data_col dims[0] is not supported (BAD_PARAM)")
+    return feature_desc, data_col_desc, mask_h_idx_desc.shape[0]
+
+
+def get_masked_im2col_forward_workspace_size(handle, feature_desc, mask_h_idx_desc, mask_w_idx_desc, kernel_h,
+                                             kernel_w, data_col_desc) -> tuple[Status, int]:
+    """``mluOpGetMaskedIm2colForwardWorkspaceSize``: returns ``(status, workspace_size)``.
+
+    The size is the MLU-OPS one: feature bytes + data_col bytes (its NHWC staging copies); the
+    transposes here need no extra space. 0 when there are no mask points or on failure.
+    """
+    size = [0]
+
+    @returns_status
+    def query(handle):
+        feature_desc_, data_col_desc_, mask_cnt = _masked_im2col_pre_check(
+            feature_desc, mask_h_idx_desc, mask_w_idx_desc, data_col_desc, kernel_h, kernel_w)
+        if mask_cnt == 0:
+            return
+        itemsize = torch.empty((), dtype=to_torch_dtype(feature_desc_.dtype)).element_size()
+        size[0] = (feature_desc_.numel + data_col_desc_.numel) * itemsize
+
+    status = query(handle)
+    return status, size[0]
+
+
+@returns_status
+def masked_im2col_forward(handle, feature_desc, feature, mask_h_idx_desc, mask_h_idx, mask_w_idx_desc, mask_w_idx,
+                          kernel_h, kernel_w, pad_h, pad_w, workspace, workspace_size, data_col_desc, data_col):
+    """``mluOpMaskedIm2colForward``: writes ``data_col [C*kh*kw, M]`` in place.
+
+    Statuses as in MLU-OPS: every descriptor rule is BAD_PARAM (2^31 elements: NOT_SUPPORTED);
+    empty feature or ``data_col.dims[0] == 0``: BAD_PARAM; ``M == 0``: SUCCESS without writing;
+    then a null workspace with ``workspace_size > 0`` or a null data pointer: BAD_PARAM.
+    ``pad_h``/``pad_w`` and the index values are not checked (any value is legal).
+    """
+    op = _MASKED_IM2COL
+    feature_desc, data_col_desc, mask_cnt = _masked_im2col_pre_check(
+        feature_desc, mask_h_idx_desc, mask_w_idx_desc, data_col_desc, kernel_h, kernel_w)
+    if mask_cnt == 0:
+        return
+    workspace_size = check_int(op, "workspace_size", workspace_size, min_value=0)
+    require(workspace_size == 0 or workspace is not None, op, "workspace is null but workspace_size > 0")
+    feature = check_data(op, "feature", feature_desc, feature)
+    mask_h_idx = check_data(op, "mask_h_idx", mask_h_idx_desc, mask_h_idx)
+    mask_w_idx = check_data(op, "mask_w_idx", mask_w_idx_desc, mask_w_idx)
+    data_col = check_data(op, "data_col", data_col_desc, data_col)
+    pad_h = check_int(op, "pad_h", pad_h)
+    pad_w = check_int(op, "pad_w", pad_w)
+    with torch.no_grad():
+        data_col.copy_(_masked_im2col(feature, mask_h_idx, mask_w_idx, (int(kernel_h), int(kernel_w)),
+                                      (pad_h, pad_w)))
+# ---------------------------------------------------------------------------------------------- psamask
+def _psamask_check(op, psa_type, in_desc, out_desc, h_mask, w_mask):
+    """``checkParams`` of kernels/psamask: in = x (dx), out = y (dy). All failures are BAD_PARAM.
+
+    MLU-OPS also fails with NOT_SUPPORTED when one row does not fit its on-chip NRAM (``findLimit``);
+    that limit belongs to the MLU, and cvops handles any channel count. Unlike MLU-OPS, an unknown
+    ``psa_type`` is BAD_PARAM rather than a silent no-op (decisions.md).
+    """
+    from .ops.psamask.checks import psa_type_code
+    psa_type_code(psa_type)
+    for name, desc in (("input desc", in_desc), ("output desc", out_desc)):
+        check_descriptor(op, name, desc)
+        require(desc.dim == 4, op, f"{name} must be 4-D, got {desc.dim}-D")
+        require(desc.layout == Layout.NHWC, op, f"{name} layout must be NHWC, got {desc.layout.name}")
+        require(desc.dtype == DataType.FLOAT, op, f"{name} dtype must be FLOAT, got {desc.dtype.name}")
+    require(in_desc.shape[:3] == out_desc.shape[:3], op,
+            f"N, H, W of input {in_desc.shape[:3]} and output {out_desc.shape[:3]} must match")
+    require(h_mask * w_mask == in_desc.shape[3], op,
+            f"input channels ({in_desc.shape[3]}) must equal h_mask * w_mask ({h_mask * w_mask})")
+    require(out_desc.shape[1] * out_desc.shape[2] == out_desc.shape[3], op,
+            f"output channels ({out_desc.shape[3]}) must equal h_feature * w_feature")
+
+
+@returns_status
+def psamask_forward(handle, psa_type, x_desc, x, h_mask, w_mask, y_desc, y):
+    """``mluOpPsamaskForward``: x ``[N, H, W, h_mask*w_mask]`` NHWC float -> y ``[N, H, W, H*W]``."""
+    from .ops.psamask import psamask_forward as run
+    op = "mluOpPsamaskForward"
+    try:
+        _psamask_check(op, psa_type, x_desc, y_desc, h_mask, w_mask)
+    except NotImplementedError as err:  # the caller remaps every checkParams failure to BAD_PARAM
+        raise BadParamError(op, str(err)) from err
+    if x_desc.numel == 0:
+        return Status.SUCCESS
+    x, y = check_data(op, "x", x_desc, x), check_data(op, "y", y_desc, y)
+    y.copy_(run(x, psa_type, (h_mask, w_mask), layout="NHWC"))
+
+
+@returns_status
+def psamask_backward(handle, psa_type, dy_desc, dy, h_mask, w_mask, dx_desc, dx):
+    """``mluOpPsamaskBackward``: dy ``[N, H, W, H*W]`` NHWC float -> dx ``[N, H, W, h_mask*w_mask]``."""
+    from .ops.psamask import psamask_backward as run
+    op = "mluOpPsamaskBackward"
+    try:
+        _psamask_check(op, psa_type, dx_desc, dy_desc, h_mask, w_mask)
+    except NotImplementedError as err:
+        raise BadParamError(op, str(err)) from err
+    if dy_desc.numel == 0:
+        return Status.SUCCESS
+    dy, dx = check_data(op, "dy", dy_desc, dy), check_data(op, "dx", dx_desc, dx)
+    dx.copy_(run(dy, psa_type, (h_mask, w_mask), layout="NHWC"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from .memory import new_empty, new_zeros
 from .validate import require
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -31,5 +32,5 @@ def empty_nchw(shape_nchw, layout: str, *, like: torch.Tensor, zero: bool = Fals
     """A new tensor stored contiguously in ``layout``, returned as its logical NCHW view."""
     n, c, h, w = shape_nchw
     stored = (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
-    alloc = torch.zeros if zero else torch.empty
-    return as_nchw(alloc(stored, dtype=like.dtype, device=like.device), layout)
+    alloc = new_zeros if zero else new_empty
+    return as_nchw(alloc(stored, like.dtype, like.device), layout)

@@ -1,0 +1,76 @@
+"""Copies between arbitrary strided views of two tensors' storage, negative strides included.
+
+Gather/scatter ops whose index math is affine (psamask's sliding window, im2col-like patterns) are a
+single strided copy, but some of those views need negative strides, which torch cannot express.
+NumPy can, and its copy loop picks a memory-friendly order; large copies are split over threads
+(NumPy releases the GIL). Values move as raw bits, so any dtype is copied exactly.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_PARALLEL_BYTES = 1 << 20  # below this a thread hand-off costs more than it saves
+
+
+@dataclass(frozen=True)
+class View:
+    """Sizes, strides (in elements, any sign) and offset (in elements from ``tensor.data_ptr()``)."""
+
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.sizes:
+            n *= s
+        return n
+
+
+def _as_numpy(t: torch.Tensor, view: View) -> np.ndarray:
+    if t.device.type != "cpu":
+        raise ValueError("strided_copy works on CPU tensors")
+    bits = t.view(_BITS[t.element_size()]) if t.is_floating_point() or t.dtype == torch.bool else t
+    storage_len = t.untyped_storage().nbytes() // t.element_size()
+    flat = torch.as_strided(bits, (storage_len,), (1,), 0).numpy()
+    start = flat[t.storage_offset() + view.offset:]
+    item = t.element_size()
+    return np.lib.stride_tricks.as_strided(start, view.sizes, tuple(s * item for s in view.strides),
+                                           writeable=True)
+
+
+@lru_cache(maxsize=None)
+def _pool(workers: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cvops-copy")
+
+
+def strided_copy(dst: torch.Tensor, dst_view: View, src: torch.Tensor, src_view: View) -> None:
+    """``dst[dst_view] = src[src_view]`` element for element (same sizes, same element width)."""
+    if dst_view.sizes != src_view.sizes:
+        raise ValueError(f"view sizes differ: {dst_view.sizes} vs {src_view.sizes}")
+    if dst.element_size() != src.element_size():
+        raise ValueError("strided_copy moves bits: element sizes must match")
+    if dst_view.numel() == 0:
+        return
+    d, s = _as_numpy(dst, dst_view), _as_numpy(src, src_view)
+    workers = torch.get_num_threads()
+    if workers < 2 or dst_view.numel() * dst.element_size() < _PARALLEL_BYTES:
+        np.copyto(d, s)
+        return
+    # Split along the outermost destination dimension that can be split, so chunks write apart.
+    order = sorted(range(len(dst_view.sizes)), key=lambda i: -abs(dst_view.strides[i]))
+    axis = next((i for i in order if dst_view.sizes[i] >= workers), order[0])
+    bounds = np.linspace(0, dst_view.sizes[axis], workers + 1).astype(int)
+    chunks = [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+    list(_pool(workers).map(lambda lh: _copy_part(d, s, axis, lh), chunks))
+
+
+def _copy_part(d: np.ndarray, s: np.ndarray, axis: int, lo_hi) -> None:
+    sel = (slice(None),) * axis + (slice(*lo_hi),)
+    np.copyto(d[sel], s[sel])

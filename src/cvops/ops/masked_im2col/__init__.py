@@ -1,0 +1,237 @@
+"""masked_im2col / masked_col2im (mmcv ``masked_conv2d``; MLU-OPS ``mluOpMaskedIm2colForward``).
+
+``masked_im2col`` gathers the ``kh x kw`` window around each mask point into a column,
+``masked_col2im`` scatters one column per mask point back into a feature map. Each is the other's
+autograd adjoint; ``masked_conv2d`` (and :class:`cvops.nn.MaskedConv2d`) chains them with a matmul.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..._core.dispatch import backend_module, resolve_backend
+from ..._core.validate import pair, require
+from . import checks
+
+__all__ = ["masked_im2col", "masked_col2im", "masked_conv2d"]
+
+_OP = "masked_im2col"
+
+
+def _backend(backend: Optional[str], device: torch.device):
+    return backend_module(__package__, _OP, backend, device)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library custom ops: each forward's backward is the other op, so gradients of any order flow.
+
+@torch.library.custom_op("cvops::masked_im2col", mutates_args=())
+def _im2col_op(feature: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, kernel_h: int, kernel_w: int,
+               pad_h: int, pad_w: int, backend: Optional[str] = None) -> Tensor:
+    return _backend(backend, feature.device).im2col_forward(feature, mask_h_idx, mask_w_idx,
+                                                            kernel_h, kernel_w, pad_h, pad_w)
+
+
+@_im2col_op.register_fake
+def _(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w, backend=None):
+    return feature.new_empty((feature.shape[1] * kernel_h * kernel_w, mask_h_idx.shape[0]))
+
+
+@torch.library.custom_op("cvops::masked_im2col_backward", mutates_args=())
+def _im2col_backward_op(grad_col: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, channels: int, height: int,
+                        width: int, kernel_h: int, kernel_w: int, pad_h: int, pad_w: int,
+                        backend: Optional[str] = None) -> Tensor:
+    return _backend(backend, grad_col.device).im2col_backward(
+        grad_col, mask_h_idx, mask_w_idx, channels, height, width, kernel_h, kernel_w, pad_h, pad_w)
+
+
+@_im2col_backward_op.register_fake
+def _(grad_col, mask_h_idx, mask_w_idx, channels, height, width, kernel_h, kernel_w, pad_h, pad_w, backend=None):
+    return grad_col.new_empty((1, channels, height, width))
+
+
+@torch.library.custom_op("cvops::masked_col2im", mutates_args=())
+def _col2im_op(masked_output: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, height: int, width: int,
+               backend: Optional[str] = None) -> Tensor:
+    return _backend(backend, masked_output.device).col2im_forward(masked_output, mask_h_idx, mask_w_idx,
+                                                                  height, width)
+
+
+@_col2im_op.register_fake
+def _(masked_output, mask_h_idx, mask_w_idx, height, width, backend=None):
+    return masked_output.new_empty((1, masked_output.shape[0], height, width))
+
+
+@torch.library.custom_op("cvops::masked_col2im_backward", mutates_args=())
+def _col2im_backward_op(grad_output: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor,
+                        backend: Optional[str] = None) -> Tensor:
+    return _backend(backend, grad_output.device).col2im_backward(grad_output, mask_h_idx, mask_w_idx)
+
+
+@_col2im_backward_op.register_fake
+def _(grad_output, mask_h_idx, mask_w_idx, backend=None):
+    return grad_output.new_empty((grad_output.shape[1], mask_h_idx.shape[0]))
+
+
+def _save_im2col(ctx, inputs, output):
+    feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w, backend = inputs
+    ctx.save_for_backward(mask_h_idx, mask_w_idx)
+    ctx.args = (feature.shape[1], feature.shape[2], feature.shape[3], kernel_h, kernel_w, pad_h, pad_w, backend)
+
+
+def _grad_im2col(ctx, grad_col):
+    mask_h_idx, mask_w_idx = ctx.saved_tensors
+    channels, height, width, kernel_h, kernel_w, pad_h, pad_w, backend = ctx.args
+    grad = _im2col_backward_op(grad_col.contiguous(), mask_h_idx, mask_w_idx, channels, height, width,
+                               kernel_h, kernel_w, pad_h, pad_w, backend)
+    return grad, None, None, None, None, None, None, None
+
+
+def _save_im2col_backward(ctx, inputs, output):
+    grad_col, mask_h_idx, mask_w_idx, _, _, _, kernel_h, kernel_w, pad_h, pad_w, backend = inputs
+    ctx.save_for_backward(mask_h_idx, mask_w_idx)
+    ctx.args = (kernel_h, kernel_w, pad_h, pad_w, backend)
+
+
+def _grad_im2col_backward(ctx, grad_feature):
+    mask_h_idx, mask_w_idx = ctx.saved_tensors
+    kernel_h, kernel_w, pad_h, pad_w, backend = ctx.args
+    grad = _im2col_op(grad_feature.contiguous(), mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w, backend)
+    return (grad,) + (None,) * 10
+
+
+def _save_col2im(ctx, inputs, output):
+    _, mask_h_idx, mask_w_idx, _, _, backend = inputs
+    ctx.save_for_backward(mask_h_idx, mask_w_idx)
+    ctx.backend = backend
+
+
+def _grad_col2im(ctx, grad_output):
+    mask_h_idx, mask_w_idx = ctx.saved_tensors
+    grad = _col2im_backward_op(grad_output.contiguous(), mask_h_idx, mask_w_idx, ctx.backend)
+    return grad, None, None, None, None, None
+
+
+def _save_col2im_backward(ctx, inputs, output):
+    grad_output, mask_h_idx, mask_w_idx, backend = inputs
+    ctx.save_for_backward(mask_h_idx, mask_w_idx)
+    ctx.args = (grad_output.shape[2], grad_output.shape[3], backend)
+
+
+def _grad_col2im_backward(ctx, grad_masked):
+    mask_h_idx, mask_w_idx = ctx.saved_tensors
+    height, width, backend = ctx.args
+    grad = _col2im_op(grad_masked.contiguous(), mask_h_idx, mask_w_idx, height, width, backend)
+    return grad, None, None, None
+
+
+_im2col_op.register_autograd(_grad_im2col, setup_context=_save_im2col)
+_im2col_backward_op.register_autograd(_grad_im2col_backward, setup_context=_save_im2col_backward)
+_col2im_op.register_autograd(_grad_col2im, setup_context=_save_col2im)
+_col2im_backward_op.register_autograd(_grad_col2im_backward, setup_context=_save_col2im_backward)
+
+
+# ---------------------------------------------------------------------------------------------
+# Functional API
+
+def masked_im2col(feature: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, kernel_size=3, padding=1, *,
+                  backend: Optional[str] = None) -> Tensor:
+    """Gather the ``kh x kw`` window at every mask point into a column.
+
+    Args:
+        feature: ``[1, C, H, W]`` (NCHW), any floating dtype, not empty.
+        mask_h_idx, mask_w_idx: ``[M]`` int32 or int64 row / column of each mask point. Any value
+            is legal: window taps outside the feature read 0.
+        kernel_size: ``kh`` or ``(kh, kw)``, each >= 1.
+        padding: ``pad`` or ``(pad_h, pad_w)``; the window of point m starts at
+            ``(mask_h_idx[m] - pad_h, mask_w_idx[m] - pad_w)``.
+        backend: ``None`` (triton for CUDA, else cpu), ``"reference"``, ``"cpu"`` or ``"triton"``.
+
+    Returns:
+        ``data_col [C*kh*kw, M]`` with ``data_col[(c*kh + i)*kw + j, m] =
+        feature[0, c, mask_h_idx[m] - pad_h + i, mask_w_idx[m] - pad_w + j]`` (0 outside).
+        Bit-exact copies; differentiable w.r.t. ``feature``.
+    """
+    kernel_h, kernel_w, pad_h, pad_w = checks.check_masked_im2col(feature, mask_h_idx, mask_w_idx,
+                                                                   kernel_size, padding)
+    if backend is not None:  # reject a bad backend before the custom op is entered
+        resolve_backend(_OP, backend, feature.device)
+    return _im2col_op(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w, backend)
+
+
+def masked_col2im(masked_output: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, height: int, width: int, *,
+                  backend: Optional[str] = None) -> Tensor:
+    """Scatter one column per mask point back into a zero feature map (mmcv ``masked_col2im_forward``).
+
+    Args:
+        masked_output: ``[C, M]``, any floating dtype.
+        mask_h_idx, mask_w_idx: ``[M]`` int32 or int64 positions.
+        height, width: output spatial size (>= 0).
+
+    Returns:
+        ``output [1, C, height, width]``: ``output[0, :, mask_h_idx[m], mask_w_idx[m]] =
+        masked_output[:, m]``, zeros elsewhere. Points outside ``height x width`` are dropped, and
+        where several points share a position the last one (largest m) is written, on every
+        device. Differentiable w.r.t. ``masked_output``.
+    """
+    height, width = checks.check_masked_col2im(masked_output, mask_h_idx, mask_w_idx, height, width)
+    if backend is not None:
+        resolve_backend(_OP, backend, masked_output.device)
+    return _col2im_op(masked_output, mask_h_idx, mask_w_idx, height, width, backend)
+
+
+def masked_conv2d(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor] = None, padding=0,
+                  stride=1, dilation=1, groups=1, *, backend: Optional[str] = None) -> Tensor:
+    """Convolution evaluated only at the mask points (mmcv ``masked_conv2d``), with a backward.
+
+    Args:
+        features: ``[1, C, H, W]``.
+        mask: ``[1, H, W]``; positions with ``mask > 0`` are computed.
+        weight: ``[O, C, kh, kw]``; bias: ``[O]`` or None.
+        padding: int or pair. stride, dilation and groups must be 1 (mmcv raises for stride too).
+
+    Returns:
+        ``[1, O, H + 2*pad_h - kh + 1, W + 2*pad_w - kw + 1]``: ``bias + W * window`` at each mask
+        point, exact zeros elsewhere (no bias there, as in mmcv).
+    """
+    op = "masked_conv2d"
+    stride, dilation = pair(op, "stride", stride), pair(op, "dilation", dilation)
+    pad_h, pad_w = pair(op, "padding", padding)
+    checks.check_masked_conv2d(op, features, mask, weight, bias, stride, dilation, groups)
+    out_channels, _, kernel_h, kernel_w = weight.shape
+    out_h = features.shape[2] + 2 * pad_h - kernel_h + 1
+    out_w = features.shape[3] + 2 * pad_w - kernel_w + 1
+    require(out_h > 0 and out_w > 0, op,
+            f"output size ({out_h}, {out_w}) must be positive: kernel {kernel_h}x{kernel_w} is larger than the "
+            f"padded input {features.shape[2] + 2 * pad_h}x{features.shape[3] + 2 * pad_w}")
+    mask_h_idx, mask_w_idx = torch.nonzero(mask[0] > 0, as_tuple=True)  # row-major: sorted by (h, w)
+    data_col = masked_im2col(features, mask_h_idx, mask_w_idx, (kernel_h, kernel_w), (pad_h, pad_w),
+                             backend=backend)
+    masked_out = _project(weight.reshape(out_channels, -1), data_col, bias)
+    return masked_col2im(masked_out, mask_h_idx, mask_w_idx, out_h, out_w, backend=backend)
+
+
+def _onednn_matmul_usable(weight_2d: Tensor, data_col: Tensor, bias: Optional[Tensor]) -> bool:
+    """oneDNN's fp32 matmul is 2-3x faster than the BLAS one on CPUs where MKL takes its generic path
+    (AMD); it has no autograd formula, so it serves inference only."""
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (weight_2d, data_col, bias))
+    return (not needs_grad and data_col.device.type == "cpu" and data_col.dtype == torch.float32
+            and weight_2d.dtype == torch.float32 and data_col.shape[1] > 0 and weight_2d.shape[0] > 0
+            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def _project(weight_2d: Tensor, data_col: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """``bias[:, None] + weight_2d @ data_col`` (mmcv's addmm); ``[O, C*kh*kw] x [C*kh*kw, M] -> [O, M]``."""
+    if _onednn_matmul_usable(weight_2d, data_col, bias):
+        try:  # "weight" = data_col^T, a free view: the product comes out as [O, M]
+            out = torch.ops.mkldnn._linear_pointwise(weight_2d.contiguous(), data_col.t(), None, "none", [], "")
+            return out if bias is None else out.add_(bias[:, None])
+        except (RuntimeError, TypeError):  # a torch build whose oneDNN op differs or refuses: BLAS below
+            pass
+    if bias is None:
+        return weight_2d.mm(data_col)
+    return torch.addmm(bias[:, None], weight_2d, data_col)
+

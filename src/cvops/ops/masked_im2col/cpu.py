@@ -1,0 +1,133 @@
+"""Vectorised torch backend (device-agnostic torch code).
+
+im2col is one ``index_select`` along the plane axis: for tap (i, j) and mask point m the source is
+the flat position ``(h_m - pad_h + i) * W + (w_m - pad_w + j)`` of the channel's plane, so one
+index row of length ``kh*kw*M`` (tap-major, m-minor) serves every channel and the select writes
+``data_col`` in its final (c, i, j) x m order. Taps that fall outside the feature read position 0
+and are zeroed afterwards (a few columns at the border), which keeps NaN/Inf bits exact.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..._core.memory import new_empty, new_zeros
+
+
+def tap_positions(mask_h_idx, mask_w_idx, height, width, kernel_h, kernel_w, pad_h, pad_w):
+    """Flat source position of every (tap, mask point), shape ``[kh*kw*M]``, and its validity."""
+    idx_h = mask_h_idx.to(torch.int64)
+    idx_w = mask_w_idx.to(torch.int64)
+    taps_i = torch.arange(kernel_h, device=idx_h.device).view(kernel_h, 1, 1)
+    taps_j = torch.arange(kernel_w, device=idx_h.device).view(1, kernel_w, 1)
+    h_im = idx_h.view(1, 1, -1) - pad_h + taps_i
+    w_im = idx_w.view(1, 1, -1) - pad_w + taps_j
+    valid = (h_im >= 0) & (h_im < height) & (w_im >= 0) & (w_im < width)
+    flat = torch.where(valid, h_im * width + w_im, 0)
+    return flat.reshape(-1), valid.reshape(-1)
+
+
+def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w):
+    """``feature [1, C, H, W]`` -> ``data_col [C*kh*kw, M]`` (see the module docstring)."""
+    _, channels, height, width = feature.shape
+    mask_cnt = mask_h_idx.shape[0]
+    taps = kernel_h * kernel_w
+    data_col = new_empty((channels, taps * mask_cnt), feature.dtype, feature.device)
+    if mask_cnt == 0:
+        return data_col.view(channels * taps, 0)
+    flat, valid = tap_positions(mask_h_idx, mask_w_idx, height, width, kernel_h, kernel_w, pad_h, pad_w)
+    # index_select along dim 1 copies bits (NaN payloads kept; torch.gather rewrites fp16/bf16
+    # NaNs) and walks one channel plane at a time, which stays in cache.
+    planes = feature.reshape(channels, height * width)
+    torch.index_select(planes, 1, flat, out=data_col)
+    outside = (~valid).nonzero().squeeze(1)
+    if outside.numel():
+        data_col.index_fill_(1, outside, 0)
+    return data_col.view(channels * taps, mask_cnt)
+
+
+def _duplicate_rank(keys):
+    """For each entry, how many earlier entries (in index order) share its key."""
+    sorted_keys, order = torch.sort(keys, stable=True)
+    n = keys.numel()
+    pos = torch.arange(n, device=keys.device)
+    new_group = torch.ones(n, dtype=torch.bool, device=keys.device)
+    new_group[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    group_start = torch.cummax(torch.where(new_group, pos, 0), 0).values
+    rank = torch.empty_like(pos)
+    rank[order] = pos - group_start
+    return rank
+
+
+def im2col_backward(grad_col, mask_h_idx, mask_w_idx, channels, height, width, kernel_h, kernel_w, pad_h, pad_w):
+    """Adjoint of im2col: ``grad_col [C*kh*kw, M]`` -> ``grad_feature [1, C, H, W]``.
+
+    Deterministic: taps are added in a fixed order, and mask points that share a window origin
+    are added in rounds (the r-th duplicate in round r), so no destination is hit twice at once.
+    """
+    mask_cnt = mask_h_idx.shape[0]
+    taps = kernel_h * kernel_w
+    grad_col = grad_col.reshape(channels, taps, mask_cnt)
+    # Window origins, in a buffer padded by (k-1) on every side so every tap of a window that
+    # touches the feature lands inside it; windows that miss the feature entirely are dropped.
+    top = mask_h_idx.to(torch.int64) - pad_h
+    left = mask_w_idx.to(torch.int64) - pad_w
+    touches = (top > -kernel_h) & (top < height) & (left > -kernel_w) & (left < width)
+    buf_h, buf_w = height + 2 * (kernel_h - 1), width + 2 * (kernel_w - 1)
+    # fp16/bf16 gradients are summed in fp32 and rounded once at the end
+    acc_dtype = torch.float64 if grad_col.dtype == torch.float64 else torch.float32
+    buffer = new_zeros((channels, buf_h * buf_w), acc_dtype, grad_col.device)
+    points = touches.nonzero().squeeze(1)
+    if points.numel():
+        origin = (top[points] + kernel_h - 1) * buf_w + (left[points] + kernel_w - 1)
+        rank = _duplicate_rank(origin)
+        rounds = [points] if int(rank.max()) == 0 else [points[rank == r] for r in range(int(rank.max()) + 1)]
+        origins = [origin] if len(rounds) == 1 else [origin[rank == r] for r in range(len(rounds))]
+        for t in range(taps):
+            shift = (t // kernel_w) * buf_w + t % kernel_w
+            for pts, org in zip(rounds, origins):
+                buffer.index_add_(1, org + shift, grad_col[:, t].index_select(1, pts).to(acc_dtype))
+    inner = (slice(None), slice(kernel_h - 1, kernel_h - 1 + height), slice(kernel_w - 1, kernel_w - 1 + width))
+    buffer = buffer.view(channels, buf_h, buf_w)[inner]
+    return buffer.unsqueeze(0).to(grad_col.dtype).contiguous()
+
+
+def scatter_targets(mask_h_idx, mask_w_idx, height, width):
+    """Flat target ``h*W + w`` of each mask point and whether it is written: inside ``H x W`` and the
+    last point (largest m) at its position."""
+    idx_h = mask_h_idx.to(torch.int64)
+    idx_w = mask_w_idx.to(torch.int64)
+    inside = (idx_h >= 0) & (idx_h < height) & (idx_w >= 0) & (idx_w < width)
+    flat = torch.where(inside, idx_h * width + idx_w, 0)
+    if height * width == 0:
+        return flat, inside
+    order = torch.arange(flat.numel(), device=flat.device)
+    last = torch.full((height * width,), -1, dtype=torch.int64, device=flat.device)
+    last.scatter_reduce_(0, flat[inside], order[inside], reduce="amax")
+    return flat, inside & (last[flat] == order)
+
+
+def col2im_forward(masked_output, mask_h_idx, mask_w_idx, height, width):
+    """``masked_output [C, M]`` -> ``output [1, C, H, W]``, zeros except at the written points."""
+    channels = masked_output.shape[0]
+    output = new_zeros((channels, height * width), masked_output.dtype, masked_output.device)
+    flat, written = scatter_targets(mask_h_idx, mask_w_idx, height, width)
+    if bool(written.all()):
+        output.index_copy_(1, flat, masked_output)
+    else:
+        cols = written.nonzero().squeeze(1)
+        output.index_copy_(1, flat[cols], masked_output.index_select(1, cols))
+    return output.view(1, channels, height, width)
+
+
+def col2im_backward(grad_output, mask_h_idx, mask_w_idx):
+    """Adjoint of col2im: ``grad_output [1, C, H, W]`` -> ``[C, M]`` (0 for points not written)."""
+    _, channels, height, width = grad_output.shape
+    mask_cnt = mask_h_idx.shape[0]
+    flat, written = scatter_targets(mask_h_idx, mask_w_idx, height, width)
+    if height * width == 0:
+        return torch.zeros(channels, mask_cnt, dtype=grad_output.dtype, device=grad_output.device)
+    grad = grad_output.reshape(channels, height * width).index_select(1, flat)
+    skipped = (~written).nonzero().squeeze(1)
+    if skipped.numel():
+        grad.index_fill_(1, skipped, 0)
+    return grad

@@ -1,0 +1,129 @@
+"""Triton kernels (CUDA tensors; tested on CPU under ``TRITON_INTERPRET=1``).
+
+* im2col: one program per (block of mask points, tap, block of channels). Mask indices are read
+  once per program, the feature is gathered through its strides, and stores run along M, the
+  contiguous axis of ``data_col``, so they coalesce. Offsets are int64.
+* col2im: zero output, then a scatter of each written point (unique targets, so no atomics).
+  Its adjoint is im2col with a 1x1 window on the written points.
+* im2col backward: one launch per (tap, duplicate round); inside a launch every destination is
+  distinct, so a plain load-add-store is race-free and the sum order is fixed (deterministic).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import cpu
+
+BLOCK_M = 64
+BLOCK_C = 32
+
+
+@triton.jit
+def _im2col_kernel(feat_ptr, h_ptr, w_ptr, out_ptr, C, H, W, M, stride_c, stride_h, stride_w,
+                   kernel_w, taps, pad_h, pad_w, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    pid_m = tl.program_id(0)
+    tap = tl.program_id(1)
+    pid_c = tl.program_id(2)
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_m = offs_m < M
+    h_im = tl.load(h_ptr + offs_m, mask=in_m, other=0).to(tl.int64) - pad_h + tap // kernel_w
+    w_im = tl.load(w_ptr + offs_m, mask=in_m, other=0).to(tl.int64) - pad_w + tap % kernel_w
+    inside = in_m & (h_im >= 0) & (h_im < H) & (w_im >= 0) & (w_im < W)
+    offs_c = pid_c.to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    in_c = offs_c < C
+    src = feat_ptr + offs_c[:, None] * stride_c + (h_im * stride_h + w_im * stride_w)[None, :]
+    vals = tl.load(src, mask=in_c[:, None] & inside[None, :], other=0)
+    rows = offs_c * taps + tap
+    tl.store(out_ptr + rows[:, None] * M + offs_m[None, :], vals, mask=in_c[:, None] & in_m[None, :])
+
+
+@triton.jit
+def _scatter_columns_kernel(src_ptr, cols_ptr, dst_ptr, C, P, M, HW, ACCUMULATE: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    """``dst[c, target[p]] (+)= src[c, col[p]]`` for P points with distinct targets.
+
+    ``cols_ptr`` holds P source columns followed by P flat targets.
+    """
+    pid_p = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    offs_p = pid_p.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_p = offs_p < P
+    col = tl.load(cols_ptr + offs_p, mask=in_p, other=0)
+    target = tl.load(cols_ptr + P + offs_p, mask=in_p, other=0)
+    offs_c = pid_c.to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    ok = (offs_c < C)[:, None] & in_p[None, :]
+    vals = tl.load(src_ptr + offs_c[:, None] * M + col[None, :], mask=ok, other=0)
+    dst = dst_ptr + offs_c[:, None] * HW + target[None, :]
+    if ACCUMULATE:
+        old = tl.load(dst, mask=ok, other=0)  # the destination is fp32 or fp64
+        vals = old + vals.to(old.dtype)
+    tl.store(dst, vals, mask=ok)
+
+
+def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w):
+    _, channels, height, width = feature.shape
+    mask_cnt = mask_h_idx.shape[0]
+    taps = kernel_h * kernel_w
+    data_col = torch.empty(channels * taps, mask_cnt, dtype=feature.dtype, device=feature.device)
+    if mask_cnt == 0:
+        return data_col
+    grid = (triton.cdiv(mask_cnt, BLOCK_M), taps, triton.cdiv(channels, BLOCK_C))
+    _im2col_kernel[grid](feature, mask_h_idx.contiguous(), mask_w_idx.contiguous(), data_col,
+                         channels, height, width, mask_cnt, feature.stride(1), feature.stride(2),
+                         feature.stride(3), kernel_w, taps, pad_h, pad_w, BLOCK_M=BLOCK_M, BLOCK_C=BLOCK_C)
+    return data_col
+
+
+def _scatter_columns(src, cols, targets, dst, accumulate):
+    points = cols.numel()
+    if points == 0:
+        return
+    channels, mask_cnt = src.shape
+    index = torch.cat([cols, targets]).to(torch.int64).contiguous()
+    grid = (triton.cdiv(points, BLOCK_M), triton.cdiv(channels, BLOCK_C))
+    _scatter_columns_kernel[grid](src, index, dst, channels, points, mask_cnt, dst.shape[1],
+                                  ACCUMULATE=accumulate, BLOCK_M=BLOCK_M, BLOCK_C=BLOCK_C)
+
+
+def im2col_backward(grad_col, mask_h_idx, mask_w_idx, channels, height, width, kernel_h, kernel_w, pad_h, pad_w):
+    mask_cnt = mask_h_idx.shape[0]
+    taps = kernel_h * kernel_w
+    grad_col = grad_col.reshape(channels, taps * mask_cnt).contiguous()
+    top = mask_h_idx.to(torch.int64) - pad_h
+    left = mask_w_idx.to(torch.int64) - pad_w
+    touches = (top > -kernel_h) & (top < height) & (left > -kernel_w) & (left < width)
+    buf_h, buf_w = height + 2 * (kernel_h - 1), width + 2 * (kernel_w - 1)
+    # fp16/bf16 gradients are summed in fp32 and rounded once at the end
+    acc_dtype = torch.float64 if grad_col.dtype == torch.float64 else torch.float32
+    buffer = torch.zeros(channels, buf_h * buf_w, dtype=acc_dtype, device=grad_col.device)
+    points = touches.nonzero().squeeze(1)
+    if points.numel():
+        origin = (top[points] + kernel_h - 1) * buf_w + (left[points] + kernel_w - 1)
+        rank = cpu._duplicate_rank(origin)
+        rounds = [(points[rank == r], origin[rank == r]) for r in range(int(rank.max()) + 1)]
+        for t in range(taps):  # same order as the cpu backend: taps, then duplicate rounds
+            shift = (t // kernel_w) * buf_w + t % kernel_w
+            for pts, org in rounds:
+                _scatter_columns(grad_col, t * mask_cnt + pts, org + shift, buffer, accumulate=True)
+    inner = (slice(None), slice(kernel_h - 1, kernel_h - 1 + height), slice(kernel_w - 1, kernel_w - 1 + width))
+    buffer = buffer.view(channels, buf_h, buf_w)[inner]
+    return buffer.unsqueeze(0).to(grad_col.dtype).contiguous()
+
+
+def col2im_forward(masked_output, mask_h_idx, mask_w_idx, height, width):
+    channels = masked_output.shape[0]
+    output = torch.zeros(channels, height * width, dtype=masked_output.dtype, device=masked_output.device)
+    flat, written = cpu.scatter_targets(mask_h_idx, mask_w_idx, height, width)
+    cols = written.nonzero().squeeze(1)
+    _scatter_columns(masked_output.contiguous(), cols, flat[cols], output, accumulate=False)
+    return output.view(1, channels, height, width)
+
+
+def col2im_backward(grad_output, mask_h_idx, mask_w_idx):
+    _, _, height, width = grad_output.shape
+    _, written = cpu.scatter_targets(mask_h_idx, mask_w_idx, height, width)
+    # Points that were not written read nothing: move them outside the map.
+    rows = torch.where(written, mask_h_idx.to(torch.int64), -1)
+    return im2col_forward(grad_output, rows, mask_w_idx.to(torch.int64), 1, 1, 0, 0)

@@ -1,0 +1,116 @@
+"""psamask (PSANet point-wise spatial attention mask), forward and backward.
+
+``input [N, h_mask*w_mask, H, W]`` (NCHW, mmcv) or ``[N, H, W, h_mask*w_mask]`` (NHWC, MLU-OPS) ->
+``output [N, H*W, H, W]`` (or ``[N, H, W, H*W]``). COLLECT writes
+``out[n, q, p] = x[n, m(q - p), p]`` for every position p and every neighbour q inside the mask
+window centred at p, DISTRIBUTE writes the transpose ``out[n, p, q]``; everything else is 0. Pure data
+movement: every backend is bit-exact. The backward is the exact adjoint (a gather, no accumulation).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..._core.dispatch import backend_module
+from ..._core.layout import as_nchw, from_nchw
+from .checks import check_backward, check_forward
+
+__all__ = ["psamask", "psamask_forward", "psamask_backward"]
+
+
+def _run(direction: str, t: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str,
+         backend: Optional[str]) -> torch.Tensor:
+    module = backend_module(__name__, "psamask", backend, t.device)
+    if t.numel() == 0:  # psamask.md 1.1: zero elements return at once
+        return _empty_result(direction, t, h_mask, w_mask, layout)
+    out = getattr(module, direction)(as_nchw(t, layout), psa_type, h_mask, w_mask, layout)
+    return from_nchw(out, layout).contiguous()
+
+
+def _result_shape(direction, t, h_mask, w_mask, layout):
+    if layout == "NCHW":
+        n, _, h, w = t.shape
+    else:
+        n, h, w, _ = t.shape
+    c = h * w if direction == "forward" else h_mask * w_mask
+    return (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
+
+
+def _empty_result(direction, t, h_mask, w_mask, layout):
+    return t.new_zeros(_result_shape(direction, t, h_mask, w_mask, layout))
+
+
+@torch.library.custom_op("cvops::psamask_forward", mutates_args=())
+def _forward_op(input: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str,
+                backend: Optional[str]) -> torch.Tensor:
+    return _run("forward", input, psa_type, h_mask, w_mask, layout, backend)
+
+
+@torch.library.custom_op("cvops::psamask_backward", mutates_args=())
+def _backward_op(grad_output: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str,
+                 backend: Optional[str]) -> torch.Tensor:
+    return _run("backward", grad_output, psa_type, h_mask, w_mask, layout, backend)
+
+
+@_forward_op.register_fake
+def _(input, psa_type, h_mask, w_mask, layout, backend):
+    return input.new_empty(_result_shape("forward", input, h_mask, w_mask, layout))
+
+
+@_backward_op.register_fake
+def _(grad_output, psa_type, h_mask, w_mask, layout, backend):
+    return grad_output.new_empty(_result_shape("backward", grad_output, h_mask, w_mask, layout))
+
+
+def _setup_context(ctx, inputs, output):
+    _, ctx.psa_type, ctx.h_mask, ctx.w_mask, ctx.layout, ctx.backend = inputs
+
+
+def _forward_grad(ctx, grad):
+    dx = _backward_op(grad.contiguous(), ctx.psa_type, ctx.h_mask, ctx.w_mask, ctx.layout, ctx.backend)
+    return dx, None, None, None, None, None
+
+
+def _backward_grad(ctx, grad):  # the adjoint of the adjoint: double backward is the forward
+    dy = _forward_op(grad.contiguous(), ctx.psa_type, ctx.h_mask, ctx.w_mask, ctx.layout, ctx.backend)
+    return dy, None, None, None, None, None
+
+
+_forward_op.register_autograd(_forward_grad, setup_context=_setup_context)
+_backward_op.register_autograd(_backward_grad, setup_context=_setup_context)
+
+
+def psamask_forward(input: torch.Tensor, psa_type, mask_size, layout: str = "NCHW",
+                    backend: Optional[str] = None) -> torch.Tensor:
+    """PSA mask forward.
+
+    Args:
+        input: ``[N, h_mask*w_mask, H, W]`` (``layout="NCHW"``) or ``[N, H, W, h_mask*w_mask]`` (``"NHWC"``),
+            any floating dtype.
+        psa_type: ``"collect"``/``0`` or ``"distribute"``/``1``.
+        mask_size: ``h_mask`` or ``(h_mask, w_mask)``; even sizes use the window ``-(m-1)//2 .. m-1-(m-1)//2``.
+        layout: storage layout of input and output.
+        backend: ``None`` (triton on CUDA, cpu otherwise), ``"reference"``, ``"cpu"`` or ``"triton"``.
+
+    Returns:
+        ``[N, H*W, H, W]`` (NCHW) or ``[N, H, W, H*W]`` (NHWC), same dtype and device as ``input``.
+    """
+    code, h_mask, w_mask, layout = check_forward(input, psa_type, mask_size, layout)
+    return _forward_op(input, code, h_mask, w_mask, layout, backend)
+
+
+def psamask_backward(grad_output: torch.Tensor, psa_type, mask_size, layout: str = "NCHW",
+                     backend: Optional[str] = None) -> torch.Tensor:
+    """Gradient of :func:`psamask_forward` w.r.t. its input.
+
+    ``grad_output [N, H*W, H, W]`` (or NHWC ``[N, H, W, H*W]``) -> ``[N, h_mask*w_mask, H, W]`` (or NHWC).
+    """
+    code, h_mask, w_mask, layout = check_backward(grad_output, psa_type, mask_size, layout)
+    return _backward_op(grad_output, code, h_mask, w_mask, layout, backend)
+
+
+def psamask(input: torch.Tensor, psa_type, mask_size, layout: str = "NCHW",
+            backend: Optional[str] = None) -> torch.Tensor:
+    """Differentiable PSA mask; see :func:`psamask_forward` for shapes. Gradients flow to ``input``."""
+    return psamask_forward(input, psa_type, mask_size, layout, backend)

@@ -1,0 +1,50 @@
+"""psamask parameter checks (psamask.md §1.4 and §3.4, semantics.md §1, decisions.md)."""
+from __future__ import annotations
+
+import torch
+
+from ..._core.layout import parse_layout
+from ..._core.validate import FLOAT_DTYPES, check_tensor, pair, require
+
+OP = "psamask"
+COLLECT, DISTRIBUTE = 0, 1
+_PSA_TYPES = {"collect": COLLECT, "distribute": DISTRIBUTE, COLLECT: COLLECT, DISTRIBUTE: DISTRIBUTE}
+
+
+def psa_type_code(psa_type) -> int:
+    """'collect'/0 -> 0, 'distribute'/1 -> 1; anything else is an error (MLU-OPS would do nothing)."""
+    key = psa_type.lower() if isinstance(psa_type, str) else psa_type
+    require(isinstance(key, (int, str)) and not isinstance(key, bool) and key in _PSA_TYPES, OP,
+            f"psa_type must be 'collect'/0 or 'distribute'/1, got {psa_type!r}")
+    return _PSA_TYPES[key]
+
+
+def _spatial(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
+    """(N, C, H, W) of a 4-D tensor stored in ``layout``."""
+    if layout == "NCHW":
+        return tuple(t.shape)
+    n, h, w, c = t.shape
+    return n, c, h, w
+
+
+def check_forward(input, psa_type, mask_size, layout):
+    """Validate a forward call; returns (psa_type code, h_mask, w_mask, layout)."""
+    code = psa_type_code(psa_type)
+    h_mask, w_mask = pair(OP, "mask_size", mask_size, min_value=1)
+    layout = parse_layout(OP, layout)
+    check_tensor(OP, "input", input, dim=4, dtypes=FLOAT_DTYPES)
+    _, c, _, _ = _spatial(input, layout)
+    require(c == h_mask * w_mask, OP,
+            f"input channels ({c}) must equal h_mask * w_mask ({h_mask} * {w_mask} = {h_mask * w_mask})")
+    return code, h_mask, w_mask, layout
+
+
+def check_backward(grad_output, psa_type, mask_size, layout):
+    """Validate a backward call; returns (psa_type code, h_mask, w_mask, layout)."""
+    code = psa_type_code(psa_type)
+    h_mask, w_mask = pair(OP, "mask_size", mask_size, min_value=1)
+    layout = parse_layout(OP, layout)
+    check_tensor(OP, "grad_output", grad_output, dim=4, dtypes=FLOAT_DTYPES)
+    _, c, h, w = _spatial(grad_output, layout)
+    require(c == h * w, OP, f"grad_output channels ({c}) must equal h_feature * w_feature ({h} * {w} = {h * w})")
+    return code, h_mask, w_mask, layout
