@@ -427,3 +427,30 @@ def test_bad_module_parameters():
         sparse.SparseConvTensor(x.features[:3], x.indices, [4, 4, 4], 1)
     with pytest.raises(BadParamError, match="batch_size must be >= 1"):
         sparse.SparseConvTensor(x.features, x.indices, [4, 4, 4], 0)
+
+
+def test_check_values_false_keeps_shape_and_count_checks():
+    args = _good()
+    out = sparse.indice_conv(**args, check_values=False)
+    torch.testing.assert_close(out, sparse.indice_conv(**args))
+    with pytest.raises(BadParamError, match=r"indice_num values must lie in \[0, L"):
+        sparse.indice_conv(**{**args, "indice_num": args["indice_num"] + 1000}, check_values=False)
+    with pytest.raises(BadParamError, match="in_channels"):
+        sparse.indice_conv(**{**args, "weight": args["weight"][:, :2]}, check_values=False)
+
+
+def test_example_encoder_runs_forward_and_backward():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "examples" / "sparse_encoder.py"
+    spec = importlib.util.spec_from_file_location("sparse_encoder", path)
+    enc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(enc)
+    features, indices = enc.make_input(400, 2, (41, 48, 48), 5)
+    net = enc.build_encoder(sparse, 5, 4)
+    x = sparse.SparseConvTensor(features.requires_grad_(), indices, [41, 48, 48], 2)
+    out = net(x)
+    assert out.spatial_shape == [2, 6, 6] and out.features.shape[1] == 32
+    enc.bev(out).square().mean().backward()
+    assert features.grad.shape == features.shape and torch.isfinite(features.grad).all()
+    assert all(p.grad is not None for p in net.parameters())

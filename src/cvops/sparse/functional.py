@@ -64,8 +64,13 @@ def sort_pairs_by_output(indice_pairs: torch.Tensor, indice_num: torch.Tensor) -
 
 
 # ----------------------------------------------------------------------------- checks
-def check_indice_conv(features, weight, indice_pairs, indice_num, num_out, inverse, identity_offset_):
-    """Every rule of the kernel-map convolution; raises ``BadParamError`` naming the argument."""
+def check_indice_conv(features, weight, indice_pairs, indice_num, num_out, inverse, identity_offset_,
+                      check_values: bool = True):
+    """Every rule of the kernel-map convolution; raises ``BadParamError`` naming the argument.
+
+    ``check_values=False`` skips the O(K*L) scan of the pair values (for maps that come straight from
+    :func:`cvops.get_indice_pairs`, which are valid by construction); shapes are always checked.
+    """
     check_tensor(OP, "features", features, dim=2, dtypes=FLOAT_DTYPES)
     check_tensor(OP, "weight", weight, dim=3, dtypes=FLOAT_DTYPES)
     check_tensor(OP, "indice_pairs", indice_pairs, dim=3, dtypes=INDEX_DTYPES)
@@ -92,6 +97,14 @@ def check_indice_conv(features, weight, indice_pairs, indice_num, num_out, inver
     if torch.compiler.is_compiling():
         return num_out  # value checks read the map's data; under torch.compile only shapes are checked
     counts = indice_num.cpu()
+    if not check_values:
+        require(K == 0 or (int(counts.min()) >= 0 and int(counts.max()) <= L), OP,
+                f"indice_num values must lie in [0, L={L}]")
+        if identity_offset_ >= 0:
+            require(features.shape[0] == num_out and int(counts[identity_offset_]) == num_out, OP,
+                    f"identity_offset {identity_offset_} needs as many output rows ({num_out}) as input rows "
+                    f"({features.shape[0]}) and indice_num[{identity_offset_}] == {features.shape[0]}")
+        return num_out
     if K and L:
         require(bool((counts >= 0).all()) and bool((counts <= L).all()), OP,
                 f"indice_num values must lie in [0, L={L}], got {counts.tolist()}")
@@ -164,7 +177,7 @@ _indice_conv_op.register_autograd(_backward, setup_context=_setup_context)
 def indice_conv(features: torch.Tensor, weight: torch.Tensor, indice_pairs: torch.Tensor,
                 indice_num: torch.Tensor, num_out: int, *, inverse: bool = False,
                 identity_offset: int = -1, indice_pairs_by_output: torch.Tensor | None = None,
-                backend: str | None = None) -> torch.Tensor:
+                backend: str | None = None, check_values: bool = True) -> torch.Tensor:
     """Sparse convolution of ``features [N, C_in]`` on a kernel map; returns ``[num_out, C_out]``.
 
     ``weight`` is ``[K, C_in, C_out]`` or the mmcv layout ``[*kernel_size, C_in, C_out]``. See the
@@ -172,11 +185,13 @@ def indice_conv(features: torch.Tensor, weight: torch.Tensor, indice_pairs: torc
     ``None`` (triton for CUDA tensors, cpu otherwise), ``"reference"``, ``"cpu"`` or ``"triton"``.
     ``indice_pairs_by_output``: optionally :func:`sort_pairs_by_output` of the map (cached by the
     layers), used where rows are scattered into output rows; the result is the same without it.
+    ``check_values=False`` skips scanning the pair values (only for maps from get_indice_pairs).
     """
     check_tensor(OP, "weight", weight, dtypes=FLOAT_DTYPES)
     require(weight.dim() >= 3, OP, f"weight must be [K, C_in, C_out] or [*k, C_in, C_out], got {tuple(weight.shape)}")
     weight = weight.reshape(math.prod(weight.shape[:-2]), weight.shape[-2], weight.shape[-1])
-    num_out = check_indice_conv(features, weight, indice_pairs, indice_num, num_out, inverse, identity_offset)
+    num_out = check_indice_conv(features, weight, indice_pairs, indice_num, num_out, inverse, identity_offset,
+                                check_values)
     by_input = indice_pairs.contiguous()
     if indice_pairs_by_output is None:
         by_output = by_input
@@ -185,7 +200,8 @@ def indice_conv(features: torch.Tensor, weight: torch.Tensor, indice_pairs: torc
         require(indice_pairs_by_output.shape == indice_pairs.shape and
                 indice_pairs_by_output.device == indice_pairs.device, OP,
                 f"indice_pairs_by_output must match indice_pairs {tuple(indice_pairs.shape)} on {indice_pairs.device}")
-        check_indice_conv(features, weight, indice_pairs_by_output, indice_num, num_out, inverse, identity_offset)
+        check_indice_conv(features, weight, indice_pairs_by_output, indice_num, num_out, inverse, identity_offset,
+                          check_values)
         by_output = indice_pairs_by_output.contiguous()
     # forward scatters into the output rows (input rows when inverse), backward into the others
     pairs_forward, pairs_backward = (by_input, by_output) if inverse else (by_output, by_input)

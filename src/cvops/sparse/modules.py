@@ -142,7 +142,8 @@ class SparseConvolution(SparseModule):
             ident = identity_offset(self.kernel_size, self.padding, self.dilation) if self.subm else -1
         features = indice_conv(x.features, self.weight, data.indice_pairs, data.indice_num, out_indices.shape[0],
                                inverse=self.inverse, identity_offset=ident,
-                               indice_pairs_by_output=data.pairs_sorted_by_output())
+                               indice_pairs_by_output=data.pairs_sorted_by_output(),
+                               check_values=False)  # the map comes from get_indice_pairs
         if self.bias is not None:
             features = features + self.bias
         out = SparseConvTensor(features, out_indices, out_spatial, x.batch_size, x.grid)
