@@ -454,3 +454,18 @@ def test_example_encoder_runs_forward_and_backward():
     enc.bev(out).square().mean().backward()
     assert features.grad.shape == features.shape and torch.isfinite(features.grad).all()
     assert all(p.grad is not None for p in net.parameters())
+
+
+@requires_triton
+def test_triton_rejects_repeated_rows_within_an_offset():
+    args = _good()
+    pairs = args["indice_pairs"].clone()
+    k = int(torch.argmax(args["indice_num"]))
+    assert int(args["indice_num"][k]) >= 2
+    pairs[k, 1, 1] = pairs[k, 1, 0]  # two inputs scattering into one output row at one offset
+    with pytest.raises(BadParamError, match="repeats an output row"):
+        sparse.indice_conv(**{**args, "indice_pairs": pairs}, backend="triton")
+    # the torch backend sums repeated rows correctly (index_add_), as the reference does
+    out = sparse.indice_conv(**{**args, "indice_pairs": pairs}, backend="cpu")
+    ref = sparse.indice_conv(**{**args, "indice_pairs": pairs}, backend="reference")
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from .._core.dispatch import backend_module
+from .._core.dispatch import backend_module, resolve_backend
 from .._core.validate import FLOAT_DTYPES, INDEX_DTYPES, check_int, check_tensor, require
 
 OP = "indice_conv"
@@ -127,6 +127,24 @@ def check_indice_conv(features, weight, indice_pairs, indice_num, num_out, inver
     return num_out
 
 
+def check_rows_unique_per_offset(indice_pairs: torch.Tensor, indice_num: torch.Tensor) -> None:
+    """Within each offset, no input row and no output row may repeat (true of every kernel map).
+
+    The Triton scatter relies on it: each destination row of a launch is owned by one program.
+    """
+    K, _, L = indice_pairs.shape
+    if K == 0 or L < 2:
+        return
+    big = torch.iinfo(torch.int64).max
+    valid = torch.arange(L, device=indice_pairs.device) < indice_num.to(indice_pairs.device)[:, None]
+    for col, name in ((0, "input"), (1, "output")):
+        rows = torch.sort(torch.where(valid, indice_pairs[:, col].long(), big), dim=1).values
+        repeated = (rows[:, 1:] == rows[:, :-1]) & (rows[:, 1:] != big)
+        require(not bool(repeated.any()), OP,
+                f"indice_pairs repeats an {name} row within one kernel offset (a kernel map pairs each row at "
+                "most once per offset)")
+
+
 # ----------------------------------------------------------------------------- custom ops
 @torch.library.custom_op("cvops::sparse_indice_conv", mutates_args=())
 def _indice_conv_op(features: torch.Tensor, weight: torch.Tensor, pairs_forward: torch.Tensor,
@@ -203,6 +221,9 @@ def indice_conv(features: torch.Tensor, weight: torch.Tensor, indice_pairs: torc
         check_indice_conv(features, weight, indice_pairs_by_output, indice_num, num_out, inverse, identity_offset,
                           check_values)
         by_output = indice_pairs_by_output.contiguous()
+    if check_values and not torch.compiler.is_compiling() and \
+            resolve_backend(OP, backend, features.device) == "triton":
+        check_rows_unique_per_offset(by_input, indice_num)
     # forward scatters into the output rows (input rows when inverse), backward into the others
     pairs_forward, pairs_backward = (by_input, by_output) if inverse else (by_output, by_input)
     if features.shape[0] == 0 or num_out == 0 or weight.shape[0] == 0:
