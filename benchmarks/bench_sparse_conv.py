@@ -7,7 +7,7 @@ middle encoder costs. FLOPs count the GEMMs (2 * pairs * C_in * C_out per layer,
 both gradients); IO is the input features and indices, the parameters, the output features and the
 gradients of the inputs and parameters.
 
-    python benchmarks/bench_sparse_conv.py [--tag network] [--device cpu] [--repeats 1]
+    python benchmarks/bench_sparse_conv.py [--tag network] [--device cpu] [--repeats 1] [--threads N]
 """
 from __future__ import annotations
 
@@ -124,7 +124,11 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--no-anchor", action="store_true", help="skip spconv even when installed")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads for both libraries (default: torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     limits = MachineLimits.measure(args.device)
     rows = run(limits, args.tag, args.repeats, not args.no_anchor)
     print_table(rows, limits, f"sparse conv encoder ({args.tag} cases)")

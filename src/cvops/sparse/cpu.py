@@ -22,7 +22,7 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _valid_pairs(pairs: torch.Tensor, counts: list[int], k: int, col: int) -> torch.Tensor:
-    return pairs[k, col, :counts[k]].long()
+    return pairs[k, col, :counts[k]]  # int32 or int64: index_select / index_add_ take either
 
 
 def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, identity_offset: int):
