@@ -348,6 +348,15 @@ def test_zero_rows():
     assert out.shape == (0, 2)
     out.sum().backward()
     assert feats.grad.shape == (0, 3)
+    # input rows but no pairs and no output rows: empty output, zero gradients (every backend)
+    for backend in ("cpu", "reference", "triton"):
+        f = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+        w = torch.randn(27, 3, 2, dtype=torch.float64, requires_grad=True)
+        out = sparse.indice_conv(f, w, torch.full((27, 2, 5), -1, dtype=torch.int32),
+                                 torch.zeros(27, dtype=torch.int32), 0, backend=backend)
+        assert out.shape == (0, 2)
+        gf, gw = torch.autograd.grad(out.sum(), (f, w))
+        assert torch.equal(gf, torch.zeros_like(f)) and torch.equal(gw, torch.zeros_like(w))
 
 
 def test_torch_compile_indice_conv():

@@ -226,8 +226,5 @@ def indice_conv(features: torch.Tensor, weight: torch.Tensor, indice_pairs: torc
         check_rows_unique_per_offset(by_input, indice_num)
     # forward scatters into the output rows (input rows when inverse), backward into the others
     pairs_forward, pairs_backward = (by_input, by_output) if inverse else (by_output, by_input)
-    if features.shape[0] == 0 or num_out == 0 or weight.shape[0] == 0:
-        # nothing to gather: zeros, still connected to the graph so backward gives zero gradients
-        return features.new_zeros(num_out, weight.shape[2]) + 0 * weight.sum() + 0 * features.sum()
     return _indice_conv_op(features.contiguous(), weight.contiguous(), pairs_forward, pairs_backward,
                            indice_num.cpu(), num_out, inverse, int(identity_offset), backend)
