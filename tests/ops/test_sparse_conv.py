@@ -478,3 +478,32 @@ def test_triton_rejects_repeated_rows_within_an_offset():
     out = sparse.indice_conv(**{**args, "indice_pairs": pairs}, backend="cpu")
     ref = sparse.indice_conv(**{**args, "indice_pairs": pairs}, backend="reference")
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def _spconv():
+    try:
+        import spconv.pytorch as spt
+    except Exception:
+        return None
+    return spt
+
+
+@pytest.mark.skipif(_spconv() is None, reason="spconv not installed")
+def test_layers_match_spconv_forward():
+    # spconv 2.x's own layers on the same sites with its own [out, *k, in] weights, converted by
+    # cvops.sparse.load_state_dict: subm, strided sparse conv, and the inverse conv restoring sites
+    spt = _spconv()
+    x = random_sparse(2, (9, 16, 16), 120, 4, dtype=torch.float32, seed=22)
+    torch.manual_seed(0)
+    ref = spt.SparseSequential(spt.SubMConv3d(4, 6, 3, padding=1, indice_key="s1"),
+                               spt.SparseConv3d(6, 5, 3, stride=2, padding=1, indice_key="d1"),
+                               spt.SparseInverseConv3d(5, 3, 3, indice_key="d1"))
+    net = sparse.SparseSequential(sparse.SubMConv3d(4, 6, 3, padding=1, indice_key="s1"),
+                                  sparse.SparseConv3d(6, 5, 3, stride=2, padding=1, indice_key="d1"),
+                                  sparse.SparseInverseConv3d(5, 3, 3, indice_key="d1"))
+    sparse.load_state_dict(net, ref.state_dict(), "spconv")
+    xs = spt.SparseConvTensor(x.features, x.indices, x.spatial_shape, x.batch_size)
+    for i in range(3):
+        xs, x = ref[i](xs), net[i](x)
+        assert list(xs.spatial_shape) == x.spatial_shape and xs.features.shape == x.features.shape
+        assert diff1(x.dense(), xs.dense()) < 1e-3 and diff2(x.dense(), xs.dense()) < 1e-3
