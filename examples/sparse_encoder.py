@@ -6,7 +6,7 @@ and a final z-downsampling SparseConv3d; the output is densified to the BEV map 
 The input is the design doc's network-scale case: 248,636 LiDAR-like voxels, batch 4, grid
 (41, 1440, 1440), from get_indice_pairs' fixed-seed synthetic sweep generator.
 
-    PYTHONPATH=src python examples/sparse_encoder.py [--voxels 248636] [--device cpu|cuda]
+    PYTHONPATH=src python examples/sparse_encoder.py [--voxels 248636] [--device cpu|cuda] [--threads N]
 """
 from __future__ import annotations
 
@@ -87,7 +87,8 @@ def run(device: torch.device, num: int, repeats: int = 2) -> None:
         peak = f"{torch.cuda.max_memory_allocated(device) / 2**20:.0f} MiB GPU (max allocated)"
     else:
         peak = f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB host (process max RSS)"
-    print(f"{device.type}: {num} voxels, batch {DOC_BATCH}, grid {DOC_GRID} -> out {tuple(out.features.shape)} "
+    threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
+    print(f"{device.type}{threads}: {num} voxels, batch {DOC_BATCH}, grid {DOC_GRID} -> out {tuple(out.features.shape)} "
           f"on {out.spatial_shape}, BEV {tuple(bev(out).shape)}")
     print(f"  forward+backward: {min(times) * 1e3:.0f} ms (best of {repeats}), loss {loss.item():.4f}, peak {peak}")
 
@@ -97,7 +98,10 @@ def main(argv=None) -> None:
     parser.add_argument("--voxels", type=int, default=DOC_VOXELS)
     parser.add_argument("--device", choices=["cpu", "cuda"], action="append")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     devices = args.device or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     for name in devices:
         run(torch.device(name), args.voxels, args.repeats)
