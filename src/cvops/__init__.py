@@ -4,6 +4,8 @@ Functional ops live here, modules in :mod:`cvops.nn`, the MLU-OPS-style interfac
 """
 from ._core.errors import BadParamError, CvopsError, NotSupportedError, Status
 from .ops.psamask import psamask, psamask_backward, psamask_forward
+from .ops.carafe import carafe, carafe_backward, carafe_forward, carafe_naive
+from .ops.psroipool import psroi_pool, psroi_pool_backward
 from .ops.get_indice_pairs import get_conv_output_size, get_deconv_output_size, get_indice_pairs
 from .ops.masked_im2col import masked_col2im, masked_conv2d, masked_im2col
 from . import mluops, nn  # noqa: E402  (after the ops they wrap)

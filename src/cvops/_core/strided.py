@@ -50,8 +50,12 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cvops-copy")
 
 
-def strided_copy(dst: torch.Tensor, dst_view: View, src: torch.Tensor, src_view: View) -> None:
-    """``dst[dst_view] = src[src_view]`` element for element (same sizes, same element width)."""
+def strided_copy(dst: torch.Tensor, dst_view: View, src: torch.Tensor, src_view: View,
+                 parallel: bool = True) -> None:
+    """``dst[dst_view] = src[src_view]`` element for element (same sizes, same element width).
+
+    ``parallel=False`` inside :func:`parallel_for` tasks (the pool must not wait on itself).
+    """
     if dst_view.sizes != src_view.sizes:
         raise ValueError(f"view sizes differ: {dst_view.sizes} vs {src_view.sizes}")
     if dst.element_size() != src.element_size():
@@ -60,7 +64,7 @@ def strided_copy(dst: torch.Tensor, dst_view: View, src: torch.Tensor, src_view:
         return
     d, s = _as_numpy(dst, dst_view), _as_numpy(src, src_view)
     workers = torch.get_num_threads()
-    if workers < 2 or dst_view.numel() * dst.element_size() < _PARALLEL_BYTES:
+    if not parallel or workers < 2 or dst_view.numel() * dst.element_size() < _PARALLEL_BYTES:
         np.copyto(d, s)
         return
     # Split along the outermost destination dimension that can be split, so chunks write apart.
@@ -74,3 +78,22 @@ def strided_copy(dst: torch.Tensor, dst_view: View, src: torch.Tensor, src_view:
 def _copy_part(d: np.ndarray, s: np.ndarray, axis: int, lo_hi) -> None:
     sel = (slice(None),) * axis + (slice(*lo_hi),)
     np.copyto(d[sel], s[sel])
+
+
+def parallel_for(task, items) -> None:
+    """Run ``task(item)`` for every item on the copy threads (tasks must write disjoint memory)."""
+    workers = torch.get_num_threads()
+    if workers < 2:
+        for item in items:
+            task(item)
+    else:
+        list(_pool(workers).map(task, items))
+
+
+def zero_fill(t: torch.Tensor) -> None:
+    """``t.zero_()`` for a CPU tensor of any strides, on the calling thread.
+
+    For many small blocks (a row at a time, to stay in cache) an OpenMP parallel region per call
+    costs more than the fill, and far more when the cores are shared.
+    """
+    _as_numpy(t, View(tuple(t.shape), tuple(t.stride()))).fill(0)

@@ -56,10 +56,10 @@ def _run(indices: torch.Tensor, geo: Geometry, backend: Optional[str]):
 def _get_indice_pairs_op(indices: torch.Tensor, batch_size: int, spatial_shape: list[int],
                          out_spatial_shape: list[int], kernel_size: list[int], stride: list[int],
                          padding: list[int], dilation: list[int], subm: bool, transpose: bool,
-                         backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                         backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     geo = Geometry(batch_size, tuple(spatial_shape), tuple(out_spatial_shape), tuple(kernel_size),
                    tuple(stride), tuple(padding), tuple(dilation), subm, transpose)
-    return _run(indices, geo, backend or None)
+    return _run(indices, geo, backend)
 
 
 @_get_indice_pairs_op.register_fake
@@ -79,7 +79,7 @@ def get_indice_pairs(indices: torch.Tensor, batch_size: int, spatial_shape: Sequ
                      kernel_size=3, stride=1, padding=0, dilation=1, out_padding=0,
                      subm: bool = False, transpose: bool = False,
                      out_spatial_shape: Optional[Sequence[int]] = None, *,
-                     backend: Optional[str] = None):
+                     backend: Optional[str] = None, ksize=None):
     """The kernel map of a sparse convolution.
 
     Args:
@@ -94,16 +94,19 @@ def get_indice_pairs(indices: torch.Tensor, batch_size: int, spatial_shape: Sequ
         out_spatial_shape: output grid; computed with :func:`get_conv_output_size` (or
             :func:`get_deconv_output_size`) when None.
         backend: ``None`` (triton on CUDA, else cpu), ``"reference"``, ``"cpu"`` or ``"triton"``.
+        ksize: mmcv/spconv's name for ``kernel_size`` (keyword only; overrides it when given).
 
     Returns:
         ``out_indices [M, NDim + 1]`` int32 (sorted by (b, *coords); subm: ``indices``),
         ``indice_pairs [K, 2, L]`` int32 (-1 filled, packed, ascending input row),
         ``indice_num [K]`` int32, with ``K = prod(kernel_size)``.
     """
+    if ksize is not None:
+        kernel_size = ksize
     geo = check_params(indices, batch_size, spatial_shape, kernel_size, stride, padding, dilation,
                        out_padding, subm, transpose, out_spatial_shape)
     resolve_backend(OP, backend, indices.device)  # a bad backend name fails here, before any work
     return _get_indice_pairs_op(indices, geo.batch_size, list(geo.spatial_shape),
                                 list(geo.out_spatial_shape), list(geo.kernel_size), list(geo.stride),
                                 list(geo.padding), list(geo.dilation), geo.subm, geo.transpose,
-                                backend or "")
+                                backend)

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from ..._core.validate import INDEX_DTYPES, check_int, check_tensor, pair, require, require_supported
+from ..._core.validate import INDEX_DTYPES, check_int, check_tensor, pair, require
 
 OP = "get_indice_pairs"
 MAX_NDIM = 4
@@ -73,6 +73,8 @@ def check_params(indices, batch_size, spatial_shape, kernel_size, stride, paddin
                  out_padding=0, subm=False, transpose=False, out_spatial_shape=None) -> Geometry:
     """Every structural check; returns the normalised :class:`Geometry`."""
     check_tensor(OP, "indices", indices, dim=2, dtypes=INDEX_DTYPES)
+    if isinstance(spatial_shape, torch.Tensor) and spatial_shape.dim() == 1:
+        spatial_shape = spatial_shape.tolist()
     require(isinstance(spatial_shape, (list, tuple, torch.Size)) or
             (isinstance(spatial_shape, torch.Tensor) and spatial_shape.dim() == 1), OP,
             f"spatial_shape must be a sequence of ints, got {spatial_shape!r}")

@@ -1,9 +1,15 @@
 """Vectorised torch backend of get_indice_pairs (device-agnostic torch code).
 
-No dense grid of B * prod(spatial) is ever allocated: every (input row, kernel offset) slot gets an
-int64 linear output key (``INVALID_KEY`` and above when the offset misses the output grid), and sites
-are joined by sorting -- ``unique`` over the keys for a regular conv, ``searchsorted`` into the sorted
-input keys for subm.
+No dense grid of B * prod(spatial) is ever allocated; sites are joined on int64 linear indices by
+sorting:
+
+* regular / transposed conv: the (offset, input row) slots that land on the output grid are listed in
+  (offset, row) order -- already the packed order of ``indice_pairs`` -- and ``unique`` over their
+  linear output indices gives the sorted ``out_indices`` and each pair's output row;
+* subm: the input sites are sorted by linear index. For each offset of the leading dimensions (z, y
+  for 3-D) one ``searchsorted`` finds where the window of the last dimension (x) starts in the sorted
+  keys; the at most ``(kx - 1) * dil + 1`` consecutive keys from there are the only candidates, so the
+  join costs ``kz * ky`` binary searches per site instead of ``K``.
 """
 from __future__ import annotations
 
@@ -13,46 +19,32 @@ from ..._core.memory import new_empty
 from .checks import INVALID_KEY, Geometry, check_no_duplicates
 
 
-def _grid_strides(shape) -> list[int]:
+def grid_strides(shape) -> tuple[list[int], int]:
+    """Row-major strides of ``shape`` and its volume (the batch stride of a linear index)."""
     strides, acc = [], 1
     for size in reversed(shape):
         strides.append(acc)
         acc *= size
-    return strides[::-1] + [acc]  # per-dimension strides, then the batch stride
+    return strides[::-1], acc
 
 
-def offset_keys(indices: torch.Tensor, geo: Geometry) -> torch.Tensor:
-    """``[K, L]`` int64 linear output index of every (offset, input row); >= INVALID_KEY if none.
-
-    Each dimension contributes a small ``[k_d, L]`` table; broadcasting sums them into ``[K, L]`` with
-    the kernel offset row-major (last dimension fastest).
-    """
-    L, ndim = indices.shape[0], geo.ndim
-    *strides, batch_stride = _grid_strides(geo.out_spatial_shape)
-    idx = indices.to(torch.int64)
-    keys = (idx[:, 0] * batch_stride).view(*([1] * ndim), L)
-    for d in range(ndim):
-        k, s, pad, dil, size = (geo.kernel_size[d], geo.stride[d], geo.padding[d], geo.dilation[d],
-                                geo.out_spatial_shape[d])
-        taps = torch.arange(k, device=indices.device, dtype=torch.int64).unsqueeze(1) * dil
-        p = idx[:, d + 1].unsqueeze(0)
-        if geo.transpose:
-            o = p * s - pad + taps
-            ok = (o >= 0) & (o < size)
-        else:
-            num = p + pad - taps
-            if s == 1:
-                o = num
-                ok = (num >= 0) & (num < size)
-            else:
-                o = torch.div(num, s, rounding_mode="floor")
-                ok = (num >= 0) & (o * s == num) & (o < size)
-        contrib = torch.where(ok, o * strides[d], INVALID_KEY)
-        keys = keys + contrib.view(*([1] * d), k, *([1] * (ndim - 1 - d)), L)
-    return keys.reshape(geo.kernel_volume, L)
+def tap_positions(coord: torch.Tensor, d: int, geo: Geometry):
+    """Output coordinate ``[k_d, L]`` of every kernel tap of dimension ``d``, and whether it counts."""
+    k, s, pad, dil, size = (geo.kernel_size[d], geo.stride[d], geo.padding[d], geo.dilation[d],
+                            geo.out_spatial_shape[d])
+    taps = torch.arange(k, device=coord.device, dtype=torch.int64).unsqueeze(1) * dil
+    p = coord.unsqueeze(0)
+    if geo.transpose:
+        o = p * s - pad + taps
+        return o, (o >= 0) & (o < size)
+    num = p + pad - taps
+    if s == 1:
+        return num, (num >= 0) & (num < size)
+    o = torch.div(num, s, rounding_mode="floor")
+    return o, (num >= 0) & (o * s == num) & (o < size)
 
 
-def unravel(keys: torch.Tensor, shape, batch_size: int) -> torch.Tensor:
+def unravel(keys: torch.Tensor, shape) -> torch.Tensor:
     """``[M, NDim + 1]`` int32 rows ``(b, *coords)`` of linear indices over ``(batch, *shape)``."""
     out = new_empty((keys.shape[0], len(shape) + 1), torch.int32, keys.device)
     rest = keys
@@ -63,53 +55,139 @@ def unravel(keys: torch.Tensor, shape, batch_size: int) -> torch.Tensor:
     return out
 
 
-def pack_pairs(out_rows: torch.Tensor, L: int):
-    """``out_rows [K, L]`` (output row, or -1) -> packed ``indice_pairs [K, 2, L]`` and ``indice_num``.
-
-    ``nonzero`` lists the valid slots sorted by (k, input row), which is exactly the packed order.
-    """
-    K = out_rows.shape[0]
-    pairs = new_empty((K, 2, L), torch.int32, out_rows.device)
+def pack_pairs(k: torch.Tensor, i: torch.Tensor, j: torch.Tensor, K: int, L: int):
+    """Pairs listed in (offset k, input row i) order -> ``indice_pairs [K, 2, L]`` and ``indice_num``."""
+    pairs = new_empty((K, 2, L), torch.int32, i.device)
     pairs.fill_(-1)
-    valid = out_rows >= 0
-    indice_num = valid.sum(1, dtype=torch.int32)
-    flat = valid.view(-1).nonzero().squeeze(1)           # k * L + i, ascending
+    indice_num = torch.bincount(k, minlength=K)
+    starts = torch.cumsum(indice_num, 0) - indice_num
+    dest = k * (2 * L) + (torch.arange(k.numel(), device=k.device) - starts[k])
+    flat = pairs.view(-1)
+    flat[dest] = i.to(torch.int32)
+    flat[dest + L] = j.to(torch.int32)
+    return pairs, indice_num.to(torch.int32)
+
+
+def _conv_pairs(indices: torch.Tensor, geo: Geometry):
+    L, ndim, K = indices.shape[0], geo.ndim, geo.kernel_volume
+    idx = indices.to(torch.int64)
+    strides, volume = grid_strides(geo.out_spatial_shape)
+    partial_keys, valid = [], None
+    for d in range(ndim):
+        o, ok = tap_positions(idx[:, d + 1], d, geo)
+        part = o * strides[d]
+        if d == 0:
+            part += idx[:, 0] * volume                    # the batch term rides on dimension 0
+        partial_keys.append(part.view(-1))
+        shape = [1] * ndim + [L]
+        shape[d] = geo.kernel_size[d]
+        ok = ok.view(shape)
+        valid = ok if valid is None else valid & ok
+    flat = valid.reshape(-1).nonzero().squeeze(1)      # k * L + i, ascending: the packed order
     k = torch.div(flat, L, rounding_mode="floor")
     i = flat - k * L
-    starts = torch.cumsum(indice_num, 0, dtype=torch.int64) - indice_num
-    slot = torch.arange(flat.numel(), device=flat.device) - starts[k]   # position within offset k
-    dest = k * (2 * L) + slot
-    flat_pairs = pairs.view(-1)
-    flat_pairs[dest] = i.to(torch.int32)
-    flat_pairs[dest + L] = out_rows.view(-1)[flat].to(torch.int32)
-    return pairs, indice_num
-
-
-def get_indice_pairs(indices: torch.Tensor, geo: Geometry):
-    L, K = indices.shape[0], geo.kernel_volume
-    keys = offset_keys(indices, geo)
-    if geo.subm:
-        site_keys = offset_keys_identity(indices, geo)
-        sorted_keys, order = torch.sort(site_keys)
-        check_no_duplicates(sorted_keys)
-        pos = torch.searchsorted(sorted_keys, keys).clamp_(max=max(L - 1, 0))
-        found = sorted_keys[pos] == keys
-        out_rows = torch.where(found, order[pos], -1)
-        out_indices = indices.to(torch.int32).clone()
-    else:
-        uniq, inverse = torch.unique(keys, sorted=True, return_inverse=True)
-        num_out = int(torch.searchsorted(uniq, INVALID_KEY))
-        out_rows = torch.where(keys < INVALID_KEY, inverse, -1)
-        out_indices = unravel(uniq[:num_out], geo.out_spatial_shape, geo.batch_size)
-    pairs, indice_num = pack_pairs(out_rows, L)
+    # tap of dimension d for offset k, as a row offset into the [k_d, L] tables (tiny lookup, no division)
+    taps = torch.cartesian_prod(*[torch.arange(kd, dtype=torch.int64, device=idx.device) for kd in geo.kernel_size])
+    taps = taps.view(K, ndim) * L
+    key = None
+    for d in range(ndim):
+        part = partial_keys[d].index_select(0, taps[:, d].index_select(0, k) + i)
+        key = part if key is None else key.add_(part)
+    sites, rows = torch.unique(key, sorted=True, return_inverse=True)
+    out_indices = unravel(sites, geo.out_spatial_shape)
+    pairs, indice_num = pack_pairs(k, i, rows, K, L)
     return out_indices, pairs, indice_num
 
 
-def offset_keys_identity(indices: torch.Tensor, geo: Geometry) -> torch.Tensor:
-    """``[L]`` int64 linear index of each input site over ``(batch, *spatial_shape)``."""
-    *strides, batch_stride = _grid_strides(geo.spatial_shape)
+def site_keys(indices: torch.Tensor, shape) -> torch.Tensor:
+    """``[L]`` int64 linear index of each row ``(b, *coords)`` over ``(batch, *shape)``."""
+    strides, volume = grid_strides(shape)
     idx = indices.to(torch.int64)
-    key = idx[:, 0] * batch_stride
-    for d in range(geo.ndim):
+    key = idx[:, 0] * volume
+    for d in range(len(shape)):
         key = key + idx[:, d + 1] * strides[d]
     return key
+
+
+def _subm_pairs(indices: torch.Tensor, geo: Geometry):
+    L, ndim = indices.shape[0], geo.ndim
+    keys = site_keys(indices, geo.spatial_shape)
+    sorted_keys, order = torch.sort(keys)
+    check_no_duplicates(sorted_keys)
+    coords = indices.to(torch.int64).index_select(0, order)     # sites in sorted order
+    strides, volume = grid_strides(geo.spatial_shape)
+    last = ndim - 1
+    kx, pad_x, dil_x, width = geo.kernel_size[last], geo.padding[last], geo.dilation[last], geo.spatial_shape[last]
+    window = (kx - 1) * dil_x + 1
+    px = coords[:, last + 1]
+    x_hi = (px + pad_x).clamp(max=width - 1)                  # tap 0 is the largest x
+    x_lo = (px + pad_x - (kx - 1) * dil_x).clamp(min=0)
+    lead = [tap_positions(coords[:, d + 1], d, geo) for d in range(last)]
+    base_b = coords[:, 0] * volume
+    lead_kernel = geo.kernel_size[:last]
+    n_groups = 1
+    for k in lead_kernel:
+        n_groups *= k
+    # a sentinel tail above every real key lets the window run past the end without clamping
+    padded_keys = torch.cat([sorted_keys, sorted_keys.new_full((window,), INVALID_KEY)])
+    empty = torch.empty(0, dtype=torch.int64, device=indices.device)
+    found_s, found_k, found_p = [empty], [empty], [empty]
+    # centred kernel (2 * pad == dil * (k - 1) everywhere): offset K-1-k holds the pairs of k swapped, so
+    # the groups past the middle come from their mirror for free
+    centred = all(2 * p == d * (k - 1) for p, d, k in zip(geo.padding, geo.dilation, geo.kernel_size))
+    K = geo.kernel_volume
+    for g in range((n_groups + 1) // 2 if centred else n_groups):
+        row_base, ok, rest = base_b, x_lo <= x_hi, g
+        for d in range(last - 1, -1, -1):
+            t = rest % lead_kernel[d]
+            rest //= lead_kernel[d]
+            o, valid = lead[d]
+            row_base = row_base + o[t] * strides[d]
+            ok = ok & valid[t]
+        lo = torch.where(ok, row_base + x_lo, INVALID_KEY)
+        hi = torch.where(ok, row_base + x_hi, -1)
+        pos0 = torch.searchsorted(sorted_keys, lo)
+        x_anchor = row_base + px + pad_x            # key of the x reached by tap 0
+        for m in range(window):
+            cand = padded_keys[pos0 + m]
+            s = (cand <= hi).nonzero().squeeze(1)
+            if s.numel() == 0:
+                break
+            # x of the candidate -> tap index: px + pad_x - x = tap * dil_x
+            diff = x_anchor.index_select(0, s) - cand.index_select(0, s)
+            pos = pos0.index_select(0, s) + m
+            if dil_x > 1:
+                on_tap = diff % dil_x == 0
+                s, diff, pos = s[on_tap], diff[on_tap], pos[on_tap]
+            k = g * kx + torch.div(diff, dil_x, rounding_mode="floor")
+            found_s.append(s)
+            found_k.append(k)
+            found_p.append(pos)
+            if centred and g != n_groups - 1 - g:
+                found_s.append(pos)
+                found_k.append(K - 1 - k)
+                found_p.append(s)
+    s, k, p = torch.cat(found_s), torch.cat(found_k), torch.cat(found_p)
+    i, j = order.index_select(0, s), order.index_select(0, p)
+    slot_order = torch.sort(k * L + i).indices                   # (offset, input row) order
+    k, i, j = k.index_select(0, slot_order), i.index_select(0, slot_order), j.index_select(0, slot_order)
+    pairs, indice_num = pack_pairs(k, i, j, geo.kernel_volume, L)
+    return indices.to(torch.int32).clone(), pairs, indice_num
+
+
+def get_indice_pairs(indices: torch.Tensor, geo: Geometry):
+    """``(out_indices, indice_pairs, indice_num)``; ``indices`` is non-empty and already checked.
+
+    On CPU the work runs on one intra-op thread: it is a chain of a few hundred sub-millisecond ops,
+    where OpenMP fork/join costs more than it saves, and a loaded machine (another process on the
+    second core) turns every parallel region into a scheduler wait -- measured 10-100x slower.
+    """
+    run = _subm_pairs if geo.subm else _conv_pairs
+    if indices.device.type != "cpu" or torch.get_num_threads() == 1:
+        return run(indices, geo)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run(indices, geo)
+    finally:
+        torch.set_num_threads(threads)

@@ -67,21 +67,53 @@ def _lidar_sample(rng: np.random.Generator, n: int, shape) -> np.ndarray:
 
 
 def _distinct(rng, n: int, shape, draw) -> np.ndarray:
-    """Exactly ``n`` distinct coordinates from repeated ``draw(count)`` calls."""
-    keys = np.empty(0, dtype=np.int64)
+    """The first ``n`` distinct coordinates of a stream of ``draw(count)`` samples.
+
+    Keeping the first arrivals (rather than a random subset of everything drawn) keeps the physical
+    density: likely cells fill up completely, as a real sweep fills the near field.
+    """
+    stream = np.empty(0, dtype=np.int64)
     want = n
     for _ in range(64):
-        keys = np.unique(np.concatenate([keys, _linear(draw(int(want * 1.5) + 16), shape)]))
+        stream = np.concatenate([stream, _linear(draw(int(want * 1.2) + 16), shape)])
+        keys, first = np.unique(stream, return_index=True)
         if len(keys) >= n:
-            break
+            return _unravel(stream[np.sort(first)[:n]], shape)
         want = 2 * (n - len(keys)) + want
-    if len(keys) < n:
-        raise ValueError(f"cannot draw {n} distinct sites in a grid of shape {tuple(shape)}")
-    keys = rng.choice(keys, n, replace=False)
-    return _unravel(keys, shape)
+    raise ValueError(f"cannot draw {n} distinct sites in a grid of shape {tuple(shape)}")
 
 
-def _voxels(num: int, batch_size: int, spatial_shape, seed: int, kind: str) -> torch.Tensor:
+def _downsample(coords: np.ndarray, shape) -> tuple[np.ndarray, tuple]:
+    """Active output sites of a k3 s2 p1 sparse conv (what a backbone's downsampling layer emits)."""
+    out_shape = tuple((s - 1) // 2 + 1 for s in shape)
+    cands = []
+    for taps in np.ndindex(3, 3, 3):
+        num = coords + 1 - np.array(taps)
+        ok = np.all((num >= 0) & (num % 2 == 0) & (num // 2 < np.array(out_shape)), axis=1)
+        cands.append(num[ok] // 2)
+    keys = np.unique(_linear(np.concatenate(cands), out_shape))
+    return _unravel(keys, out_shape), out_shape
+
+
+def _lidar_downsampled(rng, n: int, shape, levels: int) -> np.ndarray:
+    """``n`` sites of a LiDAR sweep voxelised ``2**levels`` times finer and downsampled ``levels`` times,
+    cropped to the ``n`` sites nearest the sensor (a range limit)."""
+    fine = tuple(s * 2**levels for s in shape)
+    count = n
+    for _ in range(16):
+        coords, cur = _distinct(rng, count, fine, lambda c: _lidar_sample(rng, c, fine)), fine
+        for _ in range(levels):
+            coords, cur = _downsample(coords, cur)
+        coords = np.minimum(coords, np.array(shape) - 1)
+        coords = _unravel(np.unique(_linear(coords, shape)), shape)
+        if len(coords) >= n:
+            rng_ = np.hypot(coords[:, 1] - shape[1] / 2.0, coords[:, 2] - shape[2] / 2.0)
+            return coords[np.argsort(rng_, kind="stable")[:n]]
+        count = int(count * 1.5 * n / max(len(coords), 1)) + 16
+    raise ValueError(f"cannot draw {n} downsampled sites in a grid of shape {tuple(shape)}")
+
+
+def _voxels(num: int, batch_size: int, spatial_shape, seed: int, kind: str, levels: int = 0) -> torch.Tensor:
     shape = tuple(int(s) for s in spatial_shape)
     rng = np.random.default_rng(seed)
     per_batch = [num // batch_size + (1 if b < num % batch_size else 0) for b in range(batch_size)]
@@ -90,7 +122,10 @@ def _voxels(num: int, batch_size: int, spatial_shape, seed: int, kind: str) -> t
         if kind == "lidar":
             if len(shape) != 3:
                 raise ValueError("lidar_voxels draws 3-D (z, y, x) grids")
-            coords = _distinct(rng, n, shape, lambda c: _lidar_sample(rng, c, shape))
+            if levels:
+                coords = _lidar_downsampled(rng, n, shape, levels)
+            else:
+                coords = _distinct(rng, n, shape, lambda c: _lidar_sample(rng, c, shape))
         else:
             coords = _distinct(rng, n, shape,
                                lambda c: np.stack([rng.integers(0, s, c) for s in shape], 1))
@@ -100,11 +135,33 @@ def _voxels(num: int, batch_size: int, spatial_shape, seed: int, kind: str) -> t
     return torch.from_numpy(rows.astype(np.int32))
 
 
-def lidar_voxels(num: int, batch_size: int, spatial_shape, seed: int = 0) -> torch.Tensor:
-    """``[num, 4]`` int32 distinct LiDAR-like voxels ``(b, z, y, x)``."""
-    return _voxels(num, batch_size, spatial_shape, seed, "lidar")
+def lidar_voxels(num: int, batch_size: int, spatial_shape, seed: int = 0, downsample: int = 0) -> torch.Tensor:
+    """``[num, 4]`` int32 distinct LiDAR-like voxels ``(b, z, y, x)``; ``downsample`` > 0 gives the sites
+    of a deeper backbone layer (a ``2**downsample`` finer sweep passed through that many k3 s2 convs)."""
+    return _voxels(num, batch_size, spatial_shape, seed, "lidar", downsample)
 
 
 def uniform_voxels(num: int, batch_size: int, spatial_shape, seed: int = 0) -> torch.Tensor:
     """``[num, NDim + 1]`` int32 distinct voxels drawn uniformly over the grid."""
     return _voxels(num, batch_size, spatial_shape, seed, "uniform")
+
+
+def case_indices(case: dict) -> torch.Tensor:
+    """The ``indices`` of a case of ``cases/get_indice_pairs.json``: explicit rows or a generator."""
+    if "indices" in case:
+        return torch.tensor(case["indices"], dtype=torch.int32).reshape(-1, len(case["spatial_shape"]) + 1)
+    if case["generator"] == "lidar":
+        idx = lidar_voxels(case["num"], case["batch_size"], case["spatial_shape"], case.get("seed", 0),
+                           case.get("downsample", 0))
+    else:
+        idx = uniform_voxels(case["num"], case["batch_size"], case["spatial_shape"], case.get("seed", 0))
+    if case.get("duplicates"):  # repeat some rows (legal for a regular conv)
+        idx = torch.cat([idx, idx[: case["duplicates"]]])
+    return idx
+
+
+def case_kwargs(case: dict) -> dict:
+    """Keyword arguments of :func:`cvops.get_indice_pairs` for a case."""
+    keys = ("kernel_size", "stride", "padding", "dilation", "out_padding", "subm", "transpose", "out_spatial_shape")
+    kwargs = {k: case[k] for k in keys if k in case}
+    return dict(batch_size=case["batch_size"], spatial_shape=case["spatial_shape"], **kwargs)

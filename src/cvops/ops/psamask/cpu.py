@@ -13,36 +13,63 @@ Backward is the same views with source and destination swapped, into a zero-fill
 from __future__ import annotations
 
 import itertools
+from typing import NamedTuple
 
 import torch
 
 from ..._core.layout import empty_nchw
-from ..._core.strided import View, strided_copy
+from ..._core.strided import View, parallel_for, strided_copy, zero_fill
 from .checks import COLLECT
 
 
-def _axis_pieces(size, mask, half, s_m, s_p, s_q, s_pp, window_ok=True):
-    """Iteration pieces of one spatial axis as (sizes, mask strides, pos strides, mask off, pos off).
+class _Piece(NamedTuple):
+    """One axis of one strided copy: sizes, strides in the mask- and position-indexed tensors, offsets.
+
+    ``p_dim`` is the index (within ``sizes``) of the position dimension, whose first value is ``p_lo``.
+    """
+
+    sizes: tuple
+    mask_strides: tuple
+    pos_strides: tuple
+    mask_offset: int
+    pos_offset: int
+    p_dim: int
+    p_lo: int
+
+    def restrict(self, lo: int, hi: int):
+        """The same piece with the position limited to ``[lo, hi)``, or None if nothing is left."""
+        start, stop = max(lo, self.p_lo), min(hi, self.p_lo + self.sizes[self.p_dim])
+        if start >= stop:
+            return None
+        sizes = list(self.sizes)
+        sizes[self.p_dim] = stop - start
+        skip = start - self.p_lo
+        return self._replace(sizes=tuple(sizes), p_lo=start,
+                             mask_offset=self.mask_offset + skip * self.mask_strides[self.p_dim],
+                             pos_offset=self.pos_offset + skip * self.pos_strides[self.p_dim])
+
+
+def _axis_pieces(size, mask, half, s_m, s_p, s_q, s_pp, offsets=None):
+    """The pieces of one spatial axis (diagonal pieces of the mask ``offsets`` only, when given).
 
     s_m/s_p: strides of the mask offset d and the position p in the mask-indexed tensor;
     s_q/s_pp: strides of q and p in the position-indexed tensor.
     """
-    if window_ok and half >= size - 1 and mask - 1 - half >= size - 1:  # window: one piece over (q, p)
-        return [((size, size), (s_m, s_p - s_m), (s_q, s_pp), half * s_m, 0)]
+    if offsets is None and half >= size - 1 and mask - 1 - half >= size - 1:  # window: one piece over (q, p)
+        return [_Piece((size, size), (s_m, s_p - s_m), (s_q, s_pp), half * s_m, 0, 1, 0)]
     pieces = []
-    for d in range(mask):  # diagonal: one piece per mask offset, p where q = p + d - half is inside
+    for d in range(mask) if offsets is None else offsets:  # diagonal: one piece per mask offset, p where q = p + d - half is inside
         lo, hi = max(0, half - d), min(size, size + half - d)
         if lo < hi:
-            pieces.append(((hi - lo,), (s_p,), (s_q + s_pp,), d * s_m + lo * s_p, (lo + d - half) * s_q + lo * s_pp))
+            pieces.append(_Piece((hi - lo,), (s_p,), (s_q + s_pp,), d * s_m + lo * s_p,
+                                 (lo + d - half) * s_q + lo * s_pp, 0, lo))
     return pieces
 
 
-def _views(mask_t, pos_t, psa_type, h_mask, w_mask, write_mask=False):
+def _views(mask_t, pos_t, psa_type, h_mask, w_mask, rows=None, mask_rows=None):
     """Yield matching (mask-tensor View, position-tensor View) pairs covering every valid (n, q, p).
 
-    ``write_mask``: the mask-indexed tensor is the destination (backward). When its innermost axis is
-    w (NCHW), the window form would store with stride ``1 - H*W``; the diagonal form stores rows
-    contiguously, which is worth its ``w_mask`` extra copies.
+    ``rows``: only positions with ``ph`` in this range; ``mask_rows``: only these mask offsets ``dh``.
     """
     n, _, h, w = mask_t.shape
     mn, mc, mh, mw = mask_t.stride()
@@ -51,12 +78,14 @@ def _views(mask_t, pos_t, psa_type, h_mask, w_mask, write_mask=False):
         pos_q, pos_p = (w * pc, pc), (ph, pw)
     else:                     # channel holds p, spatial holds q
         pos_q, pos_p = (ph, pw), (w * pc, pc)
-    h_pieces = _axis_pieces(h, h_mask, (h_mask - 1) // 2, w_mask * mc, mh, pos_q[0], pos_p[0])
-    w_window_ok = not (write_mask and abs(mw) < abs(mc))
-    w_pieces = _axis_pieces(w, w_mask, (w_mask - 1) // 2, mc, mw, pos_q[1], pos_p[1], w_window_ok)
-    for (hs, hm_s, hp_s, hm_o, hp_o), (ws, wm_s, wp_s, wm_o, wp_o) in itertools.product(h_pieces, w_pieces):
-        yield (View((n,) + hs + ws, (mn,) + hm_s + wm_s, hm_o + wm_o),
-               View((n,) + hs + ws, (pn,) + hp_s + wp_s, hp_o + wp_o))
+    h_pieces = _axis_pieces(h, h_mask, (h_mask - 1) // 2, w_mask * mc, mh, pos_q[0], pos_p[0], mask_rows)
+    if rows is not None:
+        h_pieces = [r for r in (piece.restrict(*rows) for piece in h_pieces) if r is not None]
+    w_pieces = _axis_pieces(w, w_mask, (w_mask - 1) // 2, mc, mw, pos_q[1], pos_p[1])
+    for hp, wp in itertools.product(h_pieces, w_pieces):
+        sizes = (n,) + hp.sizes + wp.sizes
+        yield (View(sizes, (mn,) + hp.mask_strides + wp.mask_strides, hp.mask_offset + wp.mask_offset),
+               View(sizes, (pn,) + hp.pos_strides + wp.pos_strides, hp.pos_offset + wp.pos_offset))
 
 
 def _covers(t_size_h, t_size_w, h_mask, w_mask) -> bool:
@@ -78,7 +107,21 @@ def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: st
 def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
     """dy: logical NCHW ``[N, H*W, H, W]`` -> dx logical NCHW ``[N, h_mask*w_mask, H, W]``."""
     n, _, h, w = dy.shape
-    dx = empty_nchw((n, h_mask * w_mask, h, w), layout, like=dy, zero=True)
-    for dst, src in _views(dx, dy, psa_type, h_mask, w_mask, write_mask=True):
-        strided_copy(dx, dst, dy, src)
+    dx = empty_nchw((n, h_mask * w_mask, h, w), layout, like=dy)
+    # dx is mostly zeros (3/4 at PSANet scale). Zeroing all of it first and then scattering the values
+    # would stream it through memory twice; one contiguous block at a time, the values land while the
+    # freshly zeroed block is still in cache. Blocks: a mask row dh (channel-major dx, NCHW) or a
+    # position row ph (channels-last dx, NHWC).
+    if dx.stride(1) > dx.stride(2):
+        blocks = ((dx[:, dh * w_mask:(dh + 1) * w_mask], {"mask_rows": (dh,)}) for dh in range(h_mask))
+    else:
+        blocks = ((dx[:, :, row, :], {"rows": (row, row + 1)}) for row in range(h))
+
+    def fill_block(block_part):
+        block, part = block_part
+        zero_fill(block)
+        for dst, src in _views(dx, dy, psa_type, h_mask, w_mask, **part):
+            strided_copy(dx, dst, dy, src, parallel=False)
+
+    parallel_for(fill_block, list(blocks))
     return dx

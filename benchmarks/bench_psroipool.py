@@ -1,0 +1,93 @@
+"""psroipool forward and backward on the cases of ``cases/psroipool.json`` (default: the doc's R-FCN cases).
+
+    python benchmarks/bench_psroipool.py [--tag network] [--backend cpu] [--check]
+
+IO bytes (MLU-OPS): forward = input + rois + output + mapping_channel; backward = top_grad + rois +
+mapping_channel + bottom_grad. FLOPs (the MLU gtest count): 7 per summed element + 1 per division.
+No anchor on CPU: torchvision's ps_roi_pool has no CPU build here (and a different convention).
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import cvops
+from cvops._core.bench import BenchRow, MachineLimits, print_table, tensor_bytes, time_fn
+from cvops._core.cases import load_cases
+from cvops._core.metrics import diff1, diff2
+from cvops.ops.psroipool.case_data import case_input, case_rois
+from cvops.ops.psroipool.cpu import bin_edges
+
+
+def theory_flops(rois, case) -> float:
+    ph, pw, od = case["pooled_height"], case["pooled_width"], case["output_dim"]
+    _, h, w, _ = case["input_shape"]
+    hs, he, ws, we, _ = bin_edges(rois.cpu(), ph, pw, case["spatial_scale"], h, w, torch.float32)
+    area = (he - hs)[:, :, None] * (we - ws)[:, None, :]
+    return float(od * (7 * area.sum() + area.numel()))
+
+
+def _verdict(actual, expected) -> str:
+    d1, d2 = diff1(actual, expected), diff2(actual, expected)
+    return f"diff1={d1:.1e}" + ("" if max(d1, d2) <= 3e-3 else " FAIL")
+
+
+def run(limits: MachineLimits, tag: str = "network", backend: str | None = None, check: bool = False):
+    device = limits.device
+    name = backend or ("triton" if device.type == "cuda" else "cpu")
+    rows = []
+    for case in load_cases("psroipool", tag):
+        if "error" in case:
+            continue
+        ph, pw, scale, group, od = (case["pooled_height"], case["pooled_width"], case["spatial_scale"],
+                                    case["group_size"], case["output_dim"])
+        x = case_input(case).to(device)
+        rois = case_rois(case).to(device)
+        flops = theory_flops(rois, case)
+
+        def fwd():
+            return cvops.psroi_pool(x, rois, ph, pw, scale, group, od, "NHWC", backend=backend)
+        out, mapping = fwd()
+        pick = torch.arange(0, len(rois), max(len(rois) // 16, 1), device=device)
+        verdict = ""
+        if check:  # the loop reference on a subsample of the RoIs
+            ref, _ = cvops.psroi_pool(x.cpu(), rois[pick].cpu(), ph, pw, scale, group, od, "NHWC",
+                                      backend="reference")
+            verdict = _verdict(out[pick].cpu(), ref)
+        seconds = time_fn(fwd, device, repeats=15, min_total_s=0.3)
+        rows.append(BenchRow("psroipool", case["name"], "forward", name, seconds,
+                             tensor_bytes(x, rois, out, mapping), flops=flops, check=verdict))
+
+        bottom_shape = tuple(case.get("bottom_shape", case["input_shape"]))
+        grad = torch.randn(out.shape, device=device)
+
+        def bwd():
+            return cvops.psroi_pool_backward(grad, rois, mapping, scale, od, bottom_shape, "NHWC", backend=backend)
+        bottom = bwd()
+        verdict = ""
+        if check:
+            ref = cvops.psroi_pool_backward(grad[pick].cpu(), rois[pick].cpu(), mapping[pick].cpu(), scale, od,
+                                            bottom_shape, "NHWC", backend="reference")
+            mine = cvops.psroi_pool_backward(grad[pick], rois[pick], mapping[pick], scale, od, bottom_shape, "NHWC",
+                                             backend=backend)
+            verdict = _verdict(mine.cpu(), ref)
+        seconds = time_fn(bwd, device, repeats=15, min_total_s=0.3)
+        rows.append(BenchRow("psroipool", case["name"], "backward", name, seconds,
+                             tensor_bytes(grad, rois, mapping, bottom), flops=flops, check=verdict))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tag", default="network")
+    parser.add_argument("--backend", default=None)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--check", action="store_true", help="compare a subsample with the loop reference")
+    args = parser.parse_args()
+    limits = MachineLimits.measure(args.device)
+    print_table(run(limits, args.tag, args.backend, args.check), limits, f"psroipool ({args.tag} cases)")
+
+
+if __name__ == "__main__":
+    main()

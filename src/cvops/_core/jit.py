@@ -1,0 +1,85 @@
+"""Optional numba kernels for CPU backends (the ``numba`` extra; torch stays the fallback).
+
+The project rule: CPU backends are vectorised torch, and numba is allowed only where a benchmark shows
+torch cannot reach the goal. Such an op keeps its torch path and adds a fused loop kernel that is used when
+
+* numba imports (``pip install cvops[numba]``), and
+* the environment does not say ``CVOPS_NUMBA=0`` (read on every call, so tests and users can switch).
+
+Nothing here imports numba at ``import cvops`` time: an op imports its kernel module (which decorates with
+:func:`njit`) only after :func:`numba_enabled` said yes. Kernels are compiled on first call per signature
+and cached on disk (``cache=True``), never use fastmath (results must match the loop references bit for
+bit), and release the GIL.
+
+Parallel kernels (``prange``) use numba's thread pool; :func:`match_torch_threads` gives it torch's
+thread count first, so ``OMP_NUM_THREADS`` / ``torch.set_num_threads`` bound both paths alike, and
+:func:`njit_variants` / :func:`use_parallel` keep small calls off the pool.
+"""
+from __future__ import annotations
+
+import os
+import types
+from functools import lru_cache
+from typing import Callable, Optional
+
+ENV_SWITCH = "CVOPS_NUMBA"
+
+
+@lru_cache(maxsize=None)
+def numba_available() -> bool:
+    """numba imports (checked once)."""
+    try:
+        import numba  # noqa: F401
+    except Exception:  # ImportError, or a numba/numpy version mismatch raising at import
+        return False
+    return True
+
+
+def numba_enabled() -> bool:
+    """numba is installed and not switched off with ``CVOPS_NUMBA=0``."""
+    return os.environ.get(ENV_SWITCH, "1").strip() not in ("0", "false", "False", "no", "off") and numba_available()
+
+
+def njit(fn: Optional[Callable] = None, *, parallel: bool = False):
+    """``numba.njit(cache=True, nogil=True, parallel=parallel, fastmath=False)`` as a decorator, with or
+    without arguments. Imports numba, so use it only in modules imported after :func:`numba_enabled`."""
+    import numba
+
+    def wrap(f):
+        return numba.njit(cache=True, nogil=True, parallel=parallel, fastmath=False)(f)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def njit_variants(fn: Callable):
+    """``(serial, parallel)`` compilations of one kernel written with ``prange``.
+
+    Waking a thread pool costs from tens of microseconds (idle machine) to a scheduler tick or two (busy
+    one), more than a small call's whole work, so callers pick the serial variant below a work threshold
+    (see :func:`use_parallel`). Each variant gets its own ``__qualname__``: numba's on-disk cache is keyed by
+    name and signature, not by the ``parallel`` flag, and would otherwise hand one variant the other's code.
+    """
+    variants = []
+    for suffix, parallel in (("serial", False), ("parallel", True)):
+        copy = types.FunctionType(fn.__code__, fn.__globals__, f"{fn.__name__}_{suffix}", fn.__defaults__,
+                                  fn.__closure__)
+        copy.__qualname__ = f"{fn.__qualname__}_{suffix}"
+        copy.__doc__ = fn.__doc__
+        variants.append(njit(copy, parallel=parallel))
+    return tuple(variants)
+
+
+def use_parallel(work: float, threshold: float = 4e6) -> bool:
+    """Whether a call doing about ``work`` elementary steps should run on the thread pool: torch uses more
+    than one thread and the work amounts to milliseconds (below that a pool wake-up costs as much)."""
+    import torch
+
+    return work >= threshold and torch.get_num_threads() > 1
+
+
+def match_torch_threads() -> None:
+    """Run numba's parallel loops on as many threads as torch uses (at most numba's pool size)."""
+    import numba
+    import torch
+
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))

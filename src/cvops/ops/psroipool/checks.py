@@ -1,0 +1,112 @@
+"""Parameter checks of psroipool (design doc 1.4 and 3.7, semantics.md §3).
+
+Shared by the functional API (exceptions) and the MLU-OPS-style layer (statuses). Shapes here are
+logical NCHW: input ``[N, C, H, W]``, rois ``[R, 5]``, output / mapping_channel ``[R, output_dim, PH, PW]``.
+"""
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from ..._core.validate import FLOAT_DTYPES, INDEX_DTYPES, check_int, check_same_device, check_tensor, require
+
+OP = "psroi_pool"
+OP_BACKWARD = "psroi_pool_backward"
+
+
+def check_pool_params(op: str, pooled_height, pooled_width, spatial_scale, output_dim,
+                      group_size=None) -> tuple[int, int, float, int]:
+    """pooled sizes >= 1, spatial_scale > 0 (finite), output_dim >= 1, group_size >= 1.
+
+    group_size must equal pooled_height when PH == PW (R-FCN/MLU-OPS: each bin reads its own
+    channel group). With PH != PW the channel grid is (PH, PW), torchvision's convention, and
+    group_size only has to be a positive int.
+    """
+    ph = check_int(op, "pooled_height", pooled_height, min_value=1)
+    pw = check_int(op, "pooled_width", pooled_width, min_value=1)
+    od = check_int(op, "output_dim", output_dim, min_value=1)
+    if isinstance(spatial_scale, torch.Tensor) and spatial_scale.dim() == 0 and spatial_scale.is_floating_point():
+        spatial_scale = float(spatial_scale)
+    require(isinstance(spatial_scale, numbers.Real) and not isinstance(spatial_scale, bool), op,
+            f"spatial_scale must be a float, got {spatial_scale!r}")
+    scale = float(spatial_scale)
+    require(scale > 0 and scale != float("inf"), op, f"spatial_scale must be > 0 and finite, got {scale}")
+    if group_size is not None:
+        g = check_int(op, "group_size", group_size, min_value=1)
+        if ph == pw:
+            require(g == ph, op, f"group_size ({g}) must equal pooled_height == pooled_width ({ph})")
+    return ph, pw, scale, od
+
+
+def check_rois(op: str, rois) -> None:
+    check_tensor(op, "rois", rois, dim=2, dtypes=FLOAT_DTYPES)
+    require(rois.shape[1] == 5, op, f"rois must be [R, 5] (batch_index, x1, y1, x2, y2), got {tuple(rois.shape)}")
+
+
+def check_forward(input_nchw: torch.Tensor, rois: torch.Tensor, pooled_height, pooled_width, spatial_scale,
+                  group_size, output_dim) -> tuple[int, int, float, int]:
+    """Everything but the data-dependent batch-index range (see :func:`check_batch_indices`)."""
+    ph, pw, scale, od = check_pool_params(OP, pooled_height, pooled_width, spatial_scale, output_dim, group_size)
+    check_tensor(OP, "input", input_nchw, dim=4, dtypes=FLOAT_DTYPES)
+    check_rois(OP, rois)
+    check_same_device(OP, input=input_nchw, rois=rois)
+    c = input_nchw.shape[1]
+    require(c == od * ph * pw, OP,
+            f"input channels ({c}) must equal pooled_height * pooled_width * output_dim ({ph}*{pw}*{od}={ph * pw * od})")
+    if input_nchw.numel() > 0:  # the doc: an empty input returns at once, before the rois check
+        require(rois.shape[0] > 0, OP, "rois must not be empty (R = 0)")
+    return ph, pw, scale, od
+
+
+def check_backward(top_grad_nchw: torch.Tensor, rois: torch.Tensor, mapping_channel_nchw: torch.Tensor,
+                   spatial_scale, output_dim, input_shape_nchw) -> tuple[int, int, float, int]:
+    check_tensor(OP_BACKWARD, "top_grad", top_grad_nchw, dim=4, dtypes=FLOAT_DTYPES)
+    ph, pw = top_grad_nchw.shape[2], top_grad_nchw.shape[3]
+    require(ph >= 1 and pw >= 1, OP_BACKWARD, f"top_grad pooled sizes must be >= 1, got {tuple(top_grad_nchw.shape)}")
+    _, _, scale, od = check_pool_params(OP_BACKWARD, ph, pw, spatial_scale, output_dim)
+    check_rois(OP_BACKWARD, rois)
+    require(rois.shape[0] > 0, OP_BACKWARD, "rois must not be empty (R = 0)")
+    check_tensor(OP_BACKWARD, "mapping_channel", mapping_channel_nchw, dim=4, dtypes=INDEX_DTYPES)
+    check_same_device(OP_BACKWARD, top_grad=top_grad_nchw, rois=rois, mapping_channel=mapping_channel_nchw)
+    require(top_grad_nchw.shape[1] == od, OP_BACKWARD,
+            f"top_grad channels ({top_grad_nchw.shape[1]}) must equal output_dim ({od})")
+    require(top_grad_nchw.shape[0] == rois.shape[0], OP_BACKWARD,
+            f"top_grad rois ({top_grad_nchw.shape[0]}) must equal rois.shape[0] ({rois.shape[0]})")
+    require(tuple(mapping_channel_nchw.shape) == tuple(top_grad_nchw.shape), OP_BACKWARD,
+            f"mapping_channel shape {tuple(mapping_channel_nchw.shape)} must equal top_grad shape "
+            f"{tuple(top_grad_nchw.shape)}")
+    require(len(input_shape_nchw) == 4 and all(isinstance(s, int) and s >= 0 for s in input_shape_nchw),
+            OP_BACKWARD, f"input_shape must be 4 non-negative ints, got {input_shape_nchw!r}")
+    c = input_shape_nchw[1]
+    require(c == od * ph * pw, OP_BACKWARD,
+            f"input channels ({c}) must equal pooled_height * pooled_width * output_dim ({ph}*{pw}*{od}={ph * pw * od})")
+    return ph, pw, scale, od
+
+
+def check_batch_indices(op: str, rois: torch.Tensor, batch: int) -> None:
+    """0 <= int(rois[:, 0]) < N (C truncation); documented by MLU-OPS, enforced here.
+
+    Data-dependent, so it runs inside the kernels' entry point (real tensors only).
+    """
+    if rois.shape[0] == 0:
+        return
+    lo, hi = torch.aminmax(rois[:, 0])  # NaN propagates and fails both comparisons
+    if not (bool(lo > -1) and bool(hi < batch)):  # int(b) in [0, N-1]  <=>  -1 < b < N
+        b = rois[:, 0].double()
+        i = int((~((b > -1) & (b < batch))).nonzero()[0, 0])
+        raise_bad(op, f"rois[{i}, 0] = {float(rois[i, 0])} is not a batch index in [0, {batch - 1}] (N = {batch})")
+
+
+def check_mapping_values(op: str, mapping_channel: torch.Tensor, channels: int) -> None:
+    """Every mapping_channel entry must address an input channel (data-dependent)."""
+    if mapping_channel.numel() == 0:
+        return
+    lo, hi = torch.aminmax(mapping_channel)
+    if int(lo) < 0 or int(hi) >= channels:
+        v = int(lo) if int(lo) < 0 else int(hi)
+        raise_bad(op, f"mapping_channel holds {v}, outside the input channels [0, {channels - 1}]")
+
+
+def raise_bad(op: str, message: str) -> None:
+    require(False, op, message)

@@ -1,0 +1,132 @@
+"""psroipool as plain loops, the R-FCN pseudocode of semantics.md §3 (the test oracle, never fast).
+
+Coordinates are computed in the accumulation dtype (float32, or float64 for float64 input) one scalar
+operation at a time, exactly as R-FCN's ``Dtype`` arithmetic does, and sums accumulate in it.
+Tensors are logical NCHW: input ``[N, C, H, W]``, output ``[R, output_dim, PH, PW]``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..._core.layout import empty_nchw
+from . import checks
+
+
+def _acc_dtype(dtype: torch.dtype):
+    return np.float64 if dtype == torch.float64 else np.float32
+
+
+def round_half_away(v):
+    """C ``round()``: halves go away from zero (torch.round goes to even)."""
+    t = np.trunc(v)
+    if abs(v - t) >= 0.5:
+        return t + np.sign(v)
+    return t
+
+
+def to_index(v, limit: int) -> int:
+    """An already floored/ceiled bin edge clamped to [0, limit]; NaN gives 0, +inf gives limit."""
+    if math.isnan(v):
+        return 0
+    return int(min(max(v, 0), limit))
+
+
+def bin_edges(roi, pooled_height: int, pooled_width: int, spatial_scale: float, height: int, width: int, acc):
+    """Per roi: hs[PH], he[PH], ws[PW], we[PW] as Python ints (R-FCN arithmetic in ``acc``)."""
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf rois are legal input
+        return _bin_edges(roi, pooled_height, pooled_width, spatial_scale, height, width, acc)
+
+
+def _bin_edges(roi, pooled_height, pooled_width, spatial_scale, height, width, acc):
+    scale = acc(spatial_scale)
+    x1, y1, x2, y2 = (acc(v) for v in roi[1:5])
+    start_w = round_half_away(x1) * scale
+    start_h = round_half_away(y1) * scale
+    end_w = (round_half_away(x2) + acc(1)) * scale
+    end_h = (round_half_away(y2) + acc(1)) * scale
+    roi_w = max(end_w - start_w, acc(0.1)) if not math.isnan(end_w - start_w) else end_w - start_w
+    roi_h = max(end_h - start_h, acc(0.1)) if not math.isnan(end_h - start_h) else end_h - start_h
+    bin_h = roi_h / acc(pooled_height)
+    bin_w = roi_w / acc(pooled_width)
+    hs = [to_index(np.floor(acc(p) * bin_h + start_h), height) for p in range(pooled_height)]
+    he = [to_index(np.ceil(acc(p + 1) * bin_h + start_h), height) for p in range(pooled_height)]
+    ws = [to_index(np.floor(acc(p) * bin_w + start_w), width) for p in range(pooled_width)]
+    we = [to_index(np.ceil(acc(p + 1) * bin_w + start_w), width) for p in range(pooled_width)]
+    return hs, he, ws, we
+
+
+@np.errstate(invalid="ignore", over="ignore")  # NaN/inf inputs are legal: their sums are the answer
+def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
+            spatial_scale: float, output_dim: int, out_layout: str = "NCHW"):
+    """(output [R, od, PH, PW], mapping_channel int32 [R, od, PH, PW]), logical NCHW views."""
+    n, c, h, w = input.shape
+    r = rois.shape[0]
+    ph_n, pw_n = pooled_height, pooled_width
+    output = empty_nchw((r, output_dim, ph_n, pw_n), out_layout, like=input, zero=True)
+    mapping = empty_nchw((r, output_dim, ph_n, pw_n), out_layout, like=input.new_empty(0, dtype=torch.int32))
+    if input.numel() > 0:
+        checks.check_batch_indices(checks.OP, rois, n)
+    acc = _acc_dtype(input.dtype)
+    x = input.detach().cpu().to(torch.float64 if acc is np.float64 else torch.float32).numpy()
+    rois_np = rois.detach().cpu().double().numpy()
+    out_np = np.zeros((r, output_dim, ph_n, pw_n), dtype=acc)
+    map_np = np.zeros((r, output_dim, ph_n, pw_n), dtype=np.int32)
+    for i in range(r):
+        roi = rois_np[i]
+        batch = int(roi[0]) if n > 0 else 0
+        hs, he, ws, we = bin_edges(roi, ph_n, pw_n, spatial_scale, h, w, acc)
+        for ctop in range(output_dim):
+            for ph in range(ph_n):
+                for pw in range(pw_n):
+                    chan = (ctop * ph_n + ph) * pw_n + pw
+                    map_np[i, ctop, ph, pw] = chan
+                    if he[ph] <= hs[ph] or we[pw] <= ws[pw] or n == 0:
+                        continue  # empty bin: 0
+                    total = acc(0)
+                    for y in range(hs[ph], he[ph]):
+                        for xx in range(ws[pw], we[pw]):
+                            total = acc(total + x[batch, chan, y, xx])
+                    area = acc((he[ph] - hs[ph]) * (we[pw] - ws[pw]))
+                    out_np[i, ctop, ph, pw] = total / area
+    output.copy_(torch.from_numpy(out_np))
+    mapping.copy_(torch.from_numpy(map_np))
+    return output, mapping
+
+
+@np.errstate(invalid="ignore", over="ignore")
+def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor, spatial_scale: float,
+             output_dim: int, input_shape, out_layout: str = "NCHW", trusted_mapping: bool = False):
+    """bottom_grad [N, C, H, W] (logical NCHW view): each top element adds grad / bin_area to every
+    pixel of its bin in channel ``mapping_channel`` (R-FCN backward, in a fixed order)."""
+    n, c, h, w = input_shape
+    r, _, ph_n, pw_n = top_grad.shape
+    bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad, zero=True)
+    if top_grad.numel() == 0 or bottom.numel() == 0:
+        return bottom
+    checks.check_batch_indices(checks.OP_BACKWARD, rois, n)
+    checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
+    acc = _acc_dtype(top_grad.dtype)
+    g = top_grad.detach().cpu().to(torch.float64 if acc is np.float64 else torch.float32).numpy()
+    maps = mapping_channel.detach().cpu().numpy()
+    rois_np = rois.detach().cpu().double().numpy()
+    grad_np = np.zeros((n, c, h, w), dtype=acc)
+    for i in range(r):
+        roi = rois_np[i]
+        batch = int(roi[0])
+        hs, he, ws, we = bin_edges(roi, ph_n, pw_n, spatial_scale, h, w, acc)
+        for ctop in range(output_dim):
+            for ph in range(ph_n):
+                for pw in range(pw_n):
+                    if he[ph] <= hs[ph] or we[pw] <= ws[pw]:
+                        continue
+                    chan = int(maps[i, ctop, ph, pw])
+                    area = acc((he[ph] - hs[ph]) * (we[pw] - ws[pw]))
+                    diff = acc(g[i, ctop, ph, pw] / area)
+                    for y in range(hs[ph], he[ph]):
+                        for xx in range(ws[pw], we[pw]):
+                            grad_np[batch, chan, y, xx] = acc(grad_np[batch, chan, y, xx] + diff)
+    bottom.copy_(torch.from_numpy(grad_np))
+    return bottom

@@ -1,0 +1,148 @@
+"""psroipool Triton kernels.
+
+Bin edges are computed once per RoI on the device with the torch code of ``cpu.bin_edges`` (one rounding
+per operation, no fused multiply-add), so every backend samples exactly the same pixels.
+
+forward: one program per (RoI, bin) and block of ``output_dim`` channels; it walks the bin's pixels and
+accumulates in fp32 (fp64 for float64). backward: a gather, so no atomics and a fixed summation order:
+one program per input pixel and block of channels loops over the RoIs in order and adds
+``grad / area`` of the one bin of each RoI that owns that channel and covers the pixel. The gather relies
+on ``mapping_channel`` being the forward's (channel ``(ctop*PH + ph)*PW + pw``); any other mapping is
+rejected on this backend. Offsets are int64.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._core.errors import NotSupportedError
+from ..._core.layout import empty_nchw
+from . import checks
+from .cpu import _is_canonical, bin_edges, compute_dtype
+
+
+@triton.jit
+def _psroi_pool_forward_kernel(x_ptr, hs_ptr, he_ptr, ws_ptr, we_ptr, batch_ptr, out_ptr, map_ptr,
+                               PH, PW, OD, xs_n, xs_c, xs_h, xs_w, os_r, os_c, os_h, os_w,
+                               ms_r, ms_c, ms_h, ms_w,
+                               ACC_F64: tl.constexpr, BLOCK_C: tl.constexpr):
+    pid = tl.program_id(0)
+    pw = pid % PW
+    ph = (pid // PW) % PH
+    r = pid // (PW * PH)
+    hs = tl.load(hs_ptr + r * PH + ph)
+    he = tl.load(he_ptr + r * PH + ph)
+    ws = tl.load(ws_ptr + r * PW + pw)
+    we = tl.load(we_ptr + r * PW + pw)
+    b = tl.load(batch_ptr + r).to(tl.int64)
+    ctop = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    live = ctop < OD
+    chan = (ctop * PH + ph) * PW + pw
+    if ACC_F64:
+        acc = tl.zeros([BLOCK_C], dtype=tl.float64)
+    else:
+        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+    src = x_ptr + b * xs_n + chan.to(tl.int64) * xs_c
+    zero64 = b * 0  # loop counters may be plain ints: adding an int64 zero widens the offsets
+    for h in range(hs, he):
+        for w in range(ws, we):
+            v = tl.load(src + (h + zero64) * xs_h + (w + zero64) * xs_w, mask=live, other=0.0)
+            acc += v.to(acc.dtype)
+    area = (he - hs) * (we - ws)
+    mean = tl.where(area > 0, acc / tl.maximum(area, 1).to(acc.dtype), 0.0)
+    r64 = r.to(tl.int64)
+    c64 = ctop.to(tl.int64)
+    tl.store(out_ptr + r64 * os_r + c64 * os_c + ph * os_h + pw * os_w,
+             mean.to(out_ptr.dtype.element_ty), mask=live)
+    tl.store(map_ptr + r64 * ms_r + c64 * ms_c + ph * ms_h + pw * ms_w, chan, mask=live)
+
+
+@triton.jit
+def _psroi_pool_backward_kernel(g_ptr, hs_ptr, he_ptr, ws_ptr, we_ptr, batch_ptr, out_ptr,
+                                R, PH, PW, C, H, W, gs_r, gs_c, gs_h, gs_w, os_n, os_c, os_h, os_w,
+                                ACC_F64: tl.constexpr, BLOCK_C: tl.constexpr):
+    pix = tl.program_id(0)
+    w = pix % W
+    h = (pix // W) % H
+    n = pix // (W * H)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    live = c < C
+    groups = PH * PW
+    ctop = c // groups
+    ph = (c % groups) // PW
+    pw = c % PW
+    if ACC_F64:
+        acc = tl.zeros([BLOCK_C], dtype=tl.float64)
+    else:
+        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+    zero64 = n.to(tl.int64) * 0  # the loop counter may be a plain int: widen its offsets to int64
+    for r in range(0, R):
+        if tl.load(batch_ptr + r) == n:
+            hs = tl.load(hs_ptr + r * PH + ph, mask=live, other=0)
+            he = tl.load(he_ptr + r * PH + ph, mask=live, other=0)
+            ws = tl.load(ws_ptr + r * PW + pw, mask=live, other=0)
+            we = tl.load(we_ptr + r * PW + pw, mask=live, other=0)
+            inside = live & (hs <= h) & (h < he) & (ws <= w) & (w < we)
+            g = tl.load(g_ptr + (r + zero64) * gs_r + ctop.to(tl.int64) * gs_c + ph * gs_h + pw * gs_w,
+                        mask=inside, other=0.0).to(acc.dtype)
+            area = tl.maximum((he - hs) * (we - ws), 1).to(acc.dtype)
+            acc += tl.where(inside, g / area, 0.0)
+    dst = out_ptr + n.to(tl.int64) * os_n + c.to(tl.int64) * os_c + h.to(tl.int64) * os_h + w.to(tl.int64) * os_w
+    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=live)
+
+
+def _edges_int32(rois, ph, pw, spatial_scale, h, w, dtype):
+    hs, he, ws, we, batch = bin_edges(rois, ph, pw, spatial_scale, h, w, compute_dtype(dtype))
+    return [t.to(torch.int32).contiguous() for t in (hs, he, ws, we, batch)]
+
+
+def _block(n: int) -> int:
+    return min(max(triton.next_power_of_2(n), 16), 256)
+
+
+def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
+            spatial_scale: float, output_dim: int, out_layout: str = "NCHW"):
+    n, c, h, w = input.shape
+    r = rois.shape[0]
+    output = empty_nchw((r, output_dim, pooled_height, pooled_width), out_layout, like=input)
+    mapping = empty_nchw((r, output_dim, pooled_height, pooled_width), out_layout,
+                         like=input.new_empty(0, dtype=torch.int32))
+    if r == 0:
+        return output, mapping
+    if input.numel() == 0:  # nothing to read: zeros, and the channel map as always
+        output.zero_()
+        chan = torch.arange(output_dim * pooled_height * pooled_width, dtype=torch.int32, device=input.device)
+        mapping.copy_(chan.view(1, output_dim, pooled_height, pooled_width).expand_as(mapping))
+        return output, mapping
+    checks.check_batch_indices(checks.OP, rois, n)
+    hs, he, ws, we, batch = _edges_int32(rois, pooled_height, pooled_width, spatial_scale, h, w, input.dtype)
+    block = _block(output_dim)
+    grid = (r * pooled_height * pooled_width, triton.cdiv(output_dim, block))
+    _psroi_pool_forward_kernel[grid](
+        input, hs, he, ws, we, batch, output, mapping, pooled_height, pooled_width, output_dim,
+        *input.stride(), *output.stride(), *mapping.stride(),
+        ACC_F64=input.dtype == torch.float64, BLOCK_C=block)
+    return output, mapping
+
+
+def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor, spatial_scale: float,
+             output_dim: int, input_shape, out_layout: str = "NCHW", trusted_mapping: bool = False):
+    n, c, h, w = input_shape
+    r, od, ph, pw = top_grad.shape
+    bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad)
+    if top_grad.numel() == 0 or bottom.numel() == 0:
+        return bottom.zero_()
+    checks.check_batch_indices(checks.OP_BACKWARD, rois, n)
+    if not trusted_mapping:
+        checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
+    if not trusted_mapping and not _is_canonical(mapping_channel):
+        raise NotSupportedError(checks.OP_BACKWARD, "the triton backend needs the forward's mapping_channel "
+                                "(channel (ctop*PH + ph)*PW + pw); use backend='cpu' for any other mapping")
+    hs, he, ws, we, batch = _edges_int32(rois, ph, pw, spatial_scale, h, w, top_grad.dtype)
+    block = _block(c)
+    grid = (n * h * w, triton.cdiv(c, block))
+    _psroi_pool_backward_kernel[grid](
+        top_grad, hs, he, ws, we, batch, bottom, r, ph, pw, c, h, w, *top_grad.stride(), *bottom.stride(),
+        ACC_F64=top_grad.dtype == torch.float64, BLOCK_C=block)
+    return bottom

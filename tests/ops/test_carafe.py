@@ -1,0 +1,517 @@
+"""carafe: every layer against the loop reference (diff1/diff2), checks, autograd, determinism,
+compile, modules, MLU-OPS layer."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+import cvops
+from cvops import mluops
+from cvops._core.cases import case_id, load_cases
+from cvops._core.errors import BadParamError, NotSupportedError, Status
+from cvops._core.metrics import bit_equal, diff1, diff2
+from tests.conftest import requires_triton
+
+LAYOUTS = ("NCHW", "NHWC")
+FAST_BACKENDS = ["cpu", pytest.param("triton", marks=requires_triton)]
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def make(shape_nchw, layout, dtype=torch.float32, seed=0, positive=False):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randn(shape_nchw, generator=g, dtype=torch.float64)
+    if positive:
+        t = t.abs() + 0.1
+    t = t.to(dtype)
+    return t if layout == "NCHW" else t.permute(0, 2, 3, 1).contiguous()
+
+
+def inputs(n, c, h, w, k, g, s, layout, dtype=torch.float32):
+    x = make((n, c, h, w), layout, dtype, seed=1)
+    m = make((n, g * k * k, h * s, w * s), layout, dtype, seed=2)
+    gy = make((n, c, h * s, w * s), layout, dtype, seed=3)
+    return x, m, gy
+
+
+def assert_close(actual, expected, tol):
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype
+    assert diff1(actual, expected) <= tol and diff2(actual, expected) <= tol, \
+        (diff1(actual, expected), diff2(actual, expected))
+
+
+def tol_of(dtype, backend="cpu"):
+    if dtype == torch.float64:
+        return 1e-12
+    if dtype == torch.bfloat16 and backend == "triton" and cvops._core.dispatch.triton_interpreted():
+        # the interpreter converts float32 -> bfloat16 by truncation (GPUs round to nearest even),
+        # which costs up to one bfloat16 ulp (2^-8 relative) per element
+        return 8e-3
+    return 3e-3
+
+
+def check_layers(backend, n, c, h, w, k, g, s, layout, dtype=torch.float32):
+    x, m, gy = inputs(n, c, h, w, k, g, s, layout, dtype)
+    expected = cvops.carafe_forward(x, m, k, g, s, layout, backend="reference")
+    actual = cvops.carafe_forward(x, m, k, g, s, layout, backend=backend)
+    assert_close(actual, expected, tol_of(dtype, backend))
+    eg = cvops.carafe_backward(gy, x, m, k, g, s, layout, backend="reference")
+    ag = cvops.carafe_backward(gy, x, m, k, g, s, layout, backend=backend)
+    for a, e in zip(ag, eg):
+        assert_close(a, e, tol_of(dtype, backend))
+    return x, m, gy, actual
+
+
+def unfold_composite(x, m, k, g, s):
+    """An independent formula: unfold + nearest upsample + weighted sum (float64, NCHW)."""
+    n, c, h, w = x.shape
+    u = F.unfold(x, k, padding=(k - 1) // 2).view(n, g, c // g, k * k, h, w)
+    u = u.repeat_interleave(s, 4).repeat_interleave(s, 5)
+    return (u * m.view(n, g, 1, k * k, h * s, w * s)).sum(3).view(n, c, h * s, w * s)
+
+
+# -------------------------------------------------------------------------------- the semantics itself
+def test_hand_computed_taps_and_channel_order():
+    # k=3, G=2, s=2: group 1 puts all weight on tap (ky=0, kx=2) = mask channel (1*3 + 0)*3 + 2 = 11,
+    # i.e. the pixel up-right of the block; group 0 on the centre tap (channel 4): nearest upsampling.
+    x = torch.arange(2 * 3 * 3, dtype=torch.float64).view(1, 2, 3, 3)
+    m = torch.zeros(1, 18, 6, 6, dtype=torch.float64)
+    m[:, 4] = 1
+    m[:, 11] = 2
+    out = cvops.carafe(x, m, 3, 2, 2, backend="reference")
+    for backend in ("cpu", "reference"):
+        out = cvops.carafe(x, m, 3, 2, 2, backend=backend)
+        assert torch.equal(out[0, 0], x[0, 0].repeat_interleave(2, 0).repeat_interleave(2, 1))
+        shifted = torch.zeros(3, 3, dtype=torch.float64)
+        shifted[1:, :2] = x[0, 1, :2, 1:]  # out block (i, j) reads x[i-1, j+1], zero outside
+        assert torch.equal(out[0, 1], 2 * shifted.repeat_interleave(2, 0).repeat_interleave(2, 1))
+
+
+def test_matches_unfold_composite():
+    x, m, _ = inputs(2, 6, 5, 7, 5, 3, 3, "NCHW", torch.float64)
+    assert_close(cvops.carafe(x, m, 5, 3, 3), unfold_composite(x, m, 5, 3, 3), 1e-13)
+
+
+# -------------------------------------------------------------------------------- layers vs reference
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.parametrize("case", load_cases("carafe", "unit"), ids=case_id)
+def test_unit_cases(backend, case):
+    size = case["N"] * case["C"] * case["H"] * case["W"] * case["scale_factor"] ** 2
+    if backend == "triton" and (size > 6000 or case["kernel_size"] > 7):
+        pytest.skip("interpreter: small shapes only")
+    for layout in LAYOUTS:
+        check_layers(backend, case["N"], case["C"], case["H"], case["W"], case["kernel_size"],
+                     case["group_size"], case["scale_factor"], layout)
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_float_dtype(backend, dtype, layout):
+    _, _, _, out = check_layers(backend, 2, 8, 3, 4, 3, 2, 2, layout, dtype)
+    assert out.dtype == dtype
+
+
+def test_large_kernel_beyond_mlu_limit_in_functional_api():
+    # k = 47 > 45 is NOT_SUPPORTED in the MLU-OPS layer only; the functional API computes it.
+    check_layers("cpu", 1, 2, 2, 3, 47, 1, 1, "NCHW", torch.float64)
+
+
+def test_nan_inf_propagate_like_reference():
+    x, m, gy = inputs(1, 4, 3, 4, 5, 2, 2, "NCHW")
+    m[0, 0] = float("inf")             # tap (0, 0): outside the map for the top rows -> skipped there
+    x[0, 1, 1, 1] = float("nan")
+    gy[0, 2, 5, 5] = float("inf")
+    backends = ["cpu"] + (["triton"] if cvops._core.dispatch.triton_available() else [])
+    ref = [cvops.carafe(x, m, 5, 2, 2, backend="reference"),
+           *cvops.carafe_backward(gy, x, m, 5, 2, 2, backend="reference")]
+    for backend in backends:
+        got = [cvops.carafe(x, m, 5, 2, 2, backend=backend),
+               *cvops.carafe_backward(gy, x, m, 5, 2, 2, backend=backend)]
+        for a, e in zip(got, ref):
+            assert torch.equal(a.isnan(), e.isnan()) and torch.equal(a.isinf(), e.isinf())
+            finite = e.isfinite()
+            assert finite.any() and (~finite).any()
+            assert torch.allclose(a[finite], e[finite], atol=1e-5)
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(1, 2), cg=st.integers(1, 3), g=st.integers(1, 3), h=st.integers(1, 5), w=st.integers(1, 5),
+       k=st.sampled_from([1, 3, 5, 7]), s=st.integers(1, 3), layout=st.sampled_from(LAYOUTS))
+def test_property_cpu_matches_reference(n, cg, g, h, w, k, s, layout):
+    check_layers("cpu", n, cg * g, h, w, k, g, s, layout, torch.float64)
+
+
+@requires_triton
+@settings(max_examples=4, deadline=None)
+@given(h=st.integers(1, 4), w=st.integers(1, 4), k=st.sampled_from([1, 3, 5]), s=st.integers(1, 3),
+       layout=st.sampled_from(LAYOUTS))
+def test_property_triton_matches_reference(h, w, k, s, layout):
+    check_layers("triton", 1, 4, h, w, k, 2, s, layout)
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_non_contiguous_inputs(backend):
+    x, m, gy = inputs(2, 8, 4, 5, 3, 2, 2, "NCHW")
+    xs = torch.cat([x, x], 1)[:, ::2]
+    ms = m.transpose(2, 3).contiguous().transpose(2, 3)
+    assert not xs.is_contiguous() and not ms.is_contiguous()
+    assert_close(cvops.carafe(xs, ms, 3, 2, 2, backend=backend),
+                 cvops.carafe(xs.contiguous(), m, 3, 2, 2, backend="reference"), 3e-6)
+    gi, gm = cvops.carafe_backward(gy[:, :, ::1], xs, ms, 3, 2, 2, backend=backend)
+    ri, rm = cvops.carafe_backward(gy, xs.contiguous(), m, 3, 2, 2, backend="reference")
+    assert_close(gi, ri, 3e-6)
+    assert_close(gm, rm, 3e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", load_cases("carafe", "network")[:1], ids=case_id)
+def test_network_scale_cpu_matches_composite(case):
+    # FPN scale (C=256, 100x152, k5 G1 s2) with batch 1; the loop reference is far too slow here,
+    # so the oracles are independent float64 formulas: the unfold composite (with autograd) on two
+    # channel slices for output and grad_input, and a per-tap channel sum for grad_mask.
+    n, c, h, w, k, g, s = 1, case["C"], case["H"], case["W"], case["kernel_size"], case["group_size"], case["scale_factor"]
+    r = (k - 1) // 2
+    x, m, gy = inputs(n, c, h, w, k, g, s, "NCHW")
+    out = cvops.carafe(x, m, k, g, s)
+    gi, gm = cvops.carafe_backward(gy, x, m, k, g, s)
+    for c0 in (0, c - 16):
+        xs = x[:, c0:c0 + 16].double().requires_grad_()
+        ref = unfold_composite(xs, m.double(), k, 1, s)
+        assert diff1(out[:, c0:c0 + 16], ref) <= 1e-6 and diff2(out[:, c0:c0 + 16], ref) <= 1e-6
+        (gxs,) = torch.autograd.grad(ref, xs, gy[:, c0:c0 + 16].double())
+        assert diff1(gi[:, c0:c0 + 16], gxs) <= 1e-6 and diff2(gi[:, c0:c0 + 16], gxs) <= 1e-6
+    xp = F.pad(x[0].double(), (r, r, r, r))
+    gyd = gy[0].double()
+    for t in (0, k - 1, (k * k) // 2, k * k - k, k * k - 1, 7):   # corners, centre, one inner tap
+        ky, kx = divmod(t, k)
+        tap = xp[:, ky:ky + h, kx:kx + w].repeat_interleave(s, 1).repeat_interleave(s, 2)
+        expected = (gyd * tap).sum(0)
+        assert diff1(gm[0, t], expected) <= 1e-6 and diff2(gm[0, t], expected) <= 1e-6
+
+
+# -------------------------------------------------------------------------------- zero elements
+@pytest.mark.parametrize("backend", ["reference", "cpu", pytest.param("triton", marks=requires_triton)])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", [(0, 4, 3, 3), (2, 0, 3, 3), (2, 4, 0, 3), (2, 4, 3, 0)])
+def test_zero_elements_return_shaped_zeros(backend, layout, shape):
+    n, c, h, w = shape
+    x, m, gy = inputs(n, c, h, w, 3, 2, 2, layout)
+    out = cvops.carafe(x, m, 3, 2, 2, layout, backend=backend)
+    expected = (n, c, 2 * h, 2 * w) if layout == "NCHW" else (n, 2 * h, 2 * w, c)
+    assert out.shape == expected and out.dtype == x.dtype and not out.any()
+    gi, gm = cvops.carafe_backward(gy, x, m, 3, 2, 2, layout, backend=backend)
+    assert gi.shape == x.shape and gm.shape == m.shape and not gi.any() and not gm.any()
+
+
+# -------------------------------------------------------------------------------- bad parameters
+@pytest.mark.parametrize("k, g, s, rule", [
+    (4, 1, 2, "kernel_size must be odd"), (0, 1, 2, "kernel_size must be >= 1"), (-3, 1, 2, "kernel_size must be >= 1"),
+    (3, 0, 2, "group_size must be >= 1"), (3, 1, 0, "scale_factor must be >= 1"),
+    (3.0, 1, 2, "kernel_size must be an int"), (3, True, 2, "group_size must be an int"),
+    (3, 1, 2.0, "scale_factor must be an int"),
+])
+def test_bad_scalar_params(k, g, s, rule):
+    x = torch.randn(1, 4, 3, 3)
+    m = torch.randn(1, 9, 6, 6)
+    with pytest.raises(BadParamError, match=rule) as info:
+        cvops.carafe(x, m, k, g, s)
+    assert info.value.status == Status.BAD_PARAM and isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("x_shape, m_shape, g, rule", [
+    ((1, 6, 3, 3), (1, 36, 6, 6), 4, r"features channels \(6\) must be divisible by group_size \(4\)"),
+    ((1, 4, 3, 3), (1, 8, 6, 6), 1, r"masks channels \(8\) must equal group_size \* kernel_size\^2"),
+    ((1, 4, 3, 3), (1, 9, 6, 5), 1, r"masks spatial size \(6, 5\) must equal features size \* scale_factor \(6, 6\)"),
+    ((1, 4, 3, 3), (1, 9, 3, 3), 1, "masks spatial size"),
+    ((2, 4, 3, 3), (1, 9, 6, 6), 1, r"masks batch \(1\) must equal features batch \(2\)"),
+    ((4, 3, 3), (1, 9, 6, 6), 1, "features must be 4-D"),
+    ((1, 4, 3, 3), (9, 6, 6), 1, "masks must be 4-D"),
+])
+def test_bad_shapes(x_shape, m_shape, g, rule):
+    with pytest.raises(BadParamError, match=rule):
+        cvops.carafe(torch.randn(x_shape), torch.randn(m_shape), 3, g, 2)
+
+
+def test_bad_tensors_dtype_layout_backend(monkeypatch):
+    x, m, gy = torch.randn(1, 4, 3, 3), torch.randn(1, 9, 6, 6), torch.randn(1, 4, 6, 6)
+    with pytest.raises(BadParamError, match="masks dtype"):
+        cvops.carafe(x, m.double(), 3, 1, 2)
+    with pytest.raises(BadParamError, match="features dtype must be one of"):
+        cvops.carafe(x.int(), m.int(), 3, 1, 2)
+    with pytest.raises(BadParamError, match="features must be a torch.Tensor"):
+        cvops.carafe(x.numpy(), m, 3, 1, 2)
+    with pytest.raises(BadParamError, match="layout must be"):
+        cvops.carafe(x, m, 3, 1, 2, layout="HWCN")
+    with pytest.raises(BadParamError, match="backend must be one of"):
+        cvops.carafe(x, m, 3, 1, 2, backend="cuda")
+    with pytest.raises(BadParamError, match="grad_output shape"):
+        cvops.carafe_backward(gy[:, :, :5], x, m, 3, 1, 2)
+    with pytest.raises(BadParamError, match="grad_output shape"):
+        cvops.carafe_backward(torch.randn(1, 3, 6, 6), x, m, 3, 1, 2)
+    with pytest.raises(BadParamError, match="grad_output dtype"):
+        cvops.carafe_backward(gy.double(), x, m, 3, 1, 2)
+    with pytest.raises(BadParamError, match="kernel_size must be odd"):
+        cvops.carafe_backward(gy, x, m, 2, 1, 2)
+    # NHWC shapes are read as NHWC: an NCHW tensor passed as NHWC fails the mask size rule
+    with pytest.raises(BadParamError, match="masks"):
+        cvops.carafe(x, m, 3, 1, 2, layout="NHWC")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    if cvops._core.dispatch.triton_available():
+        with pytest.raises(NotSupportedError, match="runs CUDA tensors"):
+            cvops.carafe(x, m, 3, 1, 2, backend="triton")
+
+
+# -------------------------------------------------------------------------------- autograd, determinism
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gradcheck_float64(layout):
+    x, m, _ = inputs(2, 4, 3, 3, 3, 2, 2, layout, torch.float64)
+    x.requires_grad_(); m.requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: cvops.carafe(a, b, 3, 2, 2, layout), (x, m))
+
+
+def test_gradcheck_mmcv_shape():
+    # mmcv's own gradcheck: feat (2, 64, 3, 3), CARAFE(5, 4, 2), double
+    x, m, _ = inputs(2, 64, 3, 3, 5, 4, 2, "NCHW", torch.float64)
+    x.requires_grad_(); m.requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: cvops.carafe(a, b, 5, 4, 2), (x, m), fast_mode=True,
+                                    atol=1e-4, eps=1e-4)
+
+
+@requires_triton
+def test_gradcheck_triton():
+    x, m, _ = inputs(1, 2, 2, 3, 3, 1, 2, "NCHW", torch.float64)
+    x.requires_grad_(); m.requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: cvops.carafe(a, b, 3, 1, 2, backend="triton"), (x, m),
+                                    fast_mode=True)
+
+
+def test_autograd_equals_explicit_backward():
+    x, m, gy = inputs(2, 8, 4, 5, 5, 2, 2, "NHWC")
+    xr, mr = x.clone().requires_grad_(), m.clone().requires_grad_()
+    cvops.carafe(xr, mr, 5, 2, 2, layout="NHWC").backward(gy)
+    gi, gm = cvops.carafe_backward(gy, x, m, 5, 2, 2, layout="NHWC")
+    assert bit_equal(xr.grad, gi) and bit_equal(mr.grad, gm)
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_backward_bit_identical_across_runs(backend):
+    shape = (2, 64, 12, 10) if backend == "cpu" else (1, 8, 3, 4)
+    x, m, gy = inputs(*shape, 5, 4, 2, "NCHW")
+    first = cvops.carafe_backward(gy, x, m, 5, 4, 2, backend=backend)
+    second = cvops.carafe_backward(gy, x, m, 5, 4, 2, backend=backend)
+    assert all(bit_equal(a, b) for a, b in zip(first, second))
+    assert bit_equal(cvops.carafe(x, m, 5, 4, 2, backend=backend), cvops.carafe(x, m, 5, 4, 2, backend=backend))
+
+
+def test_module_under_torch_compile():
+    x, m, _ = inputs(1, 8, 4, 4, 3, 2, 2, "NCHW")
+    x.requires_grad_()
+    mod = cvops.nn.CARAFE(3, 2, 2)
+    compiled = torch.compile(mod, backend="aot_eager", fullgraph=True)
+    out = compiled(x, m)
+    assert_close(out, mod(x, m), 1e-6)
+    out.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+
+
+# -------------------------------------------------------------------------------- modules
+def test_carafe_modules_match_mmcv_signature():
+    for cls in (cvops.nn.CARAFE, cvops.nn.CARAFENaive):
+        mod = cls(5, 4, 2)
+        assert (mod.kernel_size, mod.group_size, mod.scale_factor) == (5, 4, 2)
+        x, m, _ = inputs(2, 64, 3, 3, 5, 4, 2, "NCHW")
+        assert_close(mod(x, m), cvops.carafe(x, m, 5, 4, 2, backend="reference"), 3e-6)
+        with pytest.raises(BadParamError, match="kernel_size must be an int"):
+            cls(5.0, 4, 2)
+
+
+def test_carafe_pack_structure_init_and_forward():
+    torch.manual_seed(0)
+    pack = cvops.nn.CARAFEPack(32, 2)
+    assert (pack.up_kernel, pack.up_group, pack.encoder_kernel, pack.encoder_dilation, pack.compressed_channels) == (5, 1, 3, 1, 64)
+    assert pack.channel_compressor.kernel_size == (1, 1) and pack.channel_compressor.out_channels == 64
+    enc = pack.content_encoder
+    assert enc.out_channels == 5 * 5 * 1 * 2 * 2 and enc.kernel_size == (3, 3) and enc.padding == (1, 1)
+    assert enc.weight.std() < 0.002 and not enc.bias.any() and not pack.channel_compressor.bias.any()
+    bound = (6 / (32 + 64)) ** 0.5   # xavier uniform of the 1x1 compressor
+    assert pack.channel_compressor.weight.abs().max() <= bound
+    x = torch.randn(2, 32, 5, 6)
+    out = pack(x)
+    assert out.shape == (2, 32, 10, 12)
+    mask = F.softmax(F.pixel_shuffle(enc(pack.channel_compressor(x)), 2).view(2, 1, 25, 10, 12), 2).view(2, 25, 10, 12)
+    assert_close(out, cvops.carafe(x, mask, 5, 1, 2, backend="reference"), 3e-6)
+    dil = cvops.nn.CARAFEPack(16, 3, up_kernel=3, up_group=2, encoder_kernel=5, encoder_dilation=2, compressed_channels=8)
+    assert dil.content_encoder.padding == (4, 4) and dil.content_encoder.out_channels == 3 * 3 * 2 * 9
+    y = torch.randn(1, 16, 4, 3, requires_grad=True)
+    out = dil(y)
+    assert out.shape == (1, 16, 12, 9)
+    out.sum().backward()
+    assert y.grad is not None and dil.content_encoder.weight.grad is not None
+
+
+# -------------------------------------------------------------------------------- MLU-OPS layer
+def nhwc_desc(t, dtype=mluops.DataType.FLOAT, layout=mluops.Layout.NHWC):
+    return mluops.create_tensor_descriptor(layout, dtype, t.shape)
+
+
+def carafe_desc(k=5, g=4, s=2):
+    d = mluops.create_carafe_descriptor()
+    assert mluops.set_carafe_descriptor(d, 4, k, g, s) == Status.SUCCESS
+    return d
+
+
+def fwd_args(n=2, c=16, h=3, w=3, k=5, g=4, s=2, dtype=torch.float32):
+    x, m, _ = inputs(n, c, h, w, k, g, s, "NHWC", dtype)
+    y = torch.empty(n, h * s, w * s, c, dtype=dtype)
+    return x, m, y
+
+
+def call_fwd(handle, desc, x, m, y, **over):
+    dt = mluops.DataType.HALF if x.dtype == torch.float16 else mluops.DataType.FLOAT
+    args = dict(input_desc=nhwc_desc(x, dt), input=x, mask_desc=nhwc_desc(m, dt), mask=m,
+                output_desc=nhwc_desc(y, dt), output=y)
+    args.update(over)
+    return mluops.carafe_forward(handle, desc, **args)
+
+
+def call_bwd(handle, desc, x, m, gy, gx, gm, **over):
+    args = dict(input_desc=nhwc_desc(x), input=x, mask_desc=nhwc_desc(m), mask=m,
+                grad_output_desc=nhwc_desc(gy), grad_output=gy, grad_input_desc=nhwc_desc(gx), grad_input=gx,
+                grad_mask_desc=nhwc_desc(gm), grad_mask=gm)
+    args.update(over)
+    return mluops.carafe_backward(handle, desc, **args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_mluops_success_writes_outputs(dtype):
+    h = mluops.create_handle()
+    x, m, y = fwd_args(dtype=dtype)
+    assert call_fwd(h, carafe_desc(), x, m, y) == Status.SUCCESS, h.last_error
+    assert_close(y, cvops.carafe(x, m, 5, 4, 2, "NHWC", backend="reference"), 3e-3)
+    gy = torch.randn(y.shape)
+    x, m = x.float(), m.float()
+    gx, gm = torch.full_like(x, float("nan")), torch.full_like(m, float("nan"))
+    assert call_bwd(h, carafe_desc(), x, m, gy, gx, gm) == Status.SUCCESS, h.last_error
+    ri, rm = cvops.carafe_backward(gy, x, m, 5, 4, 2, "NHWC", backend="reference")
+    assert_close(gx, ri, 3e-6)
+    assert_close(gm, rm, 3e-6)
+
+
+def test_mluops_gtest_backward_case0():
+    # input [1,3,3,2148], mask [1,9,9,25], k5 G1 s3
+    h = mluops.create_handle()
+    x, m, gy = inputs(1, 2148, 3, 3, 5, 1, 3, "NHWC")
+    gx, gm = torch.empty_like(x), torch.empty_like(m)
+    assert call_bwd(h, carafe_desc(5, 1, 3), x, m, gy, gx, gm) == Status.SUCCESS
+    ri, rm = cvops.carafe_backward(gy, x, m, 5, 1, 3, "NHWC", backend="reference")
+    assert_close(gx, ri, 3e-6)
+    assert_close(gm, rm, 3e-6)
+
+
+def test_mluops_descriptor_statuses():
+    d = mluops.create_carafe_descriptor()
+    assert mluops.set_carafe_descriptor(d, 4, 4, 1, 2) == Status.BAD_PARAM    # even k
+    assert mluops.set_carafe_descriptor(d, 4, 0, 1, 2) == Status.BAD_PARAM
+    assert mluops.set_carafe_descriptor(d, 4, 3, 0, 2) == Status.BAD_PARAM
+    assert mluops.set_carafe_descriptor(d, 4, 3, 1, 0) == Status.BAD_PARAM
+    assert mluops.set_carafe_descriptor(d, 5, 3, 1, 2) == Status.BAD_PARAM
+    assert mluops.set_carafe_descriptor(None, 4, 3, 1, 2) == Status.BAD_PARAM
+    assert mluops.set_carafe_descriptor(d, 4, 47, 1, 6) == Status.SUCCESS     # limits are checked by the ops
+
+
+def test_mluops_forward_statuses():
+    h = mluops.create_handle()
+    x, m, y = fwd_args()
+    d = carafe_desc()
+    BAD, NS, OK = Status.BAD_PARAM, Status.NOT_SUPPORTED, Status.SUCCESS
+    assert mluops.carafe_forward(None, d, nhwc_desc(x), x, nhwc_desc(m), m, nhwc_desc(y), y) == BAD
+    assert call_fwd(h, None, x, m, y) == BAD
+    assert call_fwd(h, mluops.create_carafe_descriptor(), x, m, y) == BAD      # unset descriptor
+    assert call_fwd(h, d, x, m, y, input_desc=None) == BAD
+    # MLU limits: k > 45 or s > 5 -> NOT_SUPPORTED (checked before any shape rule)
+    d47 = mluops.create_carafe_descriptor(); mluops.set_carafe_descriptor(d47, 4, 47, 4, 2)
+    assert call_fwd(h, d47, x, m, y) == NS and "45" in h.last_error
+    d6 = mluops.create_carafe_descriptor(); mluops.set_carafe_descriptor(d6, 4, 5, 4, 6)
+    assert call_fwd(h, d6, x, m, y) == NS
+    assert call_fwd(h, d, x, m, y, input_desc=nhwc_desc(x, layout=mluops.Layout.NCHW)) == BAD
+    assert call_fwd(h, d, x, m, y, mask_desc=nhwc_desc(m, dtype=mluops.DataType.DOUBLE), mask=m.double()) == BAD
+    xd, md, yd = x.double(), m.double(), y.double()
+    assert call_fwd(h, d, xd, md, yd, input_desc=nhwc_desc(xd, mluops.DataType.DOUBLE),
+                    mask_desc=nhwc_desc(md, mluops.DataType.DOUBLE), output_desc=nhwc_desc(yd, mluops.DataType.DOUBLE)) == BAD
+    y3 = y[0]
+    assert call_fwd(h, d, x, m, y3, output_desc=nhwc_desc(y3)) == BAD        # 3-D
+    bad_n = torch.empty(1, 6, 6, 16)
+    assert call_fwd(h, d, x, m, bad_n, output_desc=nhwc_desc(bad_n)) == BAD
+    bad_c = torch.empty(2, 6, 6, 12)
+    assert call_fwd(h, d, x, m, bad_c, output_desc=nhwc_desc(bad_c)) == BAD
+    bad_hw = torch.empty(2, 6, 5, 16)
+    assert call_fwd(h, d, x, m, bad_hw, output_desc=nhwc_desc(bad_hw)) == BAD
+    bad_m = torch.empty(2, 6, 6, 99)
+    assert call_fwd(h, d, x, bad_m, y, mask_desc=nhwc_desc(bad_m)) == BAD
+    x15 = torch.randn(2, 3, 3, 15); y15 = torch.empty(2, 6, 6, 15)
+    assert call_fwd(h, d, x15, m, y15, input_desc=nhwc_desc(x15), output_desc=nhwc_desc(y15)) == BAD  # C % G
+    assert "divisible" in h.last_error
+    # non-contiguous data is BAD_PARAM in the forward
+    xnc = torch.randn(2, 3, 16, 3).transpose(2, 3)
+    assert call_fwd(h, d, xnc, m, y, input_desc=nhwc_desc(xnc)) == BAD
+    assert call_fwd(h, d, x, m, y, output=None) == BAD                         # null data pointer
+    # zero elements: SUCCESS, output untouched
+    x0, m0, y0 = torch.randn(0, 3, 3, 16), torch.randn(0, 6, 6, 100), torch.empty(0, 6, 6, 16)
+    assert call_fwd(h, d, x0, m0, y0, input_desc=nhwc_desc(x0), mask_desc=nhwc_desc(m0), output_desc=nhwc_desc(y0)) == OK
+    assert call_fwd(h, d, x0, m0, y0, input_desc=nhwc_desc(x0), mask_desc=nhwc_desc(m0), output_desc=nhwc_desc(y0),
+                    output=None) == OK
+    assert call_fwd(h, d, x, m, y) == OK and h.last_error == ""
+
+
+def test_mluops_backward_statuses():
+    h = mluops.create_handle()
+    x, m, _ = fwd_args()
+    gy = torch.randn(2, 6, 6, 16)
+    gx, gm = torch.empty_like(x), torch.empty_like(m)
+    d = carafe_desc()
+    BAD, NS, OK = Status.BAD_PARAM, Status.NOT_SUPPORTED, Status.SUCCESS
+    assert call_bwd(h, d, x, m, gy, gx, gm, grad_mask_desc=None) == BAD
+    assert call_bwd(h, d, x, m, gy, gx, gm, grad_input_desc=nhwc_desc(gx, layout=mluops.Layout.NCHW)) == BAD
+    gm_bad = torch.empty(2, 6, 6, 75)
+    assert call_bwd(h, d, x, m, gy, gx, gm_bad, grad_mask_desc=nhwc_desc(gm_bad)) == BAD
+    gx_bad = torch.empty(2, 3, 3, 8)
+    assert call_bwd(h, d, x, m, gy, gx_bad, gm, grad_input_desc=nhwc_desc(gx_bad)) == BAD
+    gy_bad = torch.empty(2, 6, 4, 16)
+    assert call_bwd(h, d, x, m, gy_bad, gx, gm, grad_output_desc=nhwc_desc(gy_bad)) == BAD
+    gy_n = torch.empty(1, 6, 6, 16)
+    assert call_bwd(h, d, x, m, gy_n, gx, gm, grad_output_desc=nhwc_desc(gy_n)) == BAD
+    assert call_bwd(h, d, x, m, gy, gx, gm, grad_output_desc=nhwc_desc(gy, mluops.DataType.HALF)) == BAD
+    # non-contiguous data is NOT_SUPPORTED in the backward (BAD_PARAM in the forward)
+    gync = torch.randn(2, 6, 16, 6).transpose(2, 3)
+    assert call_bwd(h, d, x, m, gync, gx, gm) == NS
+    assert call_bwd(h, d, x, m, gy, gx, gm, grad_mask=None) == BAD                         # null data pointer
+    # no scale limit in the backward; k > 137 is NOT_SUPPORTED
+    d6 = carafe_desc(3, 1, 6)
+    x6, m6, gy6 = inputs(1, 2, 2, 2, 3, 1, 6, "NHWC")
+    gx6, gm6 = torch.empty_like(x6), torch.empty_like(m6)
+    assert call_bwd(h, d6, x6, m6, gy6, gx6, gm6) == OK
+    d139 = carafe_desc(139, 1, 1)
+    x1, gy1 = torch.randn(1, 1, 1, 2), torch.randn(1, 1, 1, 2)
+    m1 = torch.randn(1, 1, 1, 139 * 139)
+    assert call_bwd(h, d139, x1, m1, gy1, torch.empty_like(x1), torch.empty_like(m1)) == NS
+    d137 = carafe_desc(137, 1, 1)
+    m137 = torch.randn(1, 1, 1, 137 * 137)
+    gm137 = torch.empty_like(m137)
+    assert call_bwd(h, d137, x1, m137, gy1, torch.empty_like(x1), gm137) == OK
+    # zero elements: SUCCESS, outputs untouched
+    x0, m0, gy0 = torch.randn(2, 3, 0, 16), torch.randn(2, 6, 0, 100), torch.randn(2, 6, 0, 16)
+    assert call_bwd(h, d, x0, m0, gy0, torch.empty_like(x0), torch.empty_like(m0)) == OK
+
+
+def test_cpu_under_inference_mode_and_thread_count_restored():
+    x, m, gy = inputs(2, 8, 6, 5, 3, 2, 2, "NCHW")
+    threads = torch.get_num_threads()
+    expected = cvops.carafe(x, m, 3, 2, 2, backend="reference")
+    with torch.inference_mode():
+        assert_close(cvops.carafe(x, m, 3, 2, 2), expected, 3e-6)
+    with torch.no_grad():
+        assert_close(cvops.carafe_backward(gy, x, m, 3, 2, 2)[1],
+                     cvops.carafe_backward(gy, x, m, 3, 2, 2, backend="reference")[1], 3e-6)
+    assert torch.get_num_threads() == threads

@@ -1,0 +1,506 @@
+"""get_indice_pairs: every layer exactly equal to the loop reference (whole contract, order included),
+contract invariants at network scale, checks, MLU-OPS statuses, compile."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+import cvops
+from cvops import mluops
+from cvops._core.cases import case_id, load_cases
+from cvops._core.errors import BadParamError, NotSupportedError, Status
+from cvops.ops.get_indice_pairs import synth
+from tests.conftest import requires_triton
+
+FAST_BACKENDS = ["cpu", pytest.param("triton", marks=requires_triton)]
+UNIT = load_cases("get_indice_pairs", "unit")
+NETWORK = load_cases("get_indice_pairs", "network")
+
+
+def assert_same(actual, expected):
+    for name, a, e in zip(("out_indices", "indice_pairs", "indice_num"), actual, expected):
+        assert a.dtype == torch.int32, name
+        assert a.shape == e.shape, (name, a.shape, e.shape)
+        assert torch.equal(a, e), name
+
+
+def run(case, backend, indices=None):
+    idx = synth.case_indices(case) if indices is None else indices
+    return cvops.get_indice_pairs(idx, backend=backend, **synth.case_kwargs(case))
+
+
+def _tuple(v, n):
+    return tuple(v) if isinstance(v, (list, tuple)) else (v,) * n
+
+
+def check_contract(indices, out_indices, pairs, num, *, batch_size, spatial_shape, kernel_size=3, stride=1,
+                   padding=0, dilation=1, out_padding=0, subm=False, transpose=False, out_spatial_shape=None):
+    """The output contract of decisions.md, checked independently of any backend (vectorised)."""
+    n = len(spatial_shape)
+    k, s, p, d = (_tuple(v, n) for v in (kernel_size, stride, padding, dilation))
+    if out_spatial_shape is None:
+        if subm:
+            out_spatial_shape = spatial_shape
+        elif transpose:
+            out_spatial_shape = cvops.get_deconv_output_size(spatial_shape, k, s, p, d, out_padding)
+        else:
+            out_spatial_shape = cvops.get_conv_output_size(spatial_shape, k, s, p, d)
+    K, L = 1, indices.shape[0]
+    for kk in k:
+        K *= kk
+    assert pairs.shape == (K, 2, L) and num.shape == (K,) and out_indices.shape[1] == n + 1
+    assert pairs.dtype == num.dtype == out_indices.dtype == torch.int32
+    M = out_indices.shape[0]
+    if subm:
+        assert torch.equal(out_indices, indices.to(torch.int32))
+    else:  # sorted strictly ascending by (b, *coords): unique and lexicographic
+        key = torch.zeros(M, dtype=torch.int64)
+        for c, size in enumerate([batch_size] + list(out_spatial_shape)):
+            assert bool((out_indices[:, c] >= 0).all() and (out_indices[:, c] < size).all())
+            key = key * size + out_indices[:, c].long()
+        assert bool((key[1:] > key[:-1]).all())
+    slots = torch.arange(L)
+    used = torch.zeros(M, dtype=torch.bool)
+    offsets = list(itertools.product(*[range(kk) for kk in k]))
+    for kk, t in enumerate(offsets):
+        c = int(num[kk])
+        assert torch.equal(pairs[kk, :, c:], torch.full_like(pairs[kk, :, c:], -1))
+        i, j = pairs[kk, 0, :c].long(), pairs[kk, 1, :c].long()
+        assert bool((i[1:] > i[:-1]).all()), "pairs of one offset ascend by input row"
+        assert bool((i >= 0).all() and (i < L).all() and (j >= 0).all() and (j < M).all())
+        src, dst = indices[i].long(), out_indices[j].long()
+        assert torch.equal(src[:, 0], dst[:, 0])
+        expect_valid = torch.ones(L, dtype=torch.bool)
+        for dim in range(n):
+            pd = indices[:, dim + 1].long()
+            if transpose:
+                o = pd * s[dim] - p[dim] + t[dim] * d[dim]
+                ok = (o >= 0) & (o < out_spatial_shape[dim])
+            else:
+                num_ = pd + p[dim] - t[dim] * d[dim]
+                o = torch.div(num_, s[dim], rounding_mode="floor")
+                ok = (num_ >= 0) & (num_ % s[dim] == 0) & (o < out_spatial_shape[dim])
+            expect_valid &= ok
+            assert torch.equal(dst[:, dim + 1], o[i]), "pair maps input to its output position"
+        if subm:  # a tap counts iff its output position is an input site
+            assert bool(expect_valid[i].all())
+        else:
+            assert torch.equal(slots[expect_valid], i), "every in-grid tap yields a pair"
+        used[j] = True
+    if not subm:
+        assert bool(used.all()), "every output site comes from some pair"
+
+
+# -------------------------------------------------------------------------------- the semantics itself
+def test_hand_computed_1d_sparse():
+    # spatial 4, k3 s2 p1: out size 2, o = (p + 1 - t) / 2 when exact
+    idx = torch.tensor([[0, 0], [0, 1], [0, 3]], dtype=torch.int32)
+    for backend in ("reference", "cpu"):
+        out, pairs, num = cvops.get_indice_pairs(idx, 1, [4], 3, 2, 1, 1, backend=backend)
+        assert out.tolist() == [[0, 0], [0, 1]]
+        assert num.tolist() == [1, 1, 2]
+        assert pairs[0].tolist() == [[1, -1, -1], [1, -1, -1]]
+        assert pairs[1].tolist() == [[0, -1, -1], [0, -1, -1]]
+        assert pairs[2].tolist() == [[1, 2, -1], [0, 1, -1]]
+
+
+def test_single_site_subm_identity_at_padding_offset():
+    idx = torch.tensor([[0, 1, 1, 1]], dtype=torch.int32)
+    out, pairs, num = cvops.get_indice_pairs(idx, 1, [3, 3, 3], 3, 1, 1, 1, subm=True)
+    assert num.tolist() == [0] * 13 + [1] + [0] * 13
+    assert pairs[13].tolist() == [[0], [0]]
+    # padding as given (MLU-OPS), not forced to k // 2: with padding 0 the identity sits at offset 0
+    out, pairs, num = cvops.get_indice_pairs(idx, 1, [3, 3, 3], 3, 1, 0, 1, subm=True)
+    assert num.tolist() == [1] + [0] * 26 and pairs[0].tolist() == [[0], [0]]
+
+
+def test_out_indices_sorted_not_first_encounter():
+    idx = torch.tensor([[1, 0, 0, 0], [0, 2, 2, 2]], dtype=torch.int32)
+    out, pairs, num = cvops.get_indice_pairs(idx, 2, [3, 3, 3], 1, 1, 0, 1)
+    assert out.tolist() == [[0, 2, 2, 2], [1, 0, 0, 0]]
+    assert pairs[0].tolist() == [[0, 1], [1, 0]]
+
+
+@pytest.mark.parametrize("case", [c for c in UNIT if not c.get("subm") and not c.get("transpose")
+                                  and c.get("dilation", 1) == 1], ids=case_id)
+def test_output_sites_match_dense_convolution(case):
+    """An independent oracle: the active output sites are where a dense conv of the occupancy is > 0."""
+    idx = synth.case_indices(case)
+    kw = synth.case_kwargs(case)
+    shape = kw["spatial_shape"]
+    if len(shape) not in (1, 2, 3) or case["batch_size"] * torch.Size(shape).numel() > 5e6:
+        pytest.skip("dense oracle for small 1-3D grids")
+    n = len(shape)
+    occ = torch.zeros([case["batch_size"], 1] + list(shape), dtype=torch.float64)
+    occ[(idx[:, 0].long(), 0) + tuple(idx[:, c + 1].long() for c in range(n))] = 1
+    conv = (F.conv1d, F.conv2d, F.conv3d)[n - 1]
+    k = _tuple(kw["kernel_size"], n)
+    dense = conv(occ, torch.ones((1, 1) + k, dtype=torch.float64), stride=kw["stride"], padding=kw["padding"],
+                 dilation=kw["dilation"])
+    sites = (dense[:, 0] > 0).nonzero().to(torch.int32)
+    assert torch.equal(cvops.get_indice_pairs(idx, **kw)[0], sites)
+
+
+# -------------------------------------------------------------------------------- layers vs reference
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.parametrize("case", UNIT, ids=case_id)
+def test_unit_cases_exact(backend, case):
+    idx = synth.case_indices(case)
+    expected = run(case, "reference", idx)
+    assert_same(run(case, backend, idx), expected)
+    assert_same(run(case, backend, idx.long()), expected)  # int64 indices give the same int32 outputs
+    check_contract(idx, *expected, **synth.case_kwargs(case))
+
+
+@settings(max_examples=40, deadline=None)
+@given(ndim=st.integers(1, 4), batch=st.integers(1, 3), data=st.data())
+def test_property_cpu_matches_reference(ndim, batch, data):
+    shape = [data.draw(st.integers(1, 6)) for _ in range(ndim)]
+    volume = batch * torch.Size(shape).numel()
+    L = data.draw(st.integers(1, min(volume, 30)))
+    idx = synth.uniform_voxels(L, batch, shape, seed=data.draw(st.integers(0, 99)))
+    subm = data.draw(st.booleans())
+    transpose = not subm and data.draw(st.booleans())
+    k = [data.draw(st.integers(1, 4)) for _ in range(ndim)]
+    s = [1] * ndim if subm else [data.draw(st.integers(1, 3)) for _ in range(ndim)]
+    d = [data.draw(st.integers(1, 2)) if s[i] == 1 else 1 for i in range(ndim)]
+    p = [data.draw(st.integers(0, 2)) for _ in range(ndim)]
+    kw = dict(subm=subm, transpose=transpose)
+    try:
+        expected = cvops.get_indice_pairs(idx, batch, shape, k, s, p, d, **kw, backend="reference")
+    except BadParamError as err:  # e.g. an output grid of size 0
+        with pytest.raises(BadParamError):
+            cvops.get_indice_pairs(idx, batch, shape, k, s, p, d, **kw, backend="cpu")
+        assert "positive" in str(err)
+        return
+    assert_same(cvops.get_indice_pairs(idx, batch, shape, k, s, p, d, **kw, backend="cpu"), expected)
+
+
+@requires_triton
+@settings(max_examples=6, deadline=None)
+@given(subm=st.booleans(), seed=st.integers(0, 50), k=st.integers(1, 3), s=st.integers(1, 2))
+def test_property_triton_matches_reference(subm, seed, k, s):
+    idx = synth.uniform_voxels(25, 2, [4, 5, 6], seed=seed)
+    args = (idx, 2, [4, 5, 6], k, 1 if subm else s, k // 2, 1)
+    expected = cvops.get_indice_pairs(*args, subm=subm, backend="reference")
+    assert_same(cvops.get_indice_pairs(*args, subm=subm, backend="triton"), expected)
+
+
+def test_non_contiguous_indices():
+    idx = synth.uniform_voxels(50, 2, [5, 6, 7], seed=2)
+    wide = torch.stack([idx, -idx], 2).reshape(50, 8)[:, ::2]
+    assert not wide.is_contiguous() and torch.equal(wide, idx)
+    for subm in (False, True):
+        assert_same(cvops.get_indice_pairs(wide, 2, [5, 6, 7], 3, 1, 1, 1, subm=subm),
+                    cvops.get_indice_pairs(idx, 2, [5, 6, 7], 3, 1, 1, 1, subm=subm, backend="reference"))
+
+
+def test_deterministic():
+    idx = synth.lidar_voxels(2000, 2, [11, 64, 64], seed=9)
+    for subm, stride in ((True, 1), (False, 2)):
+        a = cvops.get_indice_pairs(idx, 2, [11, 64, 64], 3, stride, 1, 1, subm=subm)
+        b = cvops.get_indice_pairs(idx, 2, [11, 64, 64], 3, stride, 1, 1, subm=subm)
+        assert_same(a, b)
+
+
+# -------------------------------------------------------------------------------- network scale
+@pytest.fixture(scope="module", params=NETWORK, ids=case_id)
+def network(request):
+    # many mid-size ops: one intra-op thread avoids OpenMP stalls when the other core is busy
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
+    case = request.param
+    idx = synth.case_indices(case)
+    return case, idx, run(case, "cpu", idx)
+
+
+@pytest.mark.slow
+def test_network_case_contract(network):
+    case, idx, result = network
+    out, pairs, num = result
+    expect = case["expect"]
+    assert list(idx.shape) == [case["num"], 4]
+    assert list(pairs.shape) == expect["indice_pairs"] and list(num.shape) == expect["indice_num"]
+    if "out_indices" in expect:
+        assert list(out.shape) == expect["out_indices"]
+    if "out_spatial_shape" in expect:
+        assert cvops.get_conv_output_size(case["spatial_shape"], 3, case["stride"], case["padding"], 1) == \
+            expect["out_spatial_shape"]
+    key = idx[:, 0].long()
+    for c, size in enumerate(case["spatial_shape"]):
+        key = key * size + idx[:, c + 1].long()
+    assert key.unique().numel() == idx.shape[0], "generator: duplicate-free"
+    check_contract(idx, out, pairs, num, **synth.case_kwargs(case))
+    if case.get("subm"):  # centred kernel: identity at the centre, mirrored offsets pair up
+        assert int(num[13]) == idx.shape[0] and torch.equal(pairs[13, 0], pairs[13, 1])
+        assert torch.equal(num, num.flip(0))
+    else:  # LiDAR-like, not uniform noise: stride-2 outputs cluster (fewer sites than inputs)
+        assert out.shape[0] < idx.shape[0]
+
+
+def _subsample(case, idx, n):
+    keep = torch.randperm(idx.shape[0], generator=torch.Generator().manual_seed(0))[:n]
+    return idx[keep.sort().values]
+
+
+@pytest.mark.slow
+def test_network_subsample_cpu_equals_reference(network):
+    case, idx, _ = network
+    small = _subsample(case, idx, 1500)
+    assert_same(run(case, "cpu", small), run(case, "reference", small))
+
+
+@requires_triton
+@pytest.mark.slow
+def test_network_subsample_cpu_equals_triton(network):
+    case, idx, _ = network
+    small = _subsample(case, idx, 3000)
+    assert_same(run(case, "triton", small), run(case, "cpu", small))
+
+
+# -------------------------------------------------------------------------------- zero elements, sizes
+@pytest.mark.parametrize("backend", ["reference", "cpu", pytest.param("triton", marks=requires_triton)])
+@pytest.mark.parametrize("subm", [False, True])
+def test_zero_elements_return_empty(backend, subm):
+    idx = torch.zeros((0, 4), dtype=torch.int32)
+    out, pairs, num = cvops.get_indice_pairs(idx, 2, [5, 6, 7], 3, 1, 1, 1, subm=subm, backend=backend)
+    assert out.shape == (0, 4) and pairs.shape == (27, 2, 0) and torch.equal(num, torch.zeros(27, dtype=torch.int32))
+    assert out.dtype == pairs.dtype == num.dtype == torch.int32
+
+
+def test_output_size_helpers():
+    assert cvops.get_conv_output_size([11, 360, 360], 3, 2, [0, 1, 1], 1) == [5, 180, 180]
+    assert cvops.get_conv_output_size([41, 1440, 1440], 3, 1, 1, 1) == [41, 1440, 1440]
+    assert cvops.get_conv_output_size([10, 10], [-1, 3], 1, 0, 2) == [1, 6]
+    assert cvops.get_deconv_output_size([5, 180, 180], 3, 2, [0, 1, 1], 1, 0) == [11, 359, 359]
+    assert cvops.get_deconv_output_size([4], 3, 2, 1, 1, 1) == [8]
+    with pytest.raises(BadParamError, match="global"):
+        cvops.get_deconv_output_size([4], -1, 2, 1, 1)
+
+
+def test_mmcv_style_arguments():
+    idx = synth.uniform_voxels(30, 2, [5, 6, 7], seed=8)
+    expected = cvops.get_indice_pairs(idx, 2, [5, 6, 7], [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1],
+                                      backend="reference")
+    assert_same(cvops.get_indice_pairs(idx, 2, torch.tensor([5, 6, 7]), ksize=3, stride=2, padding=1), expected)
+    assert_same(cvops.get_indice_pairs(idx, 2, (5, 6, 7), 3, (2, 2, 2), 1, 1, [0, 0, 0], False, False), expected)
+
+
+def test_out_spatial_shape_override():
+    idx = synth.uniform_voxels(40, 2, [5, 6, 7], seed=4)
+    out, pairs, num = cvops.get_indice_pairs(idx, 2, [5, 6, 7], 3, 2, 1, 1, out_spatial_shape=[2, 2, 2])
+    ref = cvops.get_indice_pairs(idx, 2, [5, 6, 7], 3, 2, 1, 1, out_spatial_shape=[2, 2, 2], backend="reference")
+    assert_same((out, pairs, num), ref)
+    assert int(out[:, 1:].max()) <= 1
+    check_contract(idx, out, pairs, num, batch_size=2, spatial_shape=[5, 6, 7], stride=2, padding=1,
+                   out_spatial_shape=[2, 2, 2])
+
+
+# -------------------------------------------------------------------------------- bad parameters
+GOOD = dict(batch_size=2, spatial_shape=[5, 6, 7], kernel_size=3, stride=1, padding=1, dilation=1)
+
+
+def _idx():
+    return synth.uniform_voxels(10, 2, [5, 6, 7], seed=1)
+
+
+@pytest.mark.parametrize("change,pattern", [
+    (dict(batch_size=0), "batch_size must be >= 1"),
+    (dict(batch_size=2.0), "batch_size must be an int"),
+    (dict(spatial_shape=[5, 6]), r"indices must be \[L, NDim \+ 1\]"),
+    (dict(spatial_shape=[5, 0, 7]), "spatial_shape must be >= 1"),
+    (dict(spatial_shape=[2, 2, 2, 2, 2]), "1 to 4 dimensions"),
+    (dict(spatial_shape=5), "spatial_shape must be a sequence"),
+    (dict(kernel_size=0), "kernel_size must be >= 1"),
+    (dict(kernel_size=[3, 3]), "kernel_size must be an int or 3 ints"),
+    (dict(stride=0), "stride must be >= 1"),
+    (dict(padding=-1), "padding must be >= 0"),
+    (dict(dilation=0), "dilation must be >= 1"),
+    (dict(stride=2, dilation=2), "cannot both be > 1"),
+    (dict(stride=[1, 2, 1], dilation=[1, 2, 1]), "dimension 1 cannot both be > 1"),
+    (dict(kernel_size=9, padding=0), "output spatial shape .* must be positive"),
+    (dict(subm=True, stride=2), "subm requires stride 1"),
+    (dict(subm=True, transpose=True), "subm and transpose"),
+    (dict(subm=True, out_spatial_shape=[5, 6, 8]), "subm requires out_spatial_shape"),
+    (dict(out_spatial_shape=[5, 0, 7]), "out_spatial_shape must be >= 1"),
+    (dict(out_padding=-1), "out_padding must be >= 0"),
+    (dict(backend="gpu"), "backend"),
+])
+def test_bad_parameters(change, pattern):
+    with pytest.raises(BadParamError, match=pattern):
+        cvops.get_indice_pairs(_idx(), **{**GOOD, **change})
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_bad_indices(backend):
+    idx = _idx()
+    with pytest.raises(BadParamError, match="dtype"):
+        cvops.get_indice_pairs(idx.float(), **GOOD, backend=backend)
+    with pytest.raises(BadParamError, match="2-D"):
+        cvops.get_indice_pairs(idx[None], **GOOD, backend=backend)
+    with pytest.raises(BadParamError, match="torch.Tensor"):
+        cvops.get_indice_pairs(idx.tolist(), **GOOD, backend=backend)
+    for col, value, what in ((0, 2, "batch"), (0, -1, "batch"), (1, 5, "coordinate 0"), (3, 7, "coordinate 2"),
+                             (2, -1, "coordinate 1")):
+        bad = idx.clone()
+        bad[3, col] = value
+        with pytest.raises(BadParamError, match=f"indices {what} must lie in"):
+            cvops.get_indice_pairs(bad, **GOOD, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", pytest.param("triton", marks=requires_triton)])
+def test_subm_duplicate_rows_rejected_regular_conv_accepts(backend):
+    idx = _idx()
+    dup = torch.cat([idx, idx[2:3]])
+    with pytest.raises(BadParamError, match="duplicate"):
+        cvops.get_indice_pairs(dup, **GOOD, subm=True, backend=backend)
+    out, pairs, num = cvops.get_indice_pairs(dup, **GOOD, backend=backend)
+    assert_same((out, pairs, num), cvops.get_indice_pairs(dup, **GOOD, backend="reference"))
+
+
+def test_triton_backend_without_gpu_or_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    from cvops._core.dispatch import triton_available
+    if not triton_available():
+        pytest.skip("triton not installed")
+    with pytest.raises(NotSupportedError, match="CUDA"):
+        cvops.get_indice_pairs(_idx(), **GOOD, backend="triton")
+
+
+# -------------------------------------------------------------------------------- compile
+def test_under_torch_compile():
+    idx = synth.uniform_voxels(30, 2, [5, 6, 7], seed=3)
+
+    def fn(indices):
+        out, pairs, num = cvops.get_indice_pairs(indices, 2, [5, 6, 7], 3, 2, 1, 1)
+        return out, pairs, num * 2
+
+    compiled = torch.compile(fn, backend="aot_eager")
+    eager = fn(idx)
+    got = compiled(idx)
+    for a, b in zip(got, eager):
+        assert torch.equal(a, b)
+
+    def subm(indices):
+        return cvops.get_indice_pairs(indices, 2, [5, 6, 7], 3, 1, 1, 1, subm=True)
+
+    assert_same(torch.compile(subm, backend="aot_eager", fullgraph=True)(idx), subm(idx))
+
+
+# -------------------------------------------------------------------------------- MLU-OPS layer
+def _mlu(idx, *, batch=2, space=(5, 6, 7), out_space=None, k=3, stride=1, pad=1, dil=1, subm=0, out_rows=None,
+         pairs_k=None, pairs_l=None, dtype=torch.int32, with_data=True, workspace_size=0, workspace=None):
+    handle = mluops.create_handle()
+    desc = mluops.create_sparse_convolution_descriptor()
+    out_space = out_space or (space if subm else tuple(cvops.get_conv_output_size(space, k, stride, pad, dil)))
+    status = mluops.set_sparse_convolution_descriptor(desc, 5, batch, [pad] * 3, [stride] * 3, [dil] * 3, space,
+                                                      [k] * 3, out_space, subm, 0, 0)
+    assert status == Status.SUCCESS
+    L = idx.shape[0]
+    K = k ** 3 if pairs_k is None else pairs_k
+    idx = idx.to(dtype)
+    pairs = torch.full((K, 2, L if pairs_l is None else pairs_l), 7, dtype=dtype)
+    volume = batch
+    for o in out_space:
+        volume *= o
+    out = torch.full((min(L * K, volume) if out_rows is None else out_rows, 4), 7, dtype=dtype)  # as mmcv-MLU
+    num = torch.full((K,), 7, dtype=dtype)
+    d = mluops.descriptor_of
+    status = mluops.get_indice_pairs(handle, desc, d(idx), idx if with_data else None, workspace, workspace_size,
+                                     d(pairs), pairs, d(out), out, d(num), num)
+    return status, handle, desc, out, pairs, num
+
+
+@pytest.mark.parametrize("subm,stride", [(1, 1), (0, 2), (0, 1)])
+def test_mluops_success_writes_outputs(subm, stride):
+    idx = synth.uniform_voxels(40, 2, [5, 6, 7], seed=5)
+    status, handle, desc, out, pairs, num = _mlu(idx, subm=subm, stride=stride)
+    assert status == Status.SUCCESS, handle.last_error
+    ref = cvops.get_indice_pairs(idx, 2, [5, 6, 7], 3, stride, 1, 1, subm=bool(subm), backend="reference")
+    st_, m = mluops.get_sparse_convolution_num_act_out(desc)
+    assert st_ == Status.SUCCESS and m == ref[0].shape[0]
+    assert torch.equal(out[:m], ref[0]) and (out[m:] == 7).all()   # rows past num_act_out untouched
+    assert torch.equal(pairs, ref[1]) and torch.equal(num, ref[2])
+    status, ws = mluops.get_indice_pairs_workspace_size(handle, desc, *(mluops.descriptor_of(t) for t in
+                                                                          (idx.int(), pairs, out, num)))
+    assert status == Status.SUCCESS and ws > 0
+
+
+def test_mluops_zero_elements_success_untouched():
+    idx = torch.zeros((0, 4), dtype=torch.int32)
+    status, handle, desc, out, pairs, num = _mlu(idx, out_rows=5, with_data=False)
+    assert status == Status.SUCCESS and (num == 7).all() and (out == 7).all()
+    assert mluops.get_sparse_convolution_num_act_out(desc) == (Status.SUCCESS, 0)
+    st_, ws = mluops.get_indice_pairs_workspace_size(handle, desc, *(mluops.descriptor_of(t) for t in
+                                                                       (idx, pairs, out, num)))
+    assert st_ == Status.SUCCESS and ws == 0
+    # the workspace query answers 0 for zero elements before any other check, as MLU-OPS does
+    d = mluops.descriptor_of
+    st_, ws = mluops.get_indice_pairs_workspace_size(handle, desc, d(idx), d(torch.zeros(26, 2, 5, dtype=torch.int32)),
+                                                     d(out), d(num))
+    assert st_ == Status.SUCCESS and ws == 0
+    assert mluops.get_indice_pairs_workspace_size(handle, desc, None, d(pairs), d(out), d(num))[0] == Status.BAD_PARAM
+
+
+def test_mluops_statuses():
+    idx = synth.uniform_voxels(20, 2, [5, 6, 7], seed=6)
+    assert _mlu(idx)[0] == Status.SUCCESS
+    assert _mlu(idx, dtype=torch.int64)[0] == Status.BAD_PARAM               # int32 only
+    assert _mlu(idx, with_data=False)[0] == Status.BAD_PARAM                 # null pointer
+    assert _mlu(idx, workspace_size=64)[0] == Status.BAD_PARAM               # null workspace, size > 0
+    assert _mlu(idx, workspace_size=64, workspace=torch.empty(64, dtype=torch.uint8))[0] == Status.SUCCESS
+    assert _mlu(idx, pairs_k=26)[0] == Status.BAD_PARAM                      # K != prod(filter)
+    assert _mlu(idx, pairs_l=21)[0] == Status.BAD_PARAM                      # pairs dims[2] != L
+    assert _mlu(idx, out_rows=2 * 3 * 4 * 4 + 1, stride=2)[0] == Status.BAD_PARAM  # > B * prod(out)
+    assert _mlu(idx, subm=1, out_space=(5, 6, 8))[0] == Status.BAD_PARAM     # subm: in == out
+    assert _mlu(idx, subm=1, dil=2, pad=2)[0] == Status.BAD_PARAM            # subm: dilation 1
+    assert _mlu(idx, stride=2, dil=2, pad=2)[0] == Status.BAD_PARAM          # stride > 1 and dil > 1
+    assert _mlu(idx, k=17, pad=8)[0] == Status.BAD_PARAM                     # K = 4913 > 4096
+    status, handle, *_ = _mlu(idx, out_rows=3, stride=2)                     # fewer rows than sites
+    assert status == Status.BAD_PARAM and "active output sites" in handle.last_error
+    bad = idx.clone()
+    bad[0, 1] = 9
+    status, handle, *_ = _mlu(bad)
+    assert status == Status.BAD_PARAM and "coordinate 0" in handle.last_error
+
+
+def test_mluops_limits_and_descriptor_setter():
+    desc = mluops.create_sparse_convolution_descriptor()
+    ok = ([1] * 3, [1] * 3, [1] * 3, [5, 6, 7], [3] * 3, [5, 6, 7])
+    assert mluops.set_sparse_convolution_descriptor(desc, 5, 2, *ok) == Status.SUCCESS
+    assert mluops.set_sparse_convolution_descriptor(desc, 4, 2, *ok) == Status.BAD_PARAM      # 3-D only
+    assert mluops.set_sparse_convolution_descriptor(desc, 5, 0, *ok) == Status.BAD_PARAM      # batch > 0
+    assert mluops.set_sparse_convolution_descriptor(desc, 5, 2, *ok, 0, 1, 0) == Status.BAD_PARAM  # transpose
+    assert mluops.set_sparse_convolution_descriptor(desc, 5, 2, *ok, 0, 0, 1) == Status.BAD_PARAM  # inverse
+    assert mluops.set_sparse_convolution_descriptor(None, 5, 2, *ok) == Status.BAD_PARAM
+    for pos, bad in ((0, [-1, 1, 1]), (1, [1, 0, 1]), (2, [0, 1, 1]), (3, [5, 0, 7]), (4, [3, 0, 3]), (5, [0, 6, 7])):
+        arrays = list(ok)
+        arrays[pos] = bad
+        assert mluops.set_sparse_convolution_descriptor(desc, 5, 2, *arrays) == Status.BAD_PARAM, pos
+    assert mluops.get_sparse_convolution_num_act_out(None)[0] == Status.NOT_INITIALIZED
+    # L <= 1e6 and L <= B * prod(in) are descriptor checks: no data needed to see them
+    handle = mluops.create_handle()
+    mluops.set_sparse_convolution_descriptor(desc, 5, 1, [1] * 3, [1] * 3, [1] * 3, [200, 200, 200], [3] * 3,
+                                             [200, 200, 200], 1)
+    D = mluops.create_tensor_descriptor
+    A, I32 = mluops.Layout.ARRAY, mluops.DataType.INT32
+    for L, expected in ((1_000_000, Status.SUCCESS), (1_000_001, Status.BAD_PARAM)):
+        status, _ = mluops.get_indice_pairs_workspace_size(handle, desc, D(A, I32, (L, 4)), D(A, I32, (27, 2, L)),
+                                                           D(A, I32, (L, 4)), D(A, I32, (27,)))
+        assert status == expected, L
+    mluops.set_sparse_convolution_descriptor(desc, 5, 1, [1] * 3, [1] * 3, [1] * 3, [2, 2, 2], [3] * 3, [2, 2, 2], 1)
+    status, _ = mluops.get_indice_pairs_workspace_size(handle, desc, D(A, I32, (9, 4)), D(A, I32, (27, 2, 9)),
+                                                       D(A, I32, (8, 4)), D(A, I32, (27,)))
+    assert status == Status.BAD_PARAM and "prod(input_space)" in handle.last_error
+    big = 2**31 // 4 + 1
+    mluops.set_sparse_convolution_descriptor(desc, 5, 1, [1] * 3, [1] * 3, [1] * 3, [2000] * 3, [1] * 3, [2000] * 3, 0)
+    status, _ = mluops.get_indice_pairs_workspace_size(handle, desc, D(A, I32, (10, 4)), D(A, I32, (1, 2, 10)),
+                                                       D(A, I32, (big, 4)), D(A, I32, (1,)))
+    assert status == Status.NOT_SUPPORTED
+    assert mluops.get_indice_pairs(None, desc, None, None, None, 0, None, None, None, None, None, None) == \
+        Status.BAD_PARAM

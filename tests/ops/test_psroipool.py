@@ -1,0 +1,625 @@
+"""psroipool: every layer against the R-FCN loop reference, checks, autograd, compile, MLU-OPS layer."""
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import cvops
+from cvops import mluops
+from cvops._core.cases import case_id, load_cases
+from cvops._core.errors import BadParamError, NotSupportedError, Status
+from cvops._core.metrics import bit_equal, diff1, diff2
+from cvops.ops.psroipool.case_data import case_input, case_rois
+from cvops._core.dispatch import triton_available
+from cvops._core.jit import numba_available
+from tests.conftest import requires_triton
+
+requires_numba = pytest.mark.skipif(not numba_available(), reason="numba not installed (the numba extra)")
+
+# the Triton interpreter evaluates NaN/inf sums with numpy, which warns
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+LAYOUTS = ("NCHW", "NHWC")
+# the cpu backend has two paths: vectorised torch and, with numba installed, fused numba loops
+CPU_PATHS = ["cpu-torch", pytest.param("cpu-numba", marks=requires_numba)]
+FAST_BACKENDS = CPU_PATHS + [pytest.param("triton", marks=requires_triton)]
+UNIT = [c for c in load_cases("psroipool", "unit") if "error" not in c]
+ERRORS = [c for c in load_cases("psroipool", "unit") if "error" in c]
+
+
+def select(backend, monkeypatch):
+    """``cpu-torch`` / ``cpu-numba``: backend ``cpu`` with ``CVOPS_NUMBA`` switching the path."""
+    if backend.startswith("cpu-"):
+        monkeypatch.setenv("CVOPS_NUMBA", "1" if backend == "cpu-numba" else "0")
+        return "cpu"
+    return backend
+
+
+@pytest.fixture(params=CPU_PATHS)
+def cpu_path(request, monkeypatch):
+    """Runs a test once per cpu path (for tests calling the default backend on CPU tensors)."""
+    select(request.param, monkeypatch)
+    return request.param
+
+
+def tol(dtype):
+    # bfloat16 keeps 8 mantissa bits: two correct roundings of the same fp32 mean may differ by an ulp (2^-8)
+    return {torch.float64: 1e-10, torch.bfloat16: 1e-2}.get(dtype, 3e-3)
+
+
+def assert_close(actual, expected, dtype=torch.float32):
+    """MLU-OPS accumulation class: diff1, diff2 <= 3e-3 (float64 1e-10, bfloat16 1e-2); NaN/inf must sit at the same
+    places with the same sign."""
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype
+    a, e = actual.double(), expected.double()
+    assert torch.equal(torch.isnan(a), torch.isnan(e))
+    assert torch.equal(torch.isinf(a), torch.isinf(e)) and torch.equal(a[torch.isinf(a)], e[torch.isinf(e)])
+    finite = torch.isfinite(e)
+    assert diff1(a[finite], e[finite]) <= tol(dtype)
+    assert diff2(a[finite], e[finite]) <= tol(dtype)
+    zero = e == 0  # untouched / empty-bin outputs are exact zeros in every backend
+    assert torch.equal(a[zero], e[zero])
+
+
+def to_layout(x_nhwc, layout):
+    return x_nhwc.permute(0, 3, 1, 2).contiguous() if layout == "NCHW" else x_nhwc.contiguous()
+
+
+def params(case):
+    return (case["pooled_height"], case["pooled_width"], case["spatial_scale"], case["group_size"],
+            case["output_dim"])
+
+
+def compare_backends(backend, x, rois, ph, pw, scale, group, od, layout, dtype=torch.float32, seed=1):
+    expected, mapping = cvops.psroi_pool(x, rois, ph, pw, scale, group, od, layout, backend="reference")
+    actual, actual_map = cvops.psroi_pool(x, rois, ph, pw, scale, group, od, layout, backend=backend)
+    assert_close(actual, expected, dtype)
+    assert bit_equal(actual_map, mapping) and mapping.dtype == torch.int32
+    g = torch.randn(expected.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
+    grad_ref = cvops.psroi_pool_backward(g, rois, mapping, scale, od, tuple(x.shape), layout, backend="reference")
+    grad = cvops.psroi_pool_backward(g, rois, mapping, scale, od, tuple(x.shape), layout, backend=backend)
+    assert_close(grad, grad_ref, dtype)
+    return expected, mapping
+
+
+# ------------------------------------------------------------------------------------ the semantics itself
+def test_backward_doc_example_every_bin_collapses_to_pixel_0_0():
+    case = next(c for c in UNIT if c["name"] == "backward_doc_example")
+    rois = case_rois(case)
+    top = torch.ones(2, 2, 2, 1)  # NHWC [R, PH, PW, od]
+    mapping = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32).view(1, 2, 2, 1).expand(2, 2, 2, 1).contiguous()
+    expected = torch.zeros(case["input_shape"])
+    for n, h, w, c, v in case["expect_bottom_grad"]["nonzero"]:
+        expected[n, h, w, c] = v
+    for backend in ["reference", "cpu"] + (["triton"] if triton_available() else []):
+        grad = cvops.psroi_pool_backward(top, rois, mapping, 0.25, 1, case["input_shape"], "NHWC", backend=backend)
+        assert torch.equal(grad, expected), backend
+    _, fwd_map = cvops.psroi_pool(torch.zeros(case["input_shape"]), rois, 2, 2, 0.25, 2, 1, "NHWC")
+    assert torch.equal(fwd_map, mapping)
+
+
+def test_hand_computed_bins_round_half_away_before_scaling():
+    # 1 channel group per bin (PH = PW = 1): the output is the mean of the RoI's pixels.
+    x = torch.arange(100, dtype=torch.float64).view(1, 1, 10, 10)
+    def pool(box, scale=1.0):
+        return float(cvops.psroi_pool(x, torch.tensor([[0.0, *box]], dtype=torch.float64), 1, 1, scale, 1, 1,
+                                      backend="reference")[0])
+    # y1 = 2.5 rounds to 3 (half away from zero; torch.round would give 2); x2 = 3.4 -> 3, end inclusive -> 4
+    assert pool((1.5, 2.5, 3.4, 4.5)) == float(x[0, 0, 3:6, 2:4].mean())
+    assert pool((-0.5, -0.5, 0.4, 0.4)) == float(x[0, 0, 0:1, 0:1].mean())  # -0.5 -> -1, clamped to 0
+    # rounding before scaling: x2 = 6.5 -> 7, (7 + 1) * 0.5 = 4 -> columns 1..3 (torchvision's
+    # round(6.5 * 0.5) = 3 without +1 would stop at column 2)
+    assert pool((2.5, 0, 6.5, 0), 0.5) == float(x[0, 0, 0:1, 1:4].mean())
+    for backend in ("cpu",):
+        for box in ((1.5, 2.5, 3.4, 4.5), (-0.5, -0.5, 0.4, 0.4)):
+            out = cvops.psroi_pool(x, torch.tensor([[0.0, *box]], dtype=torch.float64), 1, 1, 1.0, 1, 1,
+                                   backend=backend)[0]
+            assert abs(float(out) - pool(box)) < 1e-12
+
+
+def test_min_roi_size_and_empty_bins():
+    x = torch.ones(1, 9, 4, 4)
+    # a degenerate RoI (x2 < x1) is 0.1 wide: bins of 1/30 pixel, each still covers one pixel
+    out, mapping = cvops.psroi_pool(x, torch.tensor([[0.0, 3, 3, 1, 1]]), 3, 3, 1.0, 3, 1, backend="reference")
+    assert torch.equal(out, torch.ones_like(out))
+    # wholly outside: every bin clamps to an empty range -> 0, mapping_channel still written
+    out, mapping = cvops.psroi_pool(x, torch.tensor([[0.0, 10, 10, 20, 20]]), 3, 3, 1.0, 3, 1)
+    assert torch.equal(out, torch.zeros_like(out))
+    assert mapping.flatten().tolist() == list(range(9))
+
+
+def test_mapping_channel_formula_pooled_non_square():
+    case = next(c for c in UNIT if c["name"] == "pooled_non_square")
+    ph, pw, od = case["pooled_height"], case["pooled_width"], case["output_dim"]
+    x = to_layout(case_input(case), "NCHW")
+    _, mapping = cvops.psroi_pool(x, case_rois(case), ph, pw, 1.0, case["group_size"], od)
+    for ctop, i, j in itertools.product(range(od), range(ph), range(pw)):
+        assert int(mapping[0, ctop, i, j]) == (ctop * ph + i) * pw + j
+
+
+# ------------------------------------------------------------------------------------ layers vs reference
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", UNIT, ids=case_id)
+def test_unit_cases(backend, layout, case, monkeypatch):
+    x = to_layout(case_input(case), layout)
+    compare_backends(select(backend, monkeypatch), x, case_rois(case), *params(case), layout)
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_every_float_dtype(backend, dtype, monkeypatch):
+    backend = select(backend, monkeypatch)
+    case = next(c for c in UNIT if c["name"] == "fractional_rois")
+    for layout in LAYOUTS:
+        x = to_layout(case_input(case, dtype), layout)
+        out, _ = compare_backends(backend, x, case_rois(case, dtype), *params(case), layout, dtype)
+        assert out.dtype == dtype
+
+
+@pytest.mark.parametrize("case", ERRORS, ids=case_id)
+@pytest.mark.parametrize("backend", ["reference", *CPU_PATHS, pytest.param("triton", marks=requires_triton)])
+def test_error_cases(case, backend, monkeypatch):
+    backend = select(backend, monkeypatch)
+    x = case_input(case)
+    with pytest.raises(getattr(cvops, case["error"])):
+        cvops.psroi_pool(x, case_rois(case), *params(case), "NHWC", backend=backend)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 2), h=st.integers(1, 9), w=st.integers(1, 9), ph=st.integers(1, 4), pw=st.integers(1, 4),
+       od=st.integers(1, 3), r=st.integers(1, 5), scale=st.sampled_from([1.0, 0.5, 0.25, 0.0625, 0.3, 2.0]),
+       layout=st.sampled_from(LAYOUTS), seed=st.integers(0, 2**16))
+@pytest.mark.parametrize("path", CPU_PATHS)
+def test_property_cpu_matches_reference(path, n, h, w, ph, pw, od, r, scale, layout, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((n, od * ph * pw, h, w) if layout == "NCHW" else (n, h, w, od * ph * pw), generator=g)
+    img = torch.tensor([w, h, w, h]) / scale
+    corners = (torch.rand(r, 4, generator=g) * 1.4 - 0.2) * img
+    corners = torch.where(torch.rand(r, 4, generator=g) < 0.3, corners.round() + 0.5, corners)  # x.5 ties
+    rois = torch.cat((torch.randint(0, n, (r, 1), generator=g).float(), corners), 1)
+    with pytest.MonkeyPatch.context() as mp:
+        compare_backends(select(path, mp), x, rois, ph, pw, scale, ph if ph == pw else 1, od, layout, seed=seed)
+
+
+@requires_triton
+@settings(max_examples=6, deadline=None)
+@given(h=st.integers(1, 6), w=st.integers(1, 6), p=st.integers(1, 3), od=st.integers(1, 3),
+       layout=st.sampled_from(LAYOUTS), seed=st.integers(0, 2**16))
+def test_property_triton_matches_reference(h, w, p, od, layout, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((2, od * p * p, h, w) if layout == "NCHW" else (2, h, w, od * p * p), generator=g)
+    rois = torch.cat((torch.randint(0, 2, (3, 1), generator=g).float(),
+                      (torch.rand(3, 4, generator=g) * 1.4 - 0.2) * torch.tensor([w, h, w, h])), 1)
+    compare_backends("triton", x, rois, p, p, 1.0, p, od, layout, seed=seed)
+
+
+def test_non_contiguous_input_and_rois(cpu_path):
+    case = next(c for c in UNIT if c["name"] == "rois_outside")
+    x = to_layout(case_input(case, shape=[2, 6, 7, 16]), "NCHW")[:, ::2]
+    rois = torch.cat((case_rois(case), torch.zeros(5, 1)), 1)[:, :5]
+    assert not x.is_contiguous() and not rois.is_contiguous()
+    compare_backends("cpu", x, rois, *params(case), "NCHW")
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_any_mapping_channel_in_backward(backend, monkeypatch):
+    backend = select(backend, monkeypatch)
+    case = next(c for c in UNIT if c["name"] == "fractional_rois")
+    ph, pw, scale, _, od = params(case)
+    rois = case_rois(case)
+    g = torch.randn(len(rois), od, ph, pw)
+    mapping = torch.randint(0, od * ph * pw, g.shape, generator=torch.Generator().manual_seed(3), dtype=torch.int32)
+    shape = (2, od * ph * pw, 9, 11)
+    expected = cvops.psroi_pool_backward(g, rois, mapping, scale, od, shape, backend="reference")
+    if backend == "triton":
+        with pytest.raises(NotSupportedError, match="mapping_channel"):
+            cvops.psroi_pool_backward(g, rois, mapping, scale, od, shape, backend=backend)
+        return
+    assert_close(cvops.psroi_pool_backward(g, rois, mapping, scale, od, shape, backend=backend), expected)
+    assert_close(cvops.psroi_pool_backward(g, rois, mapping.long(), scale, od, shape, backend=backend), expected)
+
+
+# ------------------------------------------------------------------------------------ network scale
+@pytest.mark.slow
+@pytest.mark.parametrize("case", load_cases("psroipool", "network"), ids=case_id)
+def test_network_cases_cpu_vs_reference_on_a_subsample(case, cpu_path):
+    x, rois = case_input(case), case_rois(case)
+    ph, pw, scale, group, od = params(case)
+    out, mapping = cvops.psroi_pool(x, rois, ph, pw, scale, group, od, "NHWC")
+    assert out.shape == (len(rois), ph, pw, od) and mapping.shape == out.shape
+    pick = torch.arange(0, len(rois), max(len(rois) // 24, 1))
+    ref, ref_map = cvops.psroi_pool(x, rois[pick], ph, pw, scale, group, od, "NHWC", backend="reference")
+    assert_close(out[pick], ref)
+    assert torch.equal(mapping[pick], ref_map)
+    # backward on the doc's bottom_grad shape: cpu vs reference on the same subsample
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+    bottom = case["bottom_shape"]
+    expected = cvops.psroi_pool_backward(g[pick], rois[pick], mapping[pick], scale, od, bottom, "NHWC",
+                                         backend="reference")
+    assert_close(cvops.psroi_pool_backward(g[pick], rois[pick], mapping[pick], scale, od, bottom, "NHWC"), expected)
+
+
+@pytest.mark.parametrize("case", load_cases("psroipool", "network"), ids=case_id)
+def test_network_cases_invariants(case, cpu_path):
+    rois = case_rois(case)
+    ph, pw, scale, group, od = params(case)
+    # a constant input pools to that constant in every non-empty bin
+    out, mapping = cvops.psroi_pool(torch.full(case["input_shape"], 2.5), rois, ph, pw, scale, group, od, "NHWC")
+    assert set(out.unique().tolist()) <= {0.0, 2.5}
+    # grad = area of each bin spread over its pixels: the gradient sums to the number of non-empty outputs
+    top = torch.ones(out.shape)
+    grad = cvops.psroi_pool_backward(top, rois, mapping, scale, od, case["input_shape"], "NHWC")
+    assert abs(float(grad.double().sum()) - float((out != 0).sum())) < 1e-2
+    # determinism: the same bits on every run
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
+    first = cvops.psroi_pool_backward(g, rois, mapping, scale, od, case["bottom_shape"], "NHWC")
+    for _ in range(3):
+        assert bit_equal(cvops.psroi_pool_backward(g, rois, mapping, scale, od, case["bottom_shape"], "NHWC"), first)
+
+
+# ------------------------------------------------------------------------------------ numba path
+def _pair(backend, x, rois, ph, pw, scale, group, od, layout, seed=3):
+    """forward output, mapping and backward of one backend on the same input and top_grad."""
+    out, mapping = cvops.psroi_pool(x, rois, ph, pw, scale, group, od, layout, backend=backend)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(x.dtype)
+    return out, mapping, cvops.psroi_pool_backward(g, rois, mapping, scale, od, tuple(x.shape), layout,
+                                                   backend=backend)
+
+
+@requires_numba
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_numba_path_is_bit_equal_to_reference(dtype, layout, monkeypatch):
+    # same bin arithmetic and the same summation order as the loops: identical bits, not just close
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    for case in UNIT:
+        x = to_layout(case_input(case, dtype), layout)
+        args = (x, case_rois(case, dtype), *params(case), layout)
+        for mine, ref in zip(_pair("cpu", *args), _pair("reference", *args)):
+            assert bit_equal(mine, ref), case["name"]
+
+
+@requires_numba
+@pytest.mark.parametrize("case", load_cases("psroipool", "network"), ids=case_id)
+def test_numba_network_cases_bit_equal_to_reference_and_parallel_deterministic(case, monkeypatch):
+    from cvops.ops.psroipool import cpu_numba
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    x_nhwc, rois = case_input(case), case_rois(case)
+    pick = torch.arange(0, len(rois), 11)
+    ph, pw, scale, group, od = params(case)
+    args = (x_nhwc, rois[pick], ph, pw, scale, group, od, "NHWC")
+    serial = _pair("cpu", *args)
+    for mine, ref in zip(serial, _pair("reference", *args)):
+        assert bit_equal(mine, ref)
+    # the thread-pool variants (forced, two threads): same bits, run after run
+    monkeypatch.setattr(cpu_numba, "use_parallel", lambda work: True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for _ in range(2):
+            for a, b in zip(_pair("cpu", *args), serial):
+                assert bit_equal(a, b)
+        out, mapping = cvops.psroi_pool(x_nhwc, rois, ph, pw, scale, group, od, "NHWC")
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(4))
+        foreign = mapping.roll(1, dims=-1)  # not the forward's mapping: the bucketed backward
+        for m in (mapping, foreign):
+            first = cvops.psroi_pool_backward(g, rois, m, scale, od, case["bottom_shape"], "NHWC")
+            assert bit_equal(cvops.psroi_pool_backward(g, rois, m, scale, od, case["bottom_shape"], "NHWC"), first)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@requires_numba
+def test_numba_and_torch_paths_agree_in_float64(monkeypatch):
+    case = next(c for c in UNIT if c["name"] == "fractional_rois")
+    x = to_layout(case_input(case, torch.float64), "NHWC")
+    args = (x, case_rois(case, torch.float64), *params(case), "NHWC")
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    fused = _pair("cpu", *args)
+    monkeypatch.setenv("CVOPS_NUMBA", "0")
+    for a, b in zip(fused, _pair("cpu", *args)):
+        assert a.dtype == b.dtype and torch.allclose(a.double(), b.double(), rtol=1e-12, atol=1e-12)
+
+
+def test_numba_switch_and_lazy_import(monkeypatch):
+    import subprocess
+    import sys
+    from cvops.ops.psroipool.cpu import _numba_path
+    monkeypatch.setenv("CVOPS_NUMBA", "0")
+    assert _numba_path(torch.zeros(1), torch.zeros(1, 5)) is None
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    assert (_numba_path(torch.zeros(1), torch.zeros(1, 5)) is not None) == numba_available()
+    # importing cvops does not import numba (it loads on the first call that uses it)
+    code = "import sys, cvops; assert 'numba' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
+
+
+# ------------------------------------------------------------------------------------ nan / inf
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+def test_nan_inf_in_input_and_grad(backend, monkeypatch):
+    backend = select(backend, monkeypatch)
+    case = next(c for c in UNIT if c["name"] == "fractional_rois")
+    x = to_layout(case_input(case), "NCHW")
+    # pixels inside bins of the case's first two RoIs (see the bin arithmetic in semantics.md 3)
+    x[0, 0, 2, 1] = float("nan")                                  # roi 0, bin (0,0): NaN
+    x[0, 10, 3, 3], x[0, 10, 2, 2] = float("inf"), float("-inf")  # roi 0, bin (0,1): inf - inf = NaN
+    x[0, 11, 2, 4] = float("-inf")                                # roi 0, bin (0,2): -inf
+    x[1, 20, 4, 7] = float("inf")                                 # roi 1, bin (0,2): +inf
+    expected, _ = compare_backends(backend, x, case_rois(case), *params(case), "NCHW")
+    assert torch.isnan(expected[0, 0, 0, 0]) and torch.isnan(expected[0, 1, 0, 1])
+    assert expected[0, 1, 0, 2] == float("-inf") and expected[1, 2, 0, 2] == float("inf")
+    ph, pw, scale, _, od = params(case)
+    rois = case_rois(case)
+    g = torch.randn(expected.shape)
+    g[0, 0, 0, 0], g[1, 1, 1, 1], g[2, 2, 2, 2] = float("inf"), float("nan"), float("-inf")
+    _, mapping = cvops.psroi_pool(x, rois, ph, pw, scale, ph, od)
+    ref = cvops.psroi_pool_backward(g, rois, mapping, scale, od, tuple(x.shape), backend="reference")
+    assert_close(cvops.psroi_pool_backward(g, rois, mapping, scale, od, tuple(x.shape), backend=backend), ref)
+    assert torch.isnan(ref).any() and torch.isinf(ref).any()
+
+
+def test_nan_inf_rois_do_not_crash(cpu_path):
+    x = torch.randn(1, 9, 5, 5)
+    rois = torch.tensor([[0.0, float("nan"), 1, 3, 3], [0, 1, float("inf"), 3, 3], [0, float("-inf"), 0, 2, 2]])
+    ref, ref_map = cvops.psroi_pool(x, rois, 3, 3, 1.0, 3, 1, backend="reference")
+    out, out_map = cvops.psroi_pool(x, rois, 3, 3, 1.0, 3, 1)
+    assert_close(out, ref)
+    assert torch.equal(out_map, ref_map)
+
+
+# ------------------------------------------------------------------------------------ zero elements
+@pytest.mark.parametrize("backend", ["reference", *CPU_PATHS, pytest.param("triton", marks=requires_triton)])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_zero_elements(backend, layout, monkeypatch):
+    backend = select(backend, monkeypatch)
+    case = next(c for c in load_cases("psroipool", "unit") if c["name"] == "empty_input")
+    x = to_layout(case_input(case), layout)
+    out, mapping = cvops.psroi_pool(x, case_rois(case), *params(case), layout, backend=backend)
+    assert out.shape == ((1, 1, 3, 3) if layout == "NCHW" else (1, 3, 3, 1))
+    assert torch.equal(out, torch.zeros_like(out))
+    assert sorted(mapping.flatten().tolist()) == list(range(9))
+    # empty input with no rois at all is still SUCCESS (the input check comes first)
+    out, _ = cvops.psroi_pool(x, torch.zeros(0, 5), *params(case), layout, backend=backend)
+    assert out.numel() == 0
+    # backward: empty bottom or empty top -> zeros of input_shape
+    shape = (0, 9, 5, 5) if layout == "NCHW" else (0, 5, 5, 9)
+    g = torch.zeros((1, 1, 3, 3) if layout == "NCHW" else (1, 3, 3, 1))
+    grad = cvops.psroi_pool_backward(g, case_rois(case), mapping, 1.0, 1, shape, layout, backend=backend)
+    assert grad.shape == shape
+    with pytest.raises(BadParamError, match="rois must not be empty"):
+        cvops.psroi_pool_backward(g[:0], torch.zeros(0, 5), mapping[:0], 1.0, 1, shape, layout, backend=backend)
+
+
+# ------------------------------------------------------------------------------------ bad parameters
+def _x(c=9, dtype=torch.float32):
+    return torch.zeros(1, c, 5, 5, dtype=dtype)
+
+
+ROI = torch.tensor([[0.0, 0, 0, 3, 3]])
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(group_size=2), r"group_size \(2\) must equal pooled_height == pooled_width \(3\)"),
+    (dict(group_size=0), "group_size must be >= 1"),
+    (dict(output_dim=2), r"input channels \(9\) must equal pooled_height \* pooled_width \* output_dim"),
+    (dict(output_dim=0), "output_dim must be >= 1"),
+    (dict(pooled_height=0), "pooled_height must be >= 1"),
+    (dict(pooled_width=2.0), "pooled_width must be an int"),
+    (dict(spatial_scale=0.0), "spatial_scale must be > 0"),
+    (dict(spatial_scale=-1.0), "spatial_scale must be > 0"),
+    (dict(spatial_scale=float("nan")), "spatial_scale must be > 0"),
+    (dict(spatial_scale=True), "spatial_scale must be a float"),
+    (dict(rois=torch.zeros(1, 4)), r"rois must be \[R, 5\]"),
+    (dict(rois=torch.zeros(5)), "rois must be 2-D"),
+    (dict(rois=torch.zeros(1, 5, dtype=torch.int64)), "rois dtype"),
+    (dict(rois=torch.zeros(0, 5)), "rois must not be empty"),
+    (dict(rois=torch.tensor([[1.0, 0, 0, 3, 3]])), r"rois\[0, 0\] = 1.0 is not a batch index in \[0, 0\]"),
+    (dict(rois=torch.tensor([[-1.0, 0, 0, 3, 3]])), "is not a batch index"),
+    (dict(rois=torch.tensor([[float("nan"), 0, 0, 3, 3]])), "is not a batch index"),
+    (dict(input=torch.zeros(9, 5, 5)), "input must be 4-D"),
+    (dict(input=_x(dtype=torch.int32)), "input dtype"),
+    (dict(input=[[0.0]]), "input must be a torch.Tensor"),
+    (dict(layout="NCWH"), "layout"),
+    (dict(backend="gpu"), "backend"),
+])
+@pytest.mark.parametrize("backend", ["reference", *CPU_PATHS])
+def test_bad_forward_parameters(kwargs, match, backend, monkeypatch):
+    backend = select(backend, monkeypatch)
+    args = dict(input=_x(), rois=ROI, pooled_height=3, pooled_width=3, spatial_scale=1.0, group_size=3,
+                output_dim=1, layout="NCHW", backend=backend)
+    args.update(kwargs)
+    with pytest.raises(BadParamError, match=match) as err:
+        cvops.psroi_pool(**args)
+    assert err.value.status == Status.BAD_PARAM
+
+
+def test_non_square_pooled_accepts_any_group_size():
+    out, _ = cvops.psroi_pool(_x(6), ROI, 2, 3, 1.0, 5, 1)
+    assert out.shape == (1, 1, 2, 3)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(mapping_channel=torch.zeros(1, 1, 3, 2, dtype=torch.int32)), "mapping_channel shape"),
+    (dict(mapping_channel=torch.zeros(1, 1, 3, 3)), "mapping_channel dtype"),
+    (dict(mapping_channel=torch.full((1, 1, 3, 3), 9, dtype=torch.int32)), r"mapping_channel holds 9"),
+    (dict(mapping_channel=torch.full((1, 1, 3, 3), -1, dtype=torch.int32)), r"mapping_channel holds -1"),
+    (dict(input_shape=(1, 8, 5, 5)), r"input channels \(8\) must equal"),
+    (dict(input_shape=(1, 9, 5)), "input_shape must be 4"),
+    (dict(output_dim=2), r"top_grad channels \(1\) must equal output_dim \(2\)"),
+    (dict(rois=torch.zeros(2, 5)), r"top_grad rois \(1\) must equal rois.shape\[0\] \(2\)"),
+    (dict(rois=torch.tensor([[3.0, 0, 0, 3, 3]])), "is not a batch index"),
+    (dict(top_grad=torch.zeros(1, 3, 3)), "top_grad must be 4-D"),
+    (dict(spatial_scale=0), "spatial_scale must be > 0"),
+])
+def test_bad_backward_parameters(kwargs, match, cpu_path):
+    args = dict(top_grad=torch.ones(1, 1, 3, 3), rois=ROI, mapping_channel=torch.zeros(1, 1, 3, 3, dtype=torch.int32),
+                spatial_scale=1.0, output_dim=1, input_shape=(1, 9, 5, 5), layout="NCHW", backend="cpu")
+    args.update(kwargs)
+    with pytest.raises(BadParamError, match=match):
+        cvops.psroi_pool_backward(**args)
+
+
+# ------------------------------------------------------------------------------------ autograd and compile
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gradcheck(layout, cpu_path):
+    x = torch.randn((2, 12, 5, 6) if layout == "NCHW" else (2, 5, 6, 12), dtype=torch.float64).requires_grad_()
+    rois = torch.tensor([[0, 0.5, 1, 4, 4.5], [1, -1, -1, 7, 7], [1, 4, 3, 1, 1], [0, 2, 2, 2.5, 5]],
+                        dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda t: cvops.psroi_pool(t, rois, 2, 2, 0.8, 2, 3, layout)[0], (x,))
+    assert torch.autograd.gradcheck(lambda t: cvops.psroi_pool(t, rois, 2, 3, 1.0, 1, 2, layout)[0],
+                                    (x.detach().clone().requires_grad_(),))
+    assert torch.autograd.gradgradcheck(lambda t: cvops.psroi_pool(t, rois, 2, 2, 0.8, 2, 3, layout)[0],
+                                        (x.detach().clone().requires_grad_(),))
+
+
+def test_explicit_backward_is_differentiable_in_top_grad():
+    rois = torch.tensor([[0, 0.5, 1, 4, 4.5], [1, 2, 2, 2.5, 5]], dtype=torch.float64)
+    _, mapping = cvops.psroi_pool(torch.zeros(2, 8, 5, 6, dtype=torch.float64), rois, 2, 2, 0.8, 2, 2)
+    top = torch.randn(2, 2, 2, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda t: cvops.psroi_pool_backward(t, rois, mapping, 0.8, 2, (2, 8, 5, 6)), (top,))
+
+
+def test_autograd_equals_explicit_backward_and_is_deterministic(cpu_path):
+    x = torch.randn(2, 18, 8, 8, requires_grad=True)
+    rois = torch.tensor([[0, 0, 0, 7, 7], [1, 2.5, 1.5, 6.5, 7.5], [1, 1, 1, 1, 1]])
+    out, mapping = cvops.psroi_pool(x, rois, 3, 3, 1.0, 3, 2)
+    g = torch.randn(out.shape)
+    out.backward(g)
+    assert_close(x.grad, cvops.psroi_pool_backward(g, rois, mapping, 1.0, 2, tuple(x.shape), backend="reference"))
+    assert bit_equal(x.grad, cvops.psroi_pool_backward(g, rois, mapping, 1.0, 2, tuple(x.shape)))
+    assert mapping.grad_fn is None and not mapping.requires_grad
+
+
+def test_module_under_torch_compile():
+    module = cvops.nn.PSRoIPool(3, 0.5, 3, 2)
+    compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
+    x = torch.randn(2, 18, 6, 6, requires_grad=True)
+    rois = torch.tensor([[0, 1, 1, 9, 9], [1, 0, 2, 5.5, 11]])
+    out = compiled(x, rois)
+    assert_close(out, module(x, rois))
+    out.sum().backward()
+    assert x.grad.shape == x.shape and x.grad.abs().sum() > 0
+
+
+def test_module_boxes_list_and_inferred_output_dim():
+    x = torch.randn(2, 18, 6, 6)
+    m = cvops.nn.PSRoIPool((3, 3), 1.0)  # torchvision-style: output_dim from the channels
+    boxes = [torch.tensor([[1.0, 1, 4, 4]]), torch.tensor([[0.0, 0, 5, 5], [2, 2, 3, 3]])]
+    rois = torch.tensor([[0.0, 1, 1, 4, 4], [1, 0, 0, 5, 5], [1, 2, 2, 3, 3]])
+    assert torch.equal(m(x, boxes), cvops.psroi_pool(x, rois, 3, 3, 1.0, 3, 2)[0])
+    assert "pooled_size=(3, 3)" in repr(m)
+    tv = cvops.nn.PSRoIPool(output_size=3, spatial_scale=1.0, keep_mapping=True)  # torchvision's keywords
+    assert torch.equal(tv(x, rois), m(x, boxes)) and tv.last_mapping_channel.shape == (3, 2, 3, 3)
+    import numpy as np
+    assert torch.equal(cvops.psroi_pool(x, rois, 3, 3, np.float32(1.0), 3, 2)[0], m(x, rois))
+    with pytest.raises(BadParamError, match="group_size"):
+        cvops.nn.PSRoIPool(3, 1.0, group_size=2)
+    with pytest.raises(BadParamError, match=r"boxes\[0\] must be \[L, 4\]"):
+        m(x, [torch.zeros(1, 5)])
+
+
+# ------------------------------------------------------------------------------------ MLU-OPS layer
+NHWC, ARRAY = mluops.Layout.NHWC, mluops.Layout.ARRAY
+FLOAT, INT32 = mluops.DataType.FLOAT, mluops.DataType.INT32
+
+
+def _forward_call(n=2, h=5, w=6, ph=3, pw=3, group=3, od=2, scale=1.0, rois=None, in_layout=NHWC,
+                  in_dtype=FLOAT, map_dtype=INT32, out_shape=None, map_shape=None, with_data=True,
+                  workspace=None, workspace_size=0):
+    handle = mluops.create_handle()
+    x = torch.randn(n, h, w, ph * pw * od)
+    rois = torch.tensor([[0.0, 0, 0, 4, 4], [n - 1, 1, 1, 5, 3]]) if rois is None else rois
+    out = torch.zeros(out_shape or (rois.shape[0], ph, pw, od))
+    mapping = torch.zeros(map_shape or out.shape, dtype=torch.int32)
+    d = mluops.create_tensor_descriptor
+    status = mluops.psroipool_forward(
+        handle, ph, pw, scale, group, od, d(in_layout, in_dtype, x.shape), x if with_data else None,
+        d(ARRAY, FLOAT, rois.shape), rois, workspace, workspace_size, d(NHWC, FLOAT, out.shape), out,
+        d(NHWC, map_dtype, mapping.shape), mapping)
+    return status, handle, x, rois, out, mapping
+
+
+def test_mluops_forward_success_writes_outputs():
+    status, _, x, rois, out, mapping = _forward_call()
+    assert status == Status.SUCCESS
+    ref, ref_map = cvops.psroi_pool(x, rois, 3, 3, 1.0, 3, 2, "NHWC", backend="reference")
+    assert_close(out, ref)
+    assert torch.equal(mapping, ref_map)
+    assert mluops.get_psroipool_workspace_size(mluops.create_handle(), 2) == (Status.SUCCESS, 8)
+    assert mluops.get_psroipool_workspace_size(mluops.create_handle(), 0)[0] == Status.BAD_PARAM
+    assert mluops.get_psroipool_workspace_size(None, 2)[0] == Status.BAD_PARAM
+
+
+@pytest.mark.parametrize("kwargs,status,match", [
+    (dict(in_layout=mluops.Layout.NCHW), Status.BAD_PARAM, "layout must be NHWC"),
+    (dict(in_dtype=mluops.DataType.HALF), Status.BAD_PARAM, "dtype must be FLOAT"),
+    (dict(map_dtype=mluops.DataType.INT64), Status.BAD_PARAM, "dtype must be INT32"),
+    (dict(pw=2, group=3), Status.BAD_PARAM, "pooled_width"),
+    (dict(ph=2, pw=2, group=3), Status.BAD_PARAM, "group_size"),
+    (dict(scale=0.0), Status.BAD_PARAM, "spatial_scale"),
+    (dict(rois=torch.zeros(2, 4)), Status.BAD_PARAM, r"rois must be \[R, 5\]"),
+    (dict(rois=torch.zeros(0, 5)), Status.BAD_PARAM, "zero-element"),
+    (dict(out_shape=(2, 3, 3, 3)), Status.BAD_PARAM, "output_dim"),
+    (dict(map_shape=(2, 3, 3, 1)), Status.BAD_PARAM, "mapping_channel shape"),
+    (dict(out_shape=(3, 3, 3, 2), map_shape=(3, 3, 3, 2)), Status.BAD_PARAM, "rois count"),
+    (dict(with_data=False), Status.BAD_PARAM, "input is null"),
+    (dict(workspace_size=8), Status.BAD_PARAM, "workspace is null"),
+    (dict(rois=torch.tensor([[5.0, 0, 0, 3, 3], [0, 0, 0, 3, 3]])), Status.BAD_PARAM, "batch index"),
+    (dict(n=0, with_data=False), Status.SUCCESS, ""),               # empty input: SUCCESS before pointers
+    (dict(n=0, rois=torch.zeros(0, 5), with_data=False), Status.SUCCESS, ""),  # ... and before empty rois
+])
+def test_mluops_forward_statuses(kwargs, status, match):
+    got, handle, *_ = _forward_call(**kwargs)
+    assert got == status, handle.last_error
+    assert match in handle.last_error or re_search(match, handle.last_error)
+
+
+def re_search(pattern, text):
+    import re
+    return re.search(pattern, text) is not None
+
+
+def _backward_call(n=2, h=5, w=6, p=3, od=2, scale=1.0, rois=None, top_shape=None, bottom_c=None, with_data=True,
+                   map_shape=None, top_dtype=FLOAT, ph_arg=None):
+    handle = mluops.create_handle()
+    rois = torch.tensor([[0.0, 0, 0, 4, 4], [n - 1 if n else 0, 1, 1, 5, 3]]) if rois is None else rois
+    top = torch.randn(top_shape or (rois.shape[0], p, p, od))
+    chan = torch.arange(od * p * p, dtype=torch.int32).view(od, p, p).permute(1, 2, 0)
+    mapping = chan.expand(top.shape).contiguous() if map_shape is None else torch.zeros(map_shape, dtype=torch.int32)
+    bottom = torch.full((n, h, w, bottom_c or p * p * od), 7.0)
+    d = mluops.create_tensor_descriptor
+    status = mluops.psroipool_backward(
+        handle, ph_arg or p, p, scale, od, d(NHWC, top_dtype, top.shape), top if with_data else None,
+        d(ARRAY, FLOAT, rois.shape), rois, d(NHWC, INT32, mapping.shape), mapping, d(NHWC, FLOAT, bottom.shape),
+        bottom)
+    return status, handle, top, rois, mapping, bottom
+
+
+def test_mluops_backward_success_overwrites_bottom_grad():
+    status, _, top, rois, mapping, bottom = _backward_call()
+    assert status == Status.SUCCESS
+    ref = cvops.psroi_pool_backward(top, rois, mapping, 1.0, 2, tuple(bottom.shape), "NHWC", backend="reference")
+    assert_close(bottom, ref)
+
+
+@pytest.mark.parametrize("kwargs,status,match", [
+    (dict(top_dtype=mluops.DataType.HALF), Status.BAD_PARAM, "dtype must be FLOAT"),
+    (dict(ph_arg=2), Status.BAD_PARAM, "pooled_height"),
+    (dict(top_shape=(2, 3, 2, 2), map_shape=(2, 3, 2, 2)), Status.BAD_PARAM, "pooled_width"),
+    (dict(bottom_c=17), Status.BAD_PARAM, "bottom_grad channels"),
+    (dict(map_shape=(2, 3, 3, 1)), Status.BAD_PARAM, "mapping_channel shape"),
+    (dict(scale=-1.0), Status.BAD_PARAM, "spatial_scale"),
+    (dict(with_data=False), Status.BAD_PARAM, "top_grad is null"),
+    (dict(rois=torch.zeros(0, 5), top_shape=(0, 3, 3, 2)), Status.BAD_PARAM, "zero-element"),
+    (dict(n=0, with_data=False), Status.SUCCESS, ""),
+])
+def test_mluops_backward_statuses(kwargs, status, match):
+    got, handle, *_ = _backward_call(**kwargs)
+    assert got == status, handle.last_error
+    assert match in handle.last_error
