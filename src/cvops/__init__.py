@@ -9,5 +9,6 @@ from .ops.psroipool import psroi_pool, psroi_pool_backward
 from .ops.get_indice_pairs import get_conv_output_size, get_deconv_output_size, get_indice_pairs
 from .ops.masked_im2col import masked_col2im, masked_conv2d, masked_im2col
 from . import mluops, nn  # noqa: E402  (after the ops they wrap)
+from . import sparse  # noqa: E402  (sparse conv layers on get_indice_pairs)
 
 __version__ = "0.1.0"

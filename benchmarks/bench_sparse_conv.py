@@ -1,0 +1,138 @@
+"""Sparse-conv encoder forward+backward (examples/sparse_encoder.py) on ``cases/sparse_conv.json``, and
+spconv 2.x's same network (same weights, same input) in the same run when spconv is installed.
+
+Each timed step builds the kernel maps (get_indice_pairs / spconv's indice generation), runs the
+forward through every layer and the backward of ``mean(features**2)``: what one training step of the
+middle encoder costs. FLOPs count the GEMMs (2 * pairs * C_in * C_out per layer, x3 for forward and
+both gradients); IO is the input features and indices, the parameters, the output features and the
+gradients of the inputs and parameters.
+
+    python benchmarks/bench_sparse_conv.py [--tag network] [--device cpu] [--repeats 1] [--threads N]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+import torch
+
+import cvops
+from cvops._core.bench import BenchRow, MachineLimits, print_table, tensor_bytes, time_fn
+from cvops._core.cases import load_cases
+from cvops._core.metrics import diff1, diff2
+
+_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sparse_encoder.py"
+
+
+def _encoder_module():
+    spec = importlib.util.spec_from_file_location("sparse_encoder", _EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _spconv():
+    try:
+        import spconv.pytorch as spt
+        from spconv.pytorch import ops as spt_ops
+    except Exception:  # not installed, or built without this device
+        return None
+    if not torch.cuda.is_available():
+        # spconv 2.3's indice_conv_backward asks torch.cuda for a stream even for CPU tensors, which
+        # fails on a CPU-only torch; stream 0 is what its CPU kernels use.
+        spt_ops.get_current_stream = lambda: 0
+    return spt
+
+
+def _gemm_flops(net, x) -> float:
+    """Forward GEMM FLOPs of every sparse conv, from the kernel maps one forward builds."""
+    total = []
+
+    def hook(module, inputs, output):
+        data = output.indice_dict[module.indice_key]
+        total.append(2.0 * float(data.indice_num.sum()) * module.in_channels * module.out_channels)
+
+    handles = [m.register_forward_hook(hook) for m in net.modules() if isinstance(m, cvops.sparse.SparseConvolution)]
+    with torch.no_grad():
+        net(x)
+    for h in handles:
+        h.remove()
+    return sum(total)
+
+
+def run(limits: MachineLimits, tag: str = "network", repeats: int = 1, anchor: bool = True):
+    device = limits.device
+    enc = _encoder_module()
+    spt = _spconv() if anchor else None
+    rows = []
+    for case in load_cases("sparse_conv", tag):
+        grid, batch = list(case["grid"]), case["batch"]
+        features, indices = enc.make_input(case["voxels"], batch, tuple(grid), case["in_channels"])
+        features, indices = features.to(device), indices.to(device)
+        torch.manual_seed(0)
+        net = enc.build_encoder(cvops.sparse, case["in_channels"], case["width"]).to(device).train()
+        nets = {"cvops": (net, cvops.sparse)}
+        if spt is not None:
+            ref = enc.build_encoder(spt, case["in_channels"], case["width"]).to(device).train()
+            cvops.sparse.load_state_dict(net, ref.state_dict(), "spconv")
+            nets["spconv"] = (ref, spt)
+
+        results = {}
+        for name, (model, lib) in nets.items():
+            leaf = features.clone().requires_grad_()
+
+            def step(model=model, lib=lib, leaf=leaf):
+                model.zero_grad(set_to_none=True)
+                leaf.grad = None
+                out = lib.SparseConvTensor(leaf, indices, grid, batch)
+                out = model(out)
+                out.features.square().mean().backward()
+                return out
+
+            out = step()
+            results[name] = (out.dense().detach(), leaf.grad.clone(), model)
+            results[name] += (time_fn(step, device, repeats=repeats, warmup=0),)
+        out_dense, grad_in, model, seconds = results["cvops"]
+        params = list(model.parameters())
+        out_features = out_dense.permute(0, 2, 3, 4, 1).reshape(-1, out_dense.shape[1])
+        out_features = out_features[out_features.abs().sum(1) > 0]  # the active output rows
+        io = tensor_bytes(features, indices, params, out_features, grad_in, [p.grad for p in params])
+        flops = 3 * _gemm_flops(model, cvops.sparse.SparseConvTensor(features, indices, grid, batch))
+        check, anchor_s = "", None
+        if "spconv" in results:
+            s_dense, s_grad, _, anchor_s = results["spconv"]
+            check = f"diff1={diff1(out_dense, s_dense):.1e},dx={diff2(grad_in, s_grad):.1e}"
+        backend = "triton" if device.type == "cuda" else "cpu"
+        rows.append(BenchRow("sparse_conv", case["name"], "fwd+bwd", backend, seconds, io, flops, check,
+                             "spconv " + _spconv_version() if anchor_s else "", anchor_s))
+        del results, nets
+    return rows
+
+
+def _spconv_version() -> str:
+    try:
+        import spconv
+        return spconv.__version__
+    except Exception:
+        return ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tag", default="network")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--no-anchor", action="store_true", help="skip spconv even when installed")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads for both libraries (default: torch's default)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    limits = MachineLimits.measure(args.device)
+    rows = run(limits, args.tag, args.repeats, not args.no_anchor)
+    print_table(rows, limits, f"sparse conv encoder ({args.tag} cases)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""Sparse convolution on a kernel map: ``indice_conv`` forward and backward, as torch custom ops.
+
+Shapes (K = prod(kernel_size), N = input rows, M = output rows):
+
+- ``features [N, C_in]`` floating (float16, bfloat16, float32, float64);
+- ``weight [K, C_in, C_out]`` (or ``[*kernel_size, C_in, C_out]``, the mmcv layout, flattened here);
+- ``indice_pairs [K, 2, L]`` int32/int64 and ``indice_num [K]``, the kernel map of
+  :func:`cvops.get_indice_pairs`: ``pairs[k, 0, i]`` input row, ``pairs[k, 1, i]`` output row,
+  valid for ``i < indice_num[k]``;
+- returns ``[num_out, C_out]``: ``out[pairs[k,1,i]] += features[pairs[k,0,i]] @ weight[k]``.
+
+``inverse=True`` runs the map backwards (``SparseInverseConv``): gather from ``pairs[k, 1]`` and
+scatter to ``pairs[k, 0]``. ``identity_offset`` names the subm offset whose pairs are ``(i, i)`` for
+every row (``-1``: none); it is computed as one dense matmul.
+
+Backward gives ``grad_features`` and ``grad_weight``; both are deterministic (see ``cpu.py``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from .._core.dispatch import backend_module, resolve_backend
+from .._core.validate import FLOAT_DTYPES, INDEX_DTYPES, check_int, check_tensor, require
+
+OP = "indice_conv"
+
+
+# ----------------------------------------------------------------------------- geometry helpers
+def conv_output_size(spatial_shape: Sequence[int], kernel_size, stride, padding, dilation) -> list[int]:
+    """``(in + 2p - d(k-1) - 1) // s + 1`` per dimension (mmcv/spconv ``get_conv_output_size``)."""
+    return [(i + 2 * p - d * (k - 1) - 1) // s + 1
+            for i, k, s, p, d in zip(spatial_shape, kernel_size, stride, padding, dilation)]
+
+
+def identity_offset(kernel_size: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> int:
+    """The flattened kernel offset whose subm pairs are ``(i, i)``: ``t = pad / dil`` per dimension.
+
+    A subm map has ``o = p + pad - t*dil``, so the identity sits where ``t*dil == pad``. Returns -1
+    when no offset satisfies it (then every offset is gathered and scattered).
+    """
+    flat = 0
+    for k, p, d in zip(kernel_size, padding, dilation):
+        if p % d or not 0 <= p // d < k:
+            return -1
+        flat = flat * k + p // d
+    return flat
+
+
+def sort_pairs_by_output(indice_pairs: torch.Tensor, indice_num: torch.Tensor) -> torch.Tensor:
+    """The kernel map with each offset's valid pairs reordered by ascending output row.
+
+    Scattering into rows in ascending order is several times faster on CPU (cache lines are reused)
+    than the contract's input-row order; the sums do not change, because within one offset every
+    output row occurs at most once. Invalid slots stay -1 at the back.
+    """
+    K, _, L = indice_pairs.shape
+    valid = torch.arange(L, device=indice_pairs.device) < indice_num.to(indice_pairs.device)[:, None]
+    key = torch.where(valid, indice_pairs[:, 1].long(), torch.iinfo(torch.int64).max)
+    if L < 2 or bool((key[:, 1:] >= key[:, :-1]).all()):
+        # already in output order: true of every map built on sorted input sites (all layers after
+        # the first strided conv, since get_indice_pairs' out_indices are sorted)
+        return indice_pairs
+    order = torch.sort(key, dim=1, stable=True).indices
+    return torch.gather(indice_pairs, 2, order[:, None, :].expand(K, 2, L)).contiguous()
+
+
+# ----------------------------------------------------------------------------- checks
+def check_indice_conv(features, weight, indice_pairs, indice_num, num_out, inverse, identity_offset_,
+                      check_values: bool = True):
+    """Every rule of the kernel-map convolution; raises ``BadParamError`` naming the argument.
+
+    ``check_values=False`` skips the O(K*L) scan of the pair values (for maps that come straight from
+    :func:`cvops.get_indice_pairs`, which are valid by construction); shapes are always checked.
+    """
+    check_tensor(OP, "features", features, dim=2, dtypes=FLOAT_DTYPES)
+    check_tensor(OP, "weight", weight, dim=3, dtypes=FLOAT_DTYPES)
+    check_tensor(OP, "indice_pairs", indice_pairs, dim=3, dtypes=INDEX_DTYPES)
+    check_tensor(OP, "indice_num", indice_num, dim=1, dtypes=INDEX_DTYPES)
+    num_out = check_int(OP, "num_out", num_out, min_value=0)
+    require(isinstance(inverse, bool), OP, f"inverse must be a bool, got {inverse!r}")
+    require(weight.dtype == features.dtype, OP,
+            f"weight dtype ({weight.dtype}) must equal features dtype ({features.dtype})")
+    require(weight.device == features.device and indice_pairs.device == features.device, OP,
+            f"features ({features.device}), weight ({weight.device}) and indice_pairs "
+            f"({indice_pairs.device}) must be on one device")
+    K, c_in, _ = weight.shape
+    require(c_in == features.shape[1], OP,
+            f"weight in_channels ({c_in}) must equal features channels ({features.shape[1]})")
+    require(indice_pairs.shape[0] == K and indice_pairs.shape[1] == 2, OP,
+            f"indice_pairs must be [K={K}, 2, L], got {tuple(indice_pairs.shape)}")
+    require(indice_num.shape[0] == K, OP, f"indice_num must have K={K} entries, got {indice_num.shape[0]}")
+    n_src, n_dst = features.shape[0], num_out
+    # pairs[k, 0] indexes the conv's input rows, pairs[k, 1] its output rows; inverse swaps roles
+    n_col0, n_col1 = (n_dst, n_src) if inverse else (n_src, n_dst)
+    L = indice_pairs.shape[2]
+    identity_offset_ = check_int(OP, "identity_offset", identity_offset_, min_value=-1)
+    require(identity_offset_ < K, OP, f"identity_offset ({identity_offset_}) must be < K ({K})")
+    if torch.compiler.is_compiling():
+        return num_out  # value checks read the map's data; under torch.compile only shapes are checked
+    counts = indice_num.cpu()
+    if not check_values:
+        require(K == 0 or (int(counts.min()) >= 0 and int(counts.max()) <= L), OP,
+                f"indice_num values must lie in [0, L={L}]")
+        if identity_offset_ >= 0:
+            require(features.shape[0] == num_out and int(counts[identity_offset_]) == num_out, OP,
+                    f"identity_offset {identity_offset_} needs as many output rows ({num_out}) as input rows "
+                    f"({features.shape[0]}) and indice_num[{identity_offset_}] == {features.shape[0]}")
+        return num_out
+    if K and L:
+        require(bool((counts >= 0).all()) and bool((counts <= L).all()), OP,
+                f"indice_num values must lie in [0, L={L}], got {counts.tolist()}")
+    elif K:
+        require(bool((counts == 0).all()), OP, "indice_num must be 0 when indice_pairs has L = 0")
+    if K and L and int(counts.max()) > 0:
+        # only the valid prefix of each offset is read; its values must index real rows
+        width = int(counts.max())
+        valid = torch.arange(width, device=indice_pairs.device) < indice_num.to(indice_pairs.device)[:, None]
+        for col, rows, name in ((0, n_col0, "input"), (1, n_col1, "output")):
+            vals = indice_pairs[:, col, :width][valid]
+            lo, hi = (int(v) for v in torch.aminmax(vals))
+            require(lo >= 0 and hi < rows, OP,
+                    f"indice_pairs[:, {col}] ({name} rows) must lie in [0, {rows}) where valid, "
+                    f"got values in [{lo}, {hi}]")
+    if identity_offset_ >= 0:
+        require(n_src == n_dst and int(counts[identity_offset_]) == n_src, OP,
+                f"identity_offset {identity_offset_} needs as many output rows ({n_dst}) as input rows "
+                f"({n_src}) and indice_num[{identity_offset_}] == {n_src}, got {int(counts[identity_offset_])}")
+    return num_out
+
+
+def check_rows_unique_per_offset(indice_pairs: torch.Tensor, indice_num: torch.Tensor) -> None:
+    """Within each offset, no input row and no output row may repeat (true of every kernel map).
+
+    The Triton scatter relies on it: each destination row of a launch is owned by one program.
+    """
+    K, _, L = indice_pairs.shape
+    if K == 0 or L < 2:
+        return
+    big = torch.iinfo(torch.int64).max
+    valid = torch.arange(L, device=indice_pairs.device) < indice_num.to(indice_pairs.device)[:, None]
+    for col, name in ((0, "input"), (1, "output")):
+        rows = torch.sort(torch.where(valid, indice_pairs[:, col].long(), big), dim=1).values
+        repeated = (rows[:, 1:] == rows[:, :-1]) & (rows[:, 1:] != big)
+        require(not bool(repeated.any()), OP,
+                f"indice_pairs repeats an {name} row within one kernel offset (a kernel map pairs each row at "
+                "most once per offset)")
+
+
+# ----------------------------------------------------------------------------- custom ops
+@torch.library.custom_op("cvops::sparse_indice_conv", mutates_args=())
+def _indice_conv_op(features: torch.Tensor, weight: torch.Tensor, pairs_forward: torch.Tensor,
+                    pairs_backward: torch.Tensor, indice_num: torch.Tensor, num_out: int, inverse: bool,
+                    identity_offset: int, backend: str | None) -> torch.Tensor:
+    # pairs_forward / pairs_backward: the same map, each offset ordered by the rows it scatters into
+    impl = backend_module(__package__, OP, backend, features.device)
+    return impl.forward(features, weight, pairs_forward, indice_num, num_out, inverse, identity_offset)
+
+
+@_indice_conv_op.register_fake
+def _(features, weight, pairs_forward, pairs_backward, indice_num, num_out, inverse, identity_offset, backend):
+    return features.new_empty(num_out, weight.shape[2])
+
+
+@torch.library.custom_op("cvops::sparse_indice_conv_backward", mutates_args=())
+def _indice_conv_backward_op(grad_out: torch.Tensor, features: torch.Tensor, weight: torch.Tensor,
+                             indice_pairs: torch.Tensor, indice_num: torch.Tensor, inverse: bool,
+                             identity_offset: int, backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    impl = backend_module(__package__, OP, backend, features.device)
+    return impl.backward(grad_out.contiguous(), features, weight, indice_pairs, indice_num, inverse,
+                         identity_offset)
+
+
+@_indice_conv_backward_op.register_fake
+def _(grad_out, features, weight, indice_pairs, indice_num, inverse, identity_offset, backend):
+    return torch.empty_like(features), torch.empty_like(weight)
+
+
+def _setup_context(ctx, inputs, output):
+    features, weight, _, pairs_backward, indice_num, _, inverse, identity_offset_, backend = inputs
+    ctx.save_for_backward(features, weight, pairs_backward, indice_num)
+    ctx.inverse, ctx.identity_offset, ctx.backend = inverse, identity_offset_, backend
+
+
+def _backward(ctx, grad_out):
+    features, weight, indice_pairs, indice_num = ctx.saved_tensors
+    grad_features, grad_weight = _indice_conv_backward_op(grad_out, features, weight, indice_pairs,
+                                                          indice_num, ctx.inverse, ctx.identity_offset,
+                                                          ctx.backend)
+    return grad_features, grad_weight, None, None, None, None, None, None, None
+
+
+_indice_conv_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------- public API
+def indice_conv(features: torch.Tensor, weight: torch.Tensor, indice_pairs: torch.Tensor,
+                indice_num: torch.Tensor, num_out: int, *, inverse: bool = False,
+                identity_offset: int = -1, indice_pairs_by_output: torch.Tensor | None = None,
+                backend: str | None = None, check_values: bool = True) -> torch.Tensor:
+    """Sparse convolution of ``features [N, C_in]`` on a kernel map; returns ``[num_out, C_out]``.
+
+    ``weight`` is ``[K, C_in, C_out]`` or the mmcv layout ``[*kernel_size, C_in, C_out]``. See the
+    module docstring for the pair semantics, ``inverse`` and ``identity_offset``. ``backend``:
+    ``None`` (triton for CUDA tensors, cpu otherwise), ``"reference"``, ``"cpu"`` or ``"triton"``.
+    ``indice_pairs_by_output``: optionally :func:`sort_pairs_by_output` of the map (cached by the
+    layers), used where rows are scattered into output rows; the result is the same without it.
+    ``check_values=False`` skips scanning the pair values (only for maps from get_indice_pairs).
+    """
+    check_tensor(OP, "weight", weight, dtypes=FLOAT_DTYPES)
+    require(weight.dim() >= 3, OP, f"weight must be [K, C_in, C_out] or [*k, C_in, C_out], got {tuple(weight.shape)}")
+    weight = weight.reshape(math.prod(weight.shape[:-2]), weight.shape[-2], weight.shape[-1])
+    num_out = check_indice_conv(features, weight, indice_pairs, indice_num, num_out, inverse, identity_offset,
+                                check_values)
+    by_input = indice_pairs.contiguous()
+    if indice_pairs_by_output is None:
+        by_output = by_input
+    else:
+        check_tensor(OP, "indice_pairs_by_output", indice_pairs_by_output, dtypes=(indice_pairs.dtype,))
+        require(indice_pairs_by_output.shape == indice_pairs.shape and
+                indice_pairs_by_output.device == indice_pairs.device, OP,
+                f"indice_pairs_by_output must match indice_pairs {tuple(indice_pairs.shape)} on {indice_pairs.device}")
+        check_indice_conv(features, weight, indice_pairs_by_output, indice_num, num_out, inverse, identity_offset,
+                          check_values)
+        by_output = indice_pairs_by_output.contiguous()
+    if check_values and not torch.compiler.is_compiling() and \
+            resolve_backend(OP, backend, features.device) == "triton":
+        check_rows_unique_per_offset(by_input, indice_num)
+    # forward scatters into the output rows (input rows when inverse), backward into the others
+    pairs_forward, pairs_backward = (by_input, by_output) if inverse else (by_output, by_input)
+    return _indice_conv_op(features.contiguous(), weight.contiguous(), pairs_forward, pairs_backward,
+                           indice_num.cpu(), num_out, inverse, int(identity_offset), backend)
