@@ -7,7 +7,9 @@ this module does not take.
 
 The loops are the reference's (``reference.py``): the same bin-edge arithmetic in the accumulation dtype
 (float32, float64 for float64; one rounding per operation, no fastmath), and every bin summed pixel by
-pixel in the same order. Results therefore equal the reference's bit for bit, NaN/inf included.
+pixel in the same order. Results of these DIRECT kernels equal the reference's bit for bit, NaN/inf
+included. The TABLE kernels (summed-area / difference tables, O(1) per bin, see below) agree within the
+accumulating-op contract instead; ``METHOD`` (AUTO by default) picks per call the cheaper of the two.
 
 * forward: parallel over RoIs; each RoI writes only its own output and mapping_channel entries.
 * backward: parallel over destination planes (batch, channel); each plane gathers its contributions in the
