@@ -1,6 +1,6 @@
 """psroipool forward and backward on the cases of ``cases/psroipool.json`` (default: the doc's R-FCN cases).
 
-    python benchmarks/bench_psroipool.py [--tag network] [--backend cpu] [--check]
+    python benchmarks/bench_psroipool.py [--tag network] [--backend cpu] [--no-check]
 
 IO bytes (MLU-OPS): forward = input + rois + output + mapping_channel; backward = top_grad + rois +
 mapping_channel + bottom_grad. FLOPs (the MLU gtest count): 7 per summed element + 1 per division.
@@ -33,7 +33,7 @@ def _verdict(actual, expected) -> str:
     return f"diff1={d1:.1e}" + ("" if max(d1, d2) <= 3e-3 else " FAIL")
 
 
-def run(limits: MachineLimits, tag: str = "network", backend: str | None = None, check: bool = False):
+def run(limits: MachineLimits, tag: str = "network", backend: str | None = None, check: bool = True):
     device = limits.device
     name = backend or ("triton" if device.type == "cuda" else "cpu")
     rows = []
@@ -83,7 +83,8 @@ def main() -> None:
     parser.add_argument("--tag", default="network")
     parser.add_argument("--backend", default=None)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--check", action="store_true", help="compare a subsample with the loop reference")
+    parser.add_argument("--no-check", dest="check", action="store_false",
+                        help="skip comparing a subsample of the RoIs with the loop reference")
     args = parser.parse_args()
     limits = MachineLimits.measure(args.device)
     print_table(run(limits, args.tag, args.backend, args.check), limits, f"psroipool ({args.tag} cases)")

@@ -271,12 +271,20 @@ def _pair(backend, x, rois, ph, pw, scale, group, od, layout, seed=3):
                                                    backend=backend)
 
 
+def pin_method(monkeypatch, name):
+    """Pins the numba path's summation: DIRECT (the reference's loops) or TABLE (summed-area tables)."""
+    from cvops.ops.psroipool import cpu_numba
+    monkeypatch.setattr(cpu_numba, "METHOD", getattr(cpu_numba, name))
+    return cpu_numba
+
+
 @requires_numba
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_numba_path_is_bit_equal_to_reference(dtype, layout, monkeypatch):
+def test_numba_direct_method_is_bit_equal_to_reference(dtype, layout, monkeypatch):
     # same bin arithmetic and the same summation order as the loops: identical bits, not just close
     monkeypatch.setenv("CVOPS_NUMBA", "1")
+    pin_method(monkeypatch, "DIRECT")
     for case in UNIT:
         x = to_layout(case_input(case, dtype), layout)
         args = (x, case_rois(case, dtype), *params(case), layout)
@@ -287,8 +295,8 @@ def test_numba_path_is_bit_equal_to_reference(dtype, layout, monkeypatch):
 @requires_numba
 @pytest.mark.parametrize("case", load_cases("psroipool", "network"), ids=case_id)
 def test_numba_network_cases_bit_equal_to_reference_and_parallel_deterministic(case, monkeypatch):
-    from cvops.ops.psroipool import cpu_numba
     monkeypatch.setenv("CVOPS_NUMBA", "1")
+    cpu_numba = pin_method(monkeypatch, "DIRECT")
     x_nhwc, rois = case_input(case), case_rois(case)
     pick = torch.arange(0, len(rois), 11)
     ph, pw, scale, group, od = params(case)
@@ -312,6 +320,134 @@ def test_numba_network_cases_bit_equal_to_reference_and_parallel_deterministic(c
             assert bit_equal(cvops.psroi_pool_backward(g, rois, m, scale, od, case["bottom_shape"], "NHWC"), first)
     finally:
         torch.set_num_threads(threads)
+
+
+def _assert_table_matches(mine, ref, dtype):
+    """Table method vs the reference: exact mapping_channel, the accumulation tolerance elsewhere (exact
+    zeros and NaN/inf positions included, see assert_close)."""
+    out, mapping, grad = mine
+    ref_out, ref_mapping, ref_grad = ref
+    assert torch.equal(mapping, ref_mapping)
+    assert_close(out, ref_out, dtype)
+    assert_close(grad, ref_grad, dtype)
+
+
+@requires_numba
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_numba_table_method_matches_reference(dtype, layout, monkeypatch):
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    pin_method(monkeypatch, "TABLE")
+    for case in UNIT:
+        x = to_layout(case_input(case, dtype), layout)
+        args = (x, case_rois(case, dtype), *params(case), layout)
+        _assert_table_matches(_pair("cpu", *args), _pair("reference", *args), dtype)
+
+
+@requires_numba
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 2), h=st.integers(1, 9), w=st.integers(1, 9), p=st.integers(1, 4), od=st.integers(1, 3),
+       r=st.integers(1, 6), scale=st.sampled_from([1.0, 0.5, 0.3, 2.0]), layout=st.sampled_from(LAYOUTS),
+       dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 2**16))
+def test_numba_table_method_property(n, h, w, p, od, r, scale, layout, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((n, od * p * p, h, w), generator=g, dtype=torch.float64).to(dtype)
+    x = to_layout(x.permute(0, 2, 3, 1), layout)
+    corners = (torch.rand(r, 4, generator=g, dtype=torch.float64) * 1.4 - 0.2) * torch.tensor([w, h, w, h]) / scale
+    rois = torch.cat((torch.randint(0, n, (r, 1), generator=g).double(), corners), 1).to(dtype)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CVOPS_NUMBA", "1")
+        pin_method(mp, "TABLE")
+        args = (x, rois, p, p, scale, p, od, layout)
+        _assert_table_matches(_pair("cpu", *args, seed=seed), _pair("reference", *args, seed=seed), dtype)
+
+
+@requires_numba
+@pytest.mark.parametrize("parallel", [False, True], ids=["serial", "parallel"])
+@pytest.mark.parametrize("case", load_cases("psroipool", "network"), ids=case_id)
+def test_numba_table_method_network_cases(case, parallel, monkeypatch):
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    cpu_numba = pin_method(monkeypatch, "TABLE")
+    monkeypatch.setattr(cpu_numba, "use_parallel", lambda work: parallel)
+    x, rois = case_input(case), case_rois(case)
+    ph, pw, scale, group, od = params(case)
+    pick = torch.arange(0, len(rois), 11)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out, mapping = cvops.psroi_pool(x, rois, ph, pw, scale, group, od, "NHWC")
+        ref, ref_mapping = cvops.psroi_pool(x, rois[pick], ph, pw, scale, group, od, "NHWC", backend="reference")
+        assert torch.equal(mapping[pick], ref_mapping)
+        assert_close(out[pick], ref)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+        bottom = case["bottom_shape"]
+        grad = cvops.psroi_pool_backward(g[pick], rois[pick], mapping[pick], scale, od, bottom, "NHWC")
+        ref_grad = cvops.psroi_pool_backward(g[pick], rois[pick], mapping[pick], scale, od, bottom, "NHWC",
+                                             backend="reference")
+        assert_close(grad, ref_grad)
+        assert torch.equal(grad == 0, ref_grad == 0)  # uncovered pixels and unused images: exact zeros
+        # determinism: same bits run after run (all RoIs)
+        full = cvops.psroi_pool_backward(g, rois, mapping, scale, od, bottom, "NHWC")
+        for _ in range(2):
+            assert bit_equal(cvops.psroi_pool(x, rois, ph, pw, scale, group, od, "NHWC")[0], out)
+            assert bit_equal(cvops.psroi_pool_backward(g, rois, mapping, scale, od, bottom, "NHWC"), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@requires_numba
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_numba_table_method_nan_inf(dtype, monkeypatch):
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    pin_method(monkeypatch, "TABLE")
+    case = next(c for c in UNIT if c["name"] == "fractional_rois")
+    ph, pw, scale, group, od = params(case)
+    x = to_layout(case_input(case, dtype), "NCHW")
+    x[0, 0, 2, 1] = float("nan")                                  # roi 0, bin (0,0): NaN
+    x[0, 10, 3, 3], x[0, 10, 2, 2] = float("inf"), float("-inf")  # roi 0, bin (0,1): inf - inf = NaN
+    x[0, 11, 2, 4] = float("-inf")                                # roi 0, bin (0,2): -inf
+    x[1, 20, 4, 7] = float("inf")                                 # roi 1, bin (0,2): +inf
+    x[1, 21, 0, 0] = float("nan")                                 # a plane's NaN outside every bin
+    rois = case_rois(case, dtype)
+    ref, ref_mapping = cvops.psroi_pool(x, rois, ph, pw, scale, group, od, backend="reference")
+    out, mapping = cvops.psroi_pool(x, rois, ph, pw, scale, group, od)
+    assert torch.equal(mapping, ref_mapping)
+    assert_close(out, ref, dtype)
+    assert torch.isnan(out).any() and torch.isinf(out).any()
+    g = torch.randn(ref.shape, dtype=dtype)
+    g[0, 0, 0, 0], g[1, 1, 1, 1], g[2, 2, 2, 2] = float("inf"), float("nan"), float("-inf")
+    shape = tuple(x.shape)
+    expected = cvops.psroi_pool_backward(g, rois, mapping, scale, od, shape, backend="reference")
+    assert_close(cvops.psroi_pool_backward(g, rois, mapping, scale, od, shape), expected, dtype)
+    assert torch.isnan(expected).any() and torch.isinf(expected).any()
+
+
+@requires_numba
+def test_numba_table_method_zero_gradient_bins_and_uncovered_pixels_are_exact_zeros(monkeypatch):
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    pin_method(monkeypatch, "TABLE")
+    x = torch.randn(2, 9, 12, 12)
+    rois = torch.tensor([[0, 0, 0, 5, 5], [0, 3, 3, 9, 9], [1, 6, 6, 11, 11], [0, 20, 20, 30, 30]], dtype=torch.float32)
+    out, mapping = cvops.psroi_pool(x, rois, 3, 3, 1.0, 3, 1)
+    g = torch.randn(out.shape)
+    g[1] = 0  # RoI 1 overlaps RoI 0 and leaves no trace where it alone covers
+    grad = cvops.psroi_pool_backward(g, rois, mapping, 1.0, 1, tuple(x.shape))
+    expected = cvops.psroi_pool_backward(g, rois, mapping, 1.0, 1, tuple(x.shape), backend="reference")
+    assert torch.equal(grad == 0, expected == 0) and (expected == 0).any()
+    assert_close(grad, expected)
+    assert float(out[3].abs().sum()) == 0  # RoI outside the image: empty bins
+
+
+@requires_numba
+def test_numba_auto_method_picks_a_correct_summation(monkeypatch):
+    # whatever AUTO picks per call, the result is within the contract
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    pin_method(monkeypatch, "AUTO")
+    for case in UNIT + load_cases("psroipool", "network"):
+        rois = case_rois(case)[::7]
+        x = case_input(case)
+        args = (x, rois, *params(case), "NHWC")
+        _assert_table_matches(_pair("cpu", *args), _pair("reference", *args), torch.float32)
 
 
 @requires_numba
