@@ -9,13 +9,12 @@ the same run on the first case of each layout it fits in memory for.
 """
 from __future__ import annotations
 
-import argparse
 
 import torch
 import torch.nn.functional as F
 
 import cvops
-from cvops._core.bench import BenchRow, MachineLimits, print_table, tensor_bytes, time_fn
+from cvops._core.bench import BACKEND, NO_ANCHOR, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
 from cvops._core.cases import load_cases
 from cvops._core.metrics import diff1
 
@@ -83,16 +82,5 @@ def run(limits: MachineLimits, tag: str = "network", backend: str | None = None,
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--tag", default="network")
-    parser.add_argument("--backend", default=None)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--no-anchor", action="store_true", help="skip the unfold+einsum composite")
-    args = parser.parse_args()
-    limits = MachineLimits.measure(args.device)
-    print_table(run(limits, args.tag, args.backend, not args.no_anchor), limits, f"carafe ({args.tag} cases)")
-
-
 if __name__ == "__main__":
-    main()
+    bench_main(run, "carafe", __doc__, (BACKEND, NO_ANCHOR))

@@ -9,12 +9,11 @@ the same set of (input row, output site) pairs (spconv fills only the first K //
 """
 from __future__ import annotations
 
-import argparse
 
 import torch
 
 import cvops
-from cvops._core.bench import BenchRow, MachineLimits, print_table, tensor_bytes, time_fn
+from cvops._core.bench import BACKEND, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
 from cvops._core.cases import load_cases
 from cvops.ops.get_indice_pairs import synth
 
@@ -89,18 +88,5 @@ def run(limits: MachineLimits, tag: str = "network", backend: str | None = None,
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--tag", default="network")
-    parser.add_argument("--backend", default=None)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before timing")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    limits = MachineLimits.measure(args.device)
-    print_table(run(limits, args.tag, args.backend), limits, f"get_indice_pairs ({args.tag} cases)")
-
-
 if __name__ == "__main__":
-    main()
+    bench_main(run, "get_indice_pairs", __doc__, (BACKEND,))

@@ -13,13 +13,12 @@ measured with the same single thread, so the efficiencies stay comparable.
 """
 from __future__ import annotations
 
-import argparse
 
 import torch
 import torch.nn.functional as F
 
 import cvops
-from cvops._core.bench import BenchRow, MachineLimits, print_table, tensor_bytes, time_fn
+from cvops._core.bench import BACKEND, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
 from cvops._core.cases import load_cases
 from cvops._core.metrics import bit_equal, diff1
 from cvops.ops.masked_im2col import reference
@@ -74,18 +73,5 @@ def run(limits: MachineLimits, tag: str = "network", backend: str | None = None)
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--tag", default="network")
-    parser.add_argument("--backend", default=None)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    limits = MachineLimits.measure(args.device)
-    print_table(run(limits, args.tag, args.backend), limits, f"masked_im2col / MaskedConv2d ({args.tag} cases)")
-
-
 if __name__ == "__main__":
-    main()
+    bench_main(run, "masked_im2col / MaskedConv2d", __doc__, (BACKEND,))

@@ -4,12 +4,11 @@
 """
 from __future__ import annotations
 
-import argparse
 
 import torch
 
 import cvops
-from cvops._core.bench import BenchRow, MachineLimits, print_table, tensor_bytes, time_fn
+from cvops._core.bench import BACKEND, NO_CHECK, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
 from cvops._core.cases import load_cases
 from cvops._core.metrics import bit_equal
 
@@ -40,17 +39,5 @@ def run(limits: MachineLimits, tag: str = "network", backend: str | None = None,
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--tag", default="network")
-    parser.add_argument("--backend", default=None)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--no-check", dest="check", action="store_false",
-                        help="skip comparing image 0 of each result with the loop reference")
-    args = parser.parse_args()
-    limits = MachineLimits.measure(args.device)
-    print_table(run(limits, args.tag, args.backend, args.check), limits, f"psamask ({args.tag} cases)")
-
-
 if __name__ == "__main__":
-    main()
+    bench_main(run, "psamask", __doc__, (BACKEND, NO_CHECK))

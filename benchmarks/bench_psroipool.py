@@ -8,12 +8,11 @@ No anchor on CPU: torchvision's ps_roi_pool has no CPU build here (and a differe
 """
 from __future__ import annotations
 
-import argparse
 
 import torch
 
 import cvops
-from cvops._core.bench import BenchRow, MachineLimits, print_table, tensor_bytes, time_fn
+from cvops._core.bench import BACKEND, NO_CHECK, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
 from cvops._core.cases import load_cases
 from cvops._core.metrics import diff1, diff2
 from cvops.ops.psroipool.case_data import case_input, case_rois
@@ -78,17 +77,5 @@ def run(limits: MachineLimits, tag: str = "network", backend: str | None = None,
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--tag", default="network")
-    parser.add_argument("--backend", default=None)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--no-check", dest="check", action="store_false",
-                        help="skip comparing a subsample of the RoIs with the loop reference")
-    args = parser.parse_args()
-    limits = MachineLimits.measure(args.device)
-    print_table(run(limits, args.tag, args.backend, args.check), limits, f"psroipool ({args.tag} cases)")
-
-
 if __name__ == "__main__":
-    main()
+    bench_main(run, "psroipool", __doc__, (BACKEND, NO_CHECK))

@@ -7,6 +7,7 @@ ratios describe this machine, whatever it is.
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -150,3 +151,26 @@ def print_table(rows: Sequence[BenchRow], limits: MachineLimits, title: str) -> 
     for line in body:
         table.add_row(*line)
     Console(width=200).print(table)
+
+
+# Command-line options a benchmark may add to the common ones; each lands in run() as the keyword `dest`.
+BACKEND = ("--backend", {"dest": "backend", "default": None, "help": "reference, cpu or triton (default: by device)"})
+NO_CHECK = ("--no-check", {"dest": "check", "action": "store_false", "help": "skip the comparison with the reference"})
+NO_ANCHOR = ("--no-anchor", {"dest": "anchor", "action": "store_false", "help": "skip timing the anchor"})
+
+
+def bench_main(run: Callable[..., list], title: str, doc: str | None = None, options=(BACKEND,)) -> None:
+    """The command line of every ``benchmarks/bench_<op>.py``: ``--tag``, ``--device``, ``--threads`` and
+    the op's ``options``; measures the machine, calls ``run(limits, tag=..., **options)``, prints the table."""
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--tag", default="network", help="cases of cases/<op>.json with this tag")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    for flag, kwargs in options:
+        parser.add_argument(flag, **kwargs)
+    args = vars(parser.parse_args())
+    tag, device, threads = args.pop("tag"), args.pop("device"), args.pop("threads")
+    if threads:
+        torch.set_num_threads(threads)
+    limits = MachineLimits.measure(device)
+    print_table(run(limits, tag=tag, **args), limits, f"{title} ({tag} cases)")

@@ -7,7 +7,6 @@ descriptor shapes) live in :mod:`cvops.mluops`.
 """
 from __future__ import annotations
 
-import torch
 
 from ..._core.validate import (FLOAT_DTYPES, INDEX_DTYPES, check_int, check_same_device, check_tensor, pair,
                                require)
