@@ -27,13 +27,18 @@ def _spatial(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
     return n, c, h, w
 
 
-def check_forward(input, psa_type, mask_size, layout):
-    """Validate a forward call; returns (psa_type code, h_mask, w_mask, layout)."""
+def _check(tensor, name, psa_type, mask_size, layout):
+    """Checks shared by both directions; returns (code, h_mask, w_mask, layout, (N, C, H, W))."""
     code = psa_type_code(psa_type)
     h_mask, w_mask = pair(OP, "mask_size", mask_size, min_value=1)
     layout = parse_layout(OP, layout)
-    check_tensor(OP, "input", input, dim=4, dtypes=FLOAT_DTYPES)
-    _, c, _, _ = _spatial(input, layout)
+    check_tensor(OP, name, tensor, dim=4, dtypes=FLOAT_DTYPES)
+    return code, h_mask, w_mask, layout, _spatial(tensor, layout)
+
+
+def check_forward(input, psa_type, mask_size, layout):
+    """Validate a forward call; returns (psa_type code, h_mask, w_mask, layout)."""
+    code, h_mask, w_mask, layout, (_, c, _, _) = _check(input, "input", psa_type, mask_size, layout)
     require(c == h_mask * w_mask, OP,
             f"input channels ({c}) must equal h_mask * w_mask ({h_mask} * {w_mask} = {h_mask * w_mask})")
     return code, h_mask, w_mask, layout
@@ -41,10 +46,6 @@ def check_forward(input, psa_type, mask_size, layout):
 
 def check_backward(grad_output, psa_type, mask_size, layout):
     """Validate a backward call; returns (psa_type code, h_mask, w_mask, layout)."""
-    code = psa_type_code(psa_type)
-    h_mask, w_mask = pair(OP, "mask_size", mask_size, min_value=1)
-    layout = parse_layout(OP, layout)
-    check_tensor(OP, "grad_output", grad_output, dim=4, dtypes=FLOAT_DTYPES)
-    _, c, h, w = _spatial(grad_output, layout)
+    code, h_mask, w_mask, layout, (_, c, h, w) = _check(grad_output, "grad_output", psa_type, mask_size, layout)
     require(c == h * w, OP, f"grad_output channels ({c}) must equal h_feature * w_feature ({h} * {w} = {h * w})")
     return code, h_mask, w_mask, layout
