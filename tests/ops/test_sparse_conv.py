@@ -277,6 +277,26 @@ def test_deterministic_bits():
         assert bit_equal(a, b)
 
 
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_numba_scatter_matches_torch_scatter_bitwise(case, threads, monkeypatch):
+    """The numba row scatter (cpu_numba) and index_add_ give the same bits, on one and on two threads."""
+    from cvops._core import jit
+    if not jit.numba_available():
+        pytest.skip("numba not installed")
+    monkeypatch.setattr(jit, "use_parallel", lambda work, threshold=0: threads > 1)
+    feats, weight, pairs, num, num_out, inverse, ident = _map_case(**CASES[case], n=60, cin=5, cout=7)
+    results = []
+    for switch in ("0", "1"):
+        monkeypatch.setenv("CVOPS_NUMBA", switch)
+        f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
+        out = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident, backend="cpu")
+        gf, gw = torch.autograd.grad(out, (f, w), torch.linspace(-1, 1, out.numel()).reshape(out.shape))
+        results.append((out.detach(), gf, gw))
+    for a, b in zip(*results):
+        assert bit_equal(a, b)
+
+
 def test_nan_propagates_only_to_reached_sites():
     feats, weight, pairs, num, num_out, _, _ = _map_case(seed=13)
     feats = feats.clone()

@@ -3,7 +3,7 @@
 Gather-GEMM-scatter, one GEMM per kernel offset:
 
     rows_k = features[src_k]            (index_select)
-    out[dst_k] += rows_k @ weight[k]    (mm, then index_add_)
+    out[dst_k] += rows_k @ weight[k]    (mm, then a row scatter-add: index_add_, or cpu_numba's loop)
 
 Determinism: offsets are visited in ascending k, and within one offset every destination row occurs
 at most once (a kernel map pairs each input row with at most one output row per offset and vice
@@ -19,7 +19,17 @@ from __future__ import annotations
 
 import torch
 
+from .._core.jit import numba_enabled
 from .._core.memory import new_empty, new_zeros
+
+
+def _scatter(out: torch.Tensor):
+    """``scatter(index, rows)``: ``out[index] += rows`` for one offset (unique rows), numba when enabled."""
+    if numba_enabled():
+        from . import cpu_numba
+        if cpu_numba.supports(out):
+            return lambda index, rows: cpu_numba.scatter_add_rows(out, index, rows)
+    return lambda index, rows: out.index_add_(0, index, rows)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -44,10 +54,11 @@ def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, id
     width = max((n for _, n in todo), default=0)
     rows = new_empty((width, c_in), ct, f.device)
     prods = new_empty((width, c_out), ct, f.device)
+    scatter = _scatter(out)
     for k, n in todo:
         torch.index_select(f, 0, pairs[k, src_col, :n], out=rows[:n])
         torch.mm(rows[:n], w[k], out=prods[:n])
-        out.index_add_(0, pairs[k, dst_col, :n], prods[:n])
+        scatter(pairs[k, dst_col, :n], prods[:n])
     return out.to(features.dtype)
 
 
@@ -67,11 +78,12 @@ def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, ident
     g_rows = new_empty((width, c_out), ct, f.device)
     f_rows = new_empty((width, c_in), ct, f.device)
     prods = new_empty((width, c_in), ct, f.device)
+    scatter = _scatter(grad_features)
     for k, n in todo:
         src, dst = pairs[k, src_col, :n], pairs[k, dst_col, :n]
         torch.index_select(g, 0, dst, out=g_rows[:n])
         torch.mm(g_rows[:n], w[k].t(), out=prods[:n])
-        grad_features.index_add_(0, src, prods[:n])
+        scatter(src, prods[:n])
         torch.index_select(f, 0, src, out=f_rows[:n])
         torch.mm(f_rows[:n].t(), g_rows[:n], out=grad_weight[k])
     return grad_features.to(features.dtype), grad_weight.to(weight.dtype)
