@@ -11,14 +11,13 @@ gradients of the inputs and parameters.
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 from pathlib import Path
 
 import torch
 
 import cvops
-from cvops._core.bench import BenchRow, MachineLimits, print_table, tensor_bytes, time_fn
+from cvops._core.bench import NO_ANCHOR, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
 from cvops._core.cases import load_cases
 from cvops._core.metrics import diff1, diff2
 
@@ -118,21 +117,6 @@ def _spconv_version() -> str:
         return ""
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--tag", default="network")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--no-anchor", action="store_true", help="skip spconv even when installed")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads for both libraries (default: torch's default)")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    limits = MachineLimits.measure(args.device)
-    rows = run(limits, args.tag, args.repeats, not args.no_anchor)
-    print_table(rows, limits, f"sparse conv encoder ({args.tag} cases)")
-
-
 if __name__ == "__main__":
-    main()
+    bench_main(run, "sparse conv encoder", __doc__,
+               (("--repeats", {"dest": "repeats", "type": int, "default": 1}), NO_ANCHOR))
