@@ -7,6 +7,12 @@ middle encoder costs. FLOPs count the GEMMs (2 * pairs * C_in * C_out per layer,
 both gradients); IO is the input features and indices, the parameters, the output features and the
 gradients of the inputs and parameters.
 
+The check column compares cvops with spconv (output diff1, input-gradient diff2). spconv 2.3.8's CPU
+path is not thread-safe: with more than one torch thread its own output changes between thread counts
+(diff1 0.41 between its 1- and 2-thread runs of the unit case, measured 2026-11-21), while cvops agrees
+with itself across thread counts (2.5e-6) and with single-threaded spconv (3.2e-6). Large check values
+at default threads are spconv's; use ``--threads 1`` for a meaningful check.
+
     python benchmarks/bench_sparse_conv.py [--tag network] [--device cpu] [--repeats 1] [--threads N]
 """
 from __future__ import annotations
