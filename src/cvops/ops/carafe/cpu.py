@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from cvops._core.memory import new_empty, new_zeros
-from cvops._core.parallel import run_split
+from cvops._core.parallel import run_split, single_threaded
 from cvops._core.transpose import copy_channels_last_into, to_channels_last
 
 # Accumulator elements per chunk (1 MiB of float32): stays in cache across the k products. Chunks
@@ -71,10 +71,12 @@ def _new_frame(f: _Frame, shape, dtype, device) -> torch.Tensor:
     """Uninitialised frame tensor ``[Q, ...]`` whose border blocks (the padding) are zero."""
     t = new_empty(shape, dtype, device)
     v = t.view(f.n, f.hp, f.wp, -1)
-    v[:, :f.rh] = 0
-    v[:, f.rh + f.h:] = 0
-    v[:, f.rh:f.rh + f.h, :f.rw] = 0
-    v[:, f.rh:f.rh + f.h, f.rw + f.w:] = 0
+    # small fills: torch's threaded fill would wait at a barrier for a busy core (milliseconds each)
+    with single_threaded():
+        v[:, :f.rh] = 0
+        v[:, f.rh + f.h:] = 0
+        v[:, f.rh:f.rh + f.h, :f.rw] = 0
+        v[:, f.rh:f.rh + f.h, f.rw + f.w:] = 0
     return t
 
 
@@ -136,23 +138,10 @@ def _frame_grad_output(f: _Frame, grad_output: torch.Tensor, acc) -> torch.Tenso
     return gb
 
 
-def _store_output(f: _Frame, blocks: torch.Tensor, layout: str, dtype) -> torch.Tensor:
-    """Frame ``[Q, s*s, C]`` -> output ``[N, C, sH, sW]`` stored in ``layout`` (logical NCHW view)."""
-    src = f.interior(blocks).view(f.n, f.h, f.w, f.s, f.s, f.c).permute(0, 1, 3, 2, 4, 5)
-    shape_nhwc = (f.n, f.h * f.s, f.w * f.s, f.c)
-    nhwc = new_empty(shape_nhwc, dtype, blocks.device)
-    if layout == "NHWC":
-        _per_image(f, lambda n: nhwc[n].view(f.h, f.s, f.w, f.s, f.c).copy_(src[n]))
-        return nhwc.permute(0, 3, 1, 2)
-    # NCHW: interleave the phases channels-last (long contiguous runs), then transpose per image
-    out = new_empty((f.n, f.c, f.h * f.s, f.w * f.s), dtype, blocks.device)
-
-    def store(n):
-        nhwc[n].view(f.h, f.s, f.w, f.s, f.c).copy_(src[n])
-        copy_channels_last_into(out[n:n + 1], nhwc[n:n + 1])
-
-    _per_image(f, store)
-    return out
+def _row_chunks(f: _Frame, per_block: int) -> list[tuple[int, int, int]]:
+    """``(image, first_row, end_row)`` spans of whole image rows, about ``_CHUNK_ELEMS`` per span."""
+    rows = max(1, _CHUNK_ELEMS // max(f.wp * per_block, 1))
+    return [(i, y, min(y + rows, f.h)) for i in range(f.n) for y in range(0, f.h, rows)]
 
 
 def forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int, group_size: int,
@@ -161,20 +150,42 @@ def forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int, group
     output ``[N, C, sH, sW]`` (logical NCHW view, stored in ``layout``)."""
     n, c, h, w = features.shape
     f = _Frame(n, c, h, w, kernel_size, group_size, scale_factor)
+    s, ss, cg = f.s, f.s * f.s, c // f.g
     acc = _acc_dtype(features.dtype)
     xflat = _pad_input(f, features, acc)
     a = _frame_masks(f, masks, acc)
-    ss, cg = f.s * f.s, c // f.g
-    blocks = new_empty((f.q_total, ss, c), acc, features.device)  # border blocks are never read
-    def chunk(bounds):
-        qa, qb = bounds
+    dtype, dev = features.dtype, features.device
+    if layout == "NHWC":
+        out_nhwc = new_empty((n, h * s, w * s, c), dtype, dev)
+    else:
+        out = new_empty((n, c, h * s, w * s), dtype, dev)
+
+    def chunk(span):
+        # the products of a few image rows go to a cache-sized buffer and straight on to the output,
+        # interleaving the phases and (NCHW) transposing while the rows are still in cache
+        i, y0, y1 = span
+        row0 = (i * f.hp + f.rh + y0) * f.wp
+        qa, qb = row0 + f.rw, row0 + (y1 - y0 - 1) * f.wp + f.rw + w  # first .. last interior block
+        blocks = torch.empty(((y1 - y0) * f.wp, ss, c), dtype=acc, device=dev)  # border columns never stored
         for g in range(f.g):
-            acc_view = blocks[qa:qb, :, g * cg:(g + 1) * cg]
+            acc_view = blocks[f.rw:f.rw + qb - qa, :, g * cg:(g + 1) * cg]
             for ky in range(f.kh):
                 acc_view.baddbmm_(a[qa:qb, g, :, ky, :], f.tap_rows(xflat, qa, qb, ky, g), beta=0 if ky == 0 else 1)
+        rows = (y1 - y0) * s
+        inner = blocks.view(y1 - y0, f.wp, s, s, c)[:, f.rw:f.rw + w].permute(0, 2, 1, 3, 4)
+        if layout == "NHWC":
+            out_nhwc[i, y0 * s:y1 * s].view(y1 - y0, s, w, s, c).copy_(inner)
+            return
+        tile = torch.empty((y1 - y0, s, w, s, c), dtype=dtype, device=dev)
+        tile.copy_(inner)
+        # torch's blocked 2-D transpose wants a contiguous destination: transpose into a
+        # contiguous tile, then copy its channel rows (runs of rows * sW) into the output
+        flipped = torch.empty((c, rows * w * s), dtype=dtype, device=dev)
+        flipped.copy_(tile.view(rows * w * s, c).t())
+        out[i, :, y0 * s:y1 * s].copy_(flipped.view(c, rows, w * s))
 
-    run_split(f.chunks(ss * c), chunk)
-    return _store_output(f, blocks, layout, features.dtype)
+    run_split(_row_chunks(f, ss * c), chunk)
+    return out_nhwc.permute(0, 3, 1, 2) if layout == "NHWC" else out
 
 
 def backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Tensor, kernel_size: int,
