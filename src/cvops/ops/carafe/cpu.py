@@ -24,7 +24,7 @@ import torch
 
 from cvops._core.memory import new_empty, new_zeros
 from cvops._core.parallel import run_split, single_threaded
-from cvops._core.transpose import copy_channels_last_into, to_channels_last
+from cvops._core.transpose import to_channels_last
 
 # Accumulator elements per chunk (1 MiB of float32): stays in cache across the k products. Chunks
 # are dealt to the cores by run_split (each core runs its products single-threaded: no barriers).
@@ -85,11 +85,46 @@ def _per_image(f: _Frame, body) -> None:
     run_split(list(range(f.n)), body)
 
 
+def _row_spans(rows: int, row_elems: int) -> list[tuple[int, int]]:
+    """Spans of ``rows`` holding about ``_CHUNK_ELEMS`` elements each (``row_elems`` per row)."""
+    step = max(1, _CHUNK_ELEMS // max(row_elems, 1))
+    return [(y, min(y + step, rows)) for y in range(0, rows, step)]
+
+
+def _is_channels_last(t: torch.Tensor) -> bool:
+    return t.permute(0, 2, 3, 1).is_contiguous()
+
+
+def _slab_to_rows(slab: torch.Tensor) -> torch.Tensor:
+    """NCHW slab ``[C, R, W]`` -> contiguous channels-last ``[R * W, C]`` (a cache-sized transpose)."""
+    c = slab.shape[0]
+    # gather the slab first: torch's blocked transpose is fast only from a contiguous source
+    packed = slab.contiguous().view(c, -1)
+    rows = torch.empty((packed.shape[1], c), dtype=slab.dtype, device=slab.device)
+    rows.copy_(packed.t())
+    return rows
+
+
+def _rows_to_slab(slab: torch.Tensor, rows: torch.Tensor) -> None:
+    """``slab`` (NCHW ``[C, R, W]`` view) <- contiguous channels-last ``rows`` ``[R * W, C]``.
+
+    torch's blocked 2-D transpose needs a contiguous destination: transpose into a contiguous
+    scratch, then copy its channel runs into the slab."""
+    flipped = torch.empty(tuple(slab.shape), dtype=rows.dtype, device=rows.device)
+    flipped.view(slab.shape[0], -1).copy_(rows.t())
+    slab.copy_(flipped)
+
+
 def _pad_input(f: _Frame, features: torch.Tensor, acc) -> torch.Tensor:
     """Features (logical NCHW) -> zero-padded channels-last frame, flattened ``[Q * C]``."""
     xp = _new_frame(f, (f.q_total, f.c), acc, features.device)
     inner = f.interior(xp)
-    _per_image(f, lambda n: inner[n:n + 1].copy_(to_channels_last(features[n:n + 1])))
+    if _is_channels_last(features):
+        _per_image(f, lambda n: inner[n].copy_(features[n].permute(1, 2, 0)))
+    else:  # NCHW: transpose a few rows at a time, in cache, straight into the frame
+        spans = _row_spans(f.h, f.w * f.c)
+        _per_image(f, lambda n: [inner[n, y0:y1].copy_(_slab_to_rows(features[n, :, y0:y1]).view(y1 - y0, f.w, f.c))
+                                 for y0, y1 in spans])
     return xp.view(-1)
 
 
@@ -130,9 +165,16 @@ def _frame_grad_output(f: _Frame, grad_output: torch.Tensor, acc) -> torch.Tenso
     gb = _new_frame(f, (f.q_total, f.s * f.s, f.c), acc, grad_output.device)
     inner = f.interior(gb).view(f.n, f.h, f.w, f.s, f.s, f.c)
 
+    s = f.s
+
     def fill(n):
-        src = to_channels_last(grad_output[n:n + 1]).view(1, f.h, f.s, f.w, f.s, f.c).permute(0, 1, 3, 2, 4, 5)
-        inner[n:n + 1].copy_(src)
+        if _is_channels_last(grad_output):
+            src = grad_output[n].permute(1, 2, 0).view(f.h, s, f.w, s, f.c).permute(0, 2, 1, 3, 4)
+            inner[n].copy_(src)
+            return
+        for y0, y1 in _row_spans(f.h, s * s * f.w * f.c):  # NCHW: transpose a few rows at a time, in cache
+            rows = _slab_to_rows(grad_output[n, :, y0 * s:y1 * s])
+            inner[n, y0:y1].copy_(rows.view(y1 - y0, s, f.w, s, f.c).permute(0, 2, 1, 3, 4))
 
     _per_image(f, fill)
     return gb
@@ -178,11 +220,7 @@ def forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int, group
             return
         tile = torch.empty((y1 - y0, s, w, s, c), dtype=dtype, device=dev)
         tile.copy_(inner)
-        # torch's blocked 2-D transpose wants a contiguous destination: transpose into a
-        # contiguous tile, then copy its channel rows (runs of rows * sW) into the output
-        flipped = torch.empty((c, rows * w * s), dtype=dtype, device=dev)
-        flipped.copy_(tile.view(rows * w * s, c).t())
-        out[i, :, y0 * s:y1 * s].copy_(flipped.view(c, rows, w * s))
+        _rows_to_slab(out[i, :, y0 * s:y1 * s], tile.view(rows * w * s, c))
 
     run_split(_row_chunks(f, ss * c), chunk)
     return out_nhwc.permute(0, 3, 1, 2) if layout == "NHWC" else out
@@ -238,23 +276,35 @@ def backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Ten
 
     run_split(f.chunks(c + kh * kw * ss * f.g), input_chunk)
 
-    gi_nhwc = new_empty((n, h, w, c), features.dtype, dev)
     gx_inner = f.interior(gx)
     src = f.interior(gm).reshape(n, h, w, f.g, f.s, f.s, kh, kw).permute(0, 1, 4, 2, 5, 3, 6, 7)
     cropped = (kh, kw) != (k, k)
-    gm_nhwc = (new_zeros if cropped else new_empty)((n, h * f.s, w * f.s, f.g * k * k), masks.dtype, dev)
-    gm_dst = gm_nhwc.view(n, h, f.s, w, f.s, f.g, k, k)[..., f.ky0:f.ky0 + kh, f.kx0:f.kx0 + kw]
-    gi = gi_nhwc if layout == "NHWC" else new_empty((n, c, h, w), features.dtype, dev)
-    gmask = gm_nhwc if layout == "NHWC" else new_empty(tuple(masks.shape), masks.dtype, dev)
-
-    def store(i):
-        gi_nhwc[i].copy_(gx_inner[i])
-        gm_dst[i].copy_(src[i])
-        if layout == "NCHW":
-            copy_channels_last_into(gi[i:i + 1], gi_nhwc[i:i + 1])
-            copy_channels_last_into(gmask[i:i + 1], gm_nhwc[i:i + 1])
-
-    _per_image(f, store)
+    gk = f.g * k * k
     if layout == "NHWC":
-        gi, gmask = gi.permute(0, 3, 1, 2), gmask.permute(0, 3, 1, 2)
+        gi = new_empty((n, h, w, c), features.dtype, dev)
+        gmask = (new_zeros if cropped else new_empty)((n, h * f.s, w * f.s, gk), masks.dtype, dev)
+        gm_dst = gmask.view(n, h, f.s, w, f.s, f.g, k, k)[..., f.ky0:f.ky0 + kh, f.kx0:f.kx0 + kw]
+
+        def store(i):
+            gi[i].copy_(gx_inner[i])
+            gm_dst[i].copy_(src[i])
+
+        _per_image(f, store)
+        return gi.permute(0, 3, 1, 2), gmask.permute(0, 3, 1, 2)
+
+    # NCHW: gather a few rows channels-last in cache, then transpose them into place
+    gi = new_empty((n, c, h, w), features.dtype, dev)
+    gmask = new_empty(tuple(masks.shape), masks.dtype, dev)
+
+    def store_nchw(i):
+        for y0, y1 in _row_spans(h, w * c):
+            tile = torch.empty((y1 - y0, w, c), dtype=features.dtype, device=dev)
+            tile.copy_(gx_inner[i, y0:y1])
+            _rows_to_slab(gi[i, :, y0:y1], tile.view(-1, c))
+        for y0, y1 in _row_spans(h, f.s * f.s * w * gk):
+            tile = (torch.zeros if cropped else torch.empty)((y1 - y0, f.s, w, f.s, gk), dtype=masks.dtype, device=dev)
+            tile.view(y1 - y0, f.s, w, f.s, f.g, k, k)[..., f.ky0:f.ky0 + kh, f.kx0:f.kx0 + kw].copy_(src[i, y0:y1])
+            _rows_to_slab(gmask[i, :, y0 * f.s:y1 * f.s], tile.view(-1, gk))
+
+    _per_image(f, store_nchw)
     return gi, gmask
