@@ -263,7 +263,9 @@ def backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Ten
     diagonal = a.as_strided((f.q1 - f.q0, f.g, kh, kw, ss), (sq, a.stride(1), wp * sq - kw, sq - 1, kh * kw),
                             a.storage_offset() + kh * kw - 1)
     ad = new_empty((f.q_total, f.g, kh, kw * ss), acc, dev)  # rows [q0, q1) are all the products read
-    ad.view(f.q_total, f.g, kh, kw, ss)[f.q0:f.q1].copy_(diagonal)
+    ad_rows = ad.view(f.q_total, f.g, kh, kw, ss)[f.q0:f.q1]
+    run_split([(a0 - f.q0, b0 - f.q0) for a0, b0 in f.chunks(f.g * kh * kw * ss)],
+              lambda span: ad_rows[span[0]:span[1]].copy_(diagonal[span[0]:span[1]]))
     gx = new_empty((f.q_total, c), acc, dev)
     def input_chunk(bounds):
         qa, qb = bounds
