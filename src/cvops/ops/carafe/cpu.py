@@ -17,6 +17,12 @@ an inf there must not meet the zero padding). Kernel rows/columns that can never
 (``k > 2H - 1``) are cropped, so huge kernels on small maps stay small. Blocks are processed in
 chunks of a few image rows so the accumulators stay in cache across the products. Accumulation is
 in float32 (float64 for float64 inputs).
+
+NCHW tensors meet the channels-last frame a few rows at a time: each span is gathered, transposed
+with torch's blocked 2-D transpose and placed while it is in cache, so no whole-tensor NHWC copy
+is made; the forward's products go from a per-span buffer straight to the output. Small fills
+and big strided copies run on run_split's single-threaded workers, not as threaded torch ops that
+wait at a barrier whenever a core is busy (milliseconds each on a shared machine).
 """
 from __future__ import annotations
 
