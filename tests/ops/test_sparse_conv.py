@@ -279,8 +279,8 @@ def test_deterministic_bits():
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("threads", [1, 2])
-def test_numba_scatter_matches_torch_scatter_bitwise(case, threads, monkeypatch):
-    """The numba row scatter (cpu_numba) and index_add_ give the same bits, on one and on two threads."""
+def test_numba_gather_scatter_match_torch_bitwise(case, threads, monkeypatch):
+    """The numba row gather and scatter (cpu_numba) give the bits of index_select / index_add_, on 1 and 2 threads."""
     from cvops._core import jit
     if not jit.numba_available():
         pytest.skip("numba not installed")

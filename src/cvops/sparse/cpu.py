@@ -32,6 +32,29 @@ def _scatter(out: torch.Tensor):
     return lambda index, rows: out.index_add_(0, index, rows)
 
 
+def _gather(src: torch.Tensor):
+    """``gather(index, out)``: ``out[:] = src[index]``, numba when enabled."""
+    if numba_enabled():
+        from . import cpu_numba
+        if cpu_numba.supports(src):
+            return lambda index, out: cpu_numba.gather_rows(out, src, index)
+    return lambda index, out: torch.index_select(src, 0, index, out=out)
+
+
+def _scatter_gather(out: torch.Tensor, src: torch.Tensor):
+    """``scatter_gather(index, rows, taken)``: ``out[index] += rows`` and ``taken[:] = src[index]``, one
+    numba pass over ``index`` when enabled (both touch the same rows)."""
+    if numba_enabled():
+        from . import cpu_numba
+        if cpu_numba.supports(out) and cpu_numba.supports(src):
+            return lambda index, rows, taken: cpu_numba.scatter_add_gather_rows(out, index, rows, taken, src)
+
+    def separate(index, rows, taken):
+        out.index_add_(0, index, rows)
+        torch.index_select(src, 0, index, out=taken)
+    return separate
+
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
@@ -54,9 +77,9 @@ def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, id
     width = max((n for _, n in todo), default=0)
     rows = new_empty((width, c_in), ct, f.device)
     prods = new_empty((width, c_out), ct, f.device)
-    scatter = _scatter(out)
+    scatter, gather = _scatter(out), _gather(f)
     for k, n in todo:
-        torch.index_select(f, 0, pairs[k, src_col, :n], out=rows[:n])
+        gather(pairs[k, src_col, :n], rows[:n])
         torch.mm(rows[:n], w[k], out=prods[:n])
         scatter(pairs[k, dst_col, :n], prods[:n])
     return out.to(features.dtype)
@@ -78,12 +101,11 @@ def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, ident
     g_rows = new_empty((width, c_out), ct, f.device)
     f_rows = new_empty((width, c_in), ct, f.device)
     prods = new_empty((width, c_in), ct, f.device)
-    scatter = _scatter(grad_features)
+    gather_g, scatter_gather_f = _gather(g), _scatter_gather(grad_features, f)
     for k, n in todo:
         src, dst = pairs[k, src_col, :n], pairs[k, dst_col, :n]
-        torch.index_select(g, 0, dst, out=g_rows[:n])
+        gather_g(dst, g_rows[:n])
         torch.mm(g_rows[:n], w[k].t(), out=prods[:n])
-        scatter(src, prods[:n])
-        torch.index_select(f, 0, src, out=f_rows[:n])
+        scatter_gather_f(src, prods[:n], f_rows[:n])
         torch.mm(f_rows[:n].t(), g_rows[:n], out=grad_weight[k])
     return grad_features.to(features.dtype), grad_weight.to(weight.dtype)

@@ -1,4 +1,4 @@
-"""Row scatter-add as a numba loop: the CPU fast path of ``cpu.py``'s scatter when numba is installed.
+"""Row gather and row scatter-add as numba loops: the CPU fast paths of ``cpu.py`` when numba is installed.
 
 Why: ``Tensor.index_add_`` on CPU walks the index serially and pays a tensor-iterator step per row, about
 twice the cost of the matching ``index_select``; at network scale it was a fifth of the encoder's time.
@@ -24,6 +24,14 @@ def supports(out: torch.Tensor) -> bool:
     return out.device.type == "cpu" and out.dtype in SUPPORTED and out.is_contiguous()
 
 
+def _gather(out, src, index):
+    n, c = out.shape
+    for i in prange(n):
+        row = index[i]
+        for j in range(c):
+            out[i, j] = src[row, j]
+
+
 def _scatter_add(out, index, rows):
     n, c = rows.shape
     for i in prange(n):
@@ -32,7 +40,48 @@ def _scatter_add(out, index, rows):
             out[dst, j] += rows[i, j]
 
 
+def _scatter_add_gather(out, index, rows, taken, src):
+    n, c = rows.shape
+    c_src = src.shape[1]
+    for i in prange(n):
+        row = index[i]
+        for j in range(c):
+            out[row, j] += rows[i, j]
+        for j in range(c_src):
+            taken[i, j] = src[row, j]
+
+
 _serial, _parallel = njit_variants(_scatter_add)
+_fused_serial, _fused_parallel = njit_variants(_scatter_add_gather)
+_gather_serial, _gather_parallel = njit_variants(_gather)
+
+
+def scatter_add_gather_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor, taken: torch.Tensor,
+                            src: torch.Tensor) -> None:
+    """``out[index[i]] += rows[i]`` and ``taken[i] = src[index[i]]`` in one pass over ``index`` (backward:
+    the input-gradient scatter and the input-row gather for the weight gradient share their rows)."""
+    n = rows.shape[0]
+    if n == 0:
+        return
+    if jit.use_parallel(n * (rows.shape[1] + src.shape[1])):
+        match_torch_threads()
+        kernel = _fused_parallel
+    else:
+        kernel = _fused_serial
+    kernel(out.numpy(), index.numpy(), rows.contiguous().numpy(), taken.numpy(), src.numpy())
+
+
+def gather_rows(out: torch.Tensor, src: torch.Tensor, index: torch.Tensor) -> None:
+    """``out[i] = src[index[i]]`` (``index_select`` into a contiguous ``out``; a plain copy, same bits)."""
+    n, c = out.shape
+    if n == 0:
+        return
+    if jit.use_parallel(n * c):
+        match_torch_threads()
+        kernel = _gather_parallel
+    else:
+        kernel = _gather_serial
+    kernel(out.numpy(), src.numpy(), index.numpy())
 
 
 def scatter_add_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> None:
