@@ -307,14 +307,21 @@ def psamask_backward(handle, psa_type, dy_desc, dy, h_mask, w_mask, dx_desc, dx)
 
 
 # -------------------------------------------------------------------------------------------- psroipool
-def _psroipool_descriptors(op, named):
-    """Non-null descriptors; 2^31 elements or bytes is NOT_SUPPORTED (MLU-OPS LARGE_TENSOR_SIZE)."""
+def _psroipool_descriptors(op, named, dtypes):
+    """Non-null descriptors; 2^31 elements or bytes is NOT_SUPPORTED (MLU-OPS LARGE_TENSOR_SIZE); then
+    dims (4, 2, 4, 4), the given dtypes, and NHWC for every tensor but the rois (second) -- BAD_PARAM."""
     for name, desc in named:
         check_descriptor(op, name, desc)
     for name, desc in named:
         nbytes = desc.numel * (torch.empty((), dtype=to_torch_dtype(desc.dtype)).element_size()
                                if desc.dtype != DataType.INVALID else 1)
         require_supported(nbytes < 2**31, op, f"{name} has 2^31 or more bytes")
+    for (name, desc), dim in zip(named, (4, 2, 4, 4)):
+        require(desc.dim == dim, op, f"{name} must be {dim}-D, got {desc.dim}-D")
+    for (name, desc), dtype in zip(named, dtypes):
+        require(desc.dtype == dtype, op, f"{name} dtype must be {dtype.name}, got {desc.dtype.name}")
+    for name, desc in (named[0], named[2], named[3]):
+        require(desc.layout == Layout.NHWC, op, f"{name} layout must be NHWC, got {desc.layout.name}")
 
 
 def _psroipool_common(op, pooled_height, pooled_width, spatial_scale, output_dim, pooled_desc, rois_desc):
@@ -365,13 +372,7 @@ def psroipool_forward(handle, pooled_height, pooled_width, spatial_scale, group_
     op = "mluOpPsRoiPoolForward"
     named = (("input_desc", input_desc), ("rois_desc", rois_desc), ("output_desc", output_desc),
              ("mapping_channel_desc", mapping_channel_desc))
-    _psroipool_descriptors(op, named)
-    for (name, desc), dim in zip(named, (4, 2, 4, 4)):
-        require(desc.dim == dim, op, f"{name} must be {dim}-D, got {desc.dim}-D")
-    for (name, desc), dtype in zip(named, (DataType.FLOAT, DataType.FLOAT, DataType.FLOAT, DataType.INT32)):
-        require(desc.dtype == dtype, op, f"{name} dtype must be {dtype.name}, got {desc.dtype.name}")
-    for name, desc in (named[0], named[2], named[3]):
-        require(desc.layout == Layout.NHWC, op, f"{name} layout must be NHWC, got {desc.layout.name}")
+    _psroipool_descriptors(op, named, (DataType.FLOAT, DataType.FLOAT, DataType.FLOAT, DataType.INT32))
     r, ph, pw, od = _psroipool_common(op, pooled_height, pooled_width, spatial_scale, output_dim, output_desc,
                                       rois_desc)
     require(isinstance(group_size, int) and not isinstance(group_size, bool), op,
@@ -414,13 +415,7 @@ def psroipool_backward(handle, pooled_height, pooled_width, spatial_scale, outpu
     op = "mluOpPsRoiPoolBackward"
     named = (("top_grad_desc", top_grad_desc), ("rois_desc", rois_desc),
              ("mapping_channel_desc", mapping_channel_desc), ("bottom_grad_desc", bottom_grad_desc))
-    _psroipool_descriptors(op, named)
-    for (name, desc), dim in zip(named, (4, 2, 4, 4)):
-        require(desc.dim == dim, op, f"{name} must be {dim}-D, got {desc.dim}-D")
-    for (name, desc), dtype in zip(named, (DataType.FLOAT, DataType.FLOAT, DataType.INT32, DataType.FLOAT)):
-        require(desc.dtype == dtype, op, f"{name} dtype must be {dtype.name}, got {desc.dtype.name}")
-    for name, desc in (named[0], named[2], named[3]):
-        require(desc.layout == Layout.NHWC, op, f"{name} layout must be NHWC, got {desc.layout.name}")
+    _psroipool_descriptors(op, named, (DataType.FLOAT, DataType.FLOAT, DataType.INT32, DataType.FLOAT))
     r, ph, pw, od = _psroipool_common(op, pooled_height, pooled_width, spatial_scale, output_dim, top_grad_desc,
                                       rois_desc)
     require(ph == pw, op, f"pooled_height ({ph}) must equal pooled_width ({pw})")
