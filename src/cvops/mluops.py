@@ -325,13 +325,16 @@ def _psroipool_descriptors(op, named, dtypes):
 
 
 def _psroipool_common(op, pooled_height, pooled_width, spatial_scale, output_dim, pooled_desc, rois_desc):
-    """The pooled-tensor checks shared by forward (output) and backward (top_grad); all BAD_PARAM."""
+    """The pooled-tensor, scale and rois checks shared by forward (output) and backward (top_grad); all BAD_PARAM."""
     for name, v in (("pooled_height", pooled_height), ("pooled_width", pooled_width), ("output_dim", output_dim)):
         require(isinstance(v, int) and not isinstance(v, bool), op, f"{name} must be an int, got {v!r}")
     r, ph, pw, od = pooled_desc.shape
     require(pooled_height == ph, op, f"pooled_height ({pooled_height}) must equal the pooled tensor's dim 1 ({ph})")
     require(pooled_width == pw, op, f"pooled_width ({pooled_width}) must equal the pooled tensor's dim 2 ({pw})")
     require(output_dim == od, op, f"output_dim ({output_dim}) must equal the pooled tensor's dim 3 ({od})")
+    require(ph == pw, op, f"pooled_height ({ph}) must equal pooled_width ({pw})")
+    require(od >= 1, op, f"output_dim must be >= 1, got {od}")
+    _check_scale_and_rois(op, spatial_scale, rois_desc, r)
     return r, ph, pw, od
 
 
@@ -378,10 +381,7 @@ def psroipool_forward(handle, pooled_height, pooled_width, spatial_scale, group_
     require(isinstance(group_size, int) and not isinstance(group_size, bool), op,
             f"group_size must be an int, got {group_size!r}")
     require(group_size == ph, op, f"group_size ({group_size}) must equal pooled_height ({ph})")
-    require(ph == pw, op, f"pooled_height ({ph}) must equal pooled_width ({pw})")
     require(group_size >= 1, op, f"group_size must be >= 1, got {group_size}")
-    require(od >= 1, op, f"output_dim must be >= 1, got {od}")
-    _check_scale_and_rois(op, spatial_scale, rois_desc, r)
     c = input_desc.shape[3]
     require(c == ph * pw * od, op, f"input channels ({c}) must equal pooled_height * pooled_width * output_dim "
                                    f"({ph * pw * od})")
@@ -418,9 +418,6 @@ def psroipool_backward(handle, pooled_height, pooled_width, spatial_scale, outpu
     _psroipool_descriptors(op, named, (DataType.FLOAT, DataType.FLOAT, DataType.INT32, DataType.FLOAT))
     r, ph, pw, od = _psroipool_common(op, pooled_height, pooled_width, spatial_scale, output_dim, top_grad_desc,
                                       rois_desc)
-    require(ph == pw, op, f"pooled_height ({ph}) must equal pooled_width ({pw})")
-    require(od >= 1, op, f"output_dim must be >= 1, got {od}")
-    _check_scale_and_rois(op, spatial_scale, rois_desc, r)
     c = bottom_grad_desc.shape[3]
     require(c == od * ph * pw, op, f"bottom_grad channels ({c}) must equal output_dim * pooled_width * "
                                    f"pooled_height ({od * ph * pw})")
