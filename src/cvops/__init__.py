@@ -3,6 +3,7 @@
 Functional ops live here, modules in :mod:`cvops.nn`, the MLU-OPS-style interface in :mod:`cvops.mluops`.
 """
 from ._core.errors import BadParamError, CvopsError, NotSupportedError, Status
+from ._core.memory import empty_cache
 from .ops.psamask import psamask, psamask_backward, psamask_forward
 from .ops.carafe import carafe, carafe_backward, carafe_forward, carafe_naive
 from .ops.psroipool import psroi_pool, psroi_pool_backward
