@@ -40,18 +40,21 @@ def numba_enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1").strip() not in ("0", "false", "False", "no", "off") and numba_available()
 
 
-def njit(fn: Optional[Callable] = None, *, parallel: bool = False):
+def njit(fn: Optional[Callable] = None, *, parallel: bool = False, error_model: str = "python"):
     """``numba.njit(cache=True, nogil=True, parallel=parallel, fastmath=False)`` as a decorator, with or
-    without arguments. Imports numba, so use it only in modules imported after :func:`numba_enabled`."""
+    without arguments. Imports numba, so use it only in modules imported after :func:`numba_enabled`.
+
+    ``error_model="numpy"``: divisions follow IEEE (x/0 gives inf/NaN) instead of raising
+    ZeroDivisionError; without the per-division check, loops with divisions can be vectorised."""
     import numba
 
     def wrap(f):
-        return numba.njit(cache=True, nogil=True, parallel=parallel, fastmath=False)(f)
+        return numba.njit(cache=True, nogil=True, parallel=parallel, fastmath=False, error_model=error_model)(f)
 
     return wrap(fn) if fn is not None else wrap
 
 
-def njit_variants(fn: Callable):
+def njit_variants(fn: Callable, *, error_model: str = "python"):
     """``(serial, parallel)`` compilations of one kernel written with ``prange``.
 
     Waking a thread pool costs from tens of microseconds (idle machine) to a scheduler tick or two (busy
@@ -65,7 +68,7 @@ def njit_variants(fn: Callable):
                                   fn.__closure__)
         copy.__qualname__ = f"{fn.__qualname__}_{suffix}"
         copy.__doc__ = fn.__doc__
-        variants.append(njit(copy, parallel=parallel))
+        variants.append(njit(copy, parallel=parallel, error_model=error_model))
     return tuple(variants)
 
 

@@ -100,7 +100,7 @@ def new_empty(shape, dtype: torch.dtype, device: torch.device | str = "cpu") -> 
     numel = 1
     for s in shape:
         numel *= int(s)
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     nbytes = numel * itemsize
     if device.type != "cpu" or dtype not in _NUMPY_OF or nbytes < _HUGE:
         return torch.empty(tuple(shape), dtype=dtype, device=device)

@@ -34,9 +34,9 @@ def check_tensor(op: str, name: str, t, *, dim: int | None = None,
     require(isinstance(t, torch.Tensor), op, f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if dim is not None:
         require(t.dim() == dim, op, f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
-    if dtypes is not None:
+    if dtypes is not None and t.dtype not in dtypes:  # the message is built only on failure (hot path)
         names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        require(t.dtype in dtypes, op, f"{name} dtype must be one of ({names}), got {str(t.dtype).replace('torch.', '')}")
+        require(False, op, f"{name} dtype must be one of ({names}), got {str(t.dtype).replace('torch.', '')}")
 
 
 def check_int(op: str, name: str, value, *, min_value: int | None = None) -> int:
