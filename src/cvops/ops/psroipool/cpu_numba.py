@@ -447,6 +447,10 @@ def _forward_table_kernel(x, rois, ph_n, pw_n, scale, od, out, mapping, ms, dt, 
     for ctop in range(od):
         for k in range(groups):
             template[ctop * ms[1] + (k // pw_n) * ms[2] + (k % pw_n) * ms[3]] = ctop * groups + k
+    inverse = np.empty(height * width + 1, np.float64)  # 1/area by lookup: a division per bin is slow
+    inverse[0] = 0.0
+    for a in range(1, height * width + 1):
+        inverse[a] = 1.0 / np.float64(a)
     for i in prange(r):
         for e in range(block):
             mapping[i, e] = template[e]
@@ -463,11 +467,11 @@ def _forward_table_kernel(x, rois, ph_n, pw_n, scale, od, out, mapping, ms, dt, 
                     for ctop in range(od):
                         out[top, ctop] = 0
                     continue
+                inv_area = inverse[(he - hs) * (we - ws)]
                 high_high = (high + we) * groups + k
                 low_high = (low + we) * groups + k
                 high_low = (high + ws) * groups + k
                 low_low = (low + ws) * groups + k
-                inv_area = 1.0 / np.float64((he - hs) * (we - ws))
                 for ctop in range(od):
                     out[top, ctop] = (table[high_high, ctop] - table[low_high, ctop]
                                       - table[high_low, ctop] + table[low_low, ctop]) * inv_area
