@@ -229,6 +229,10 @@ def _backward_canonical(edges, rois, ph_n, pw_n, diffs, bottom, bs, shape, acc, 
     od = c // groups
     nhwc = bs[1] == 1 and bs[3] == c
     per_image = _batch_counts(rois, n)
+    acc_flat = acc.reshape(acc.shape[0] * od)
+    source = np.empty(c, np.int64)  # input channel ctop*K + k sits at k*od + ctop of a pixel's acc entries
+    for ch in range(c):
+        source[ch] = (ch % groups) * od + ch // groups
     band = 4  # rows per task
     bands = (height + band - 1) // band
     for task in prange(n * bands):
@@ -268,10 +272,10 @@ def _backward_canonical(edges, rois, ph_n, pw_n, diffs, bottom, bs, shape, acc, 
         for y in range(y0, y1):
             for xx in range(width):
                 p = (b * height + y) * width + xx
-                if nhwc:
-                    for k in range(groups):
-                        for ctop in range(od):
-                            rows_nhwc[p, ctop * groups + k] = acc[p * groups + k, ctop]
+                if nhwc:  # contiguous writes, reads through the channel permutation
+                    at = p * c
+                    for ch in range(c):
+                        rows_nhwc[p, ch] = acc_flat[at + source[ch]]
                 else:
                     pixel = b * bs[0] + y * bs[2] + xx * bs[3]
                     for k in range(groups):
