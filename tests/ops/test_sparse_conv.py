@@ -527,3 +527,36 @@ def test_layers_match_spconv_forward():
         xs, x = ref[i](xs), net[i](x)
         assert list(xs.spatial_shape) == x.spatial_shape and xs.features.shape == x.features.shape
         assert diff1(x.dense(), xs.dense()) < 1e-3 and diff2(x.dense(), xs.dense()) < 1e-3
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
+    """The cpu backend's destination-row blocks (here a few rows each, chunks of 3 pairs) run on any
+    thread: 1 and 2 torch threads, numba on and off, give the same bits, and match the reference."""
+    from cvops._core import jit
+    from cvops.sparse import cpu
+    monkeypatch.setattr(cpu, "BLOCK_ROWS", (7, 7))
+    monkeypatch.setattr(cpu, "CHUNK_BYTES", 3 * 7 * 4)  # 3 rows of the widest side (7 channels, float32)
+    feats, weight, pairs, num, num_out, inverse, ident = _map_case(**CASES[case], n=60, cin=5, cout=7)
+    grad = torch.linspace(-1, 1, num_out * weight.shape[2]).reshape(num_out, -1)
+    switches = ("0", "1") if jit.numba_available() else ("0",)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            for switch in switches:
+                monkeypatch.setenv("CVOPS_NUMBA", switch)
+                f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
+                out = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident,
+                                         backend="cpu")
+                results.append((out.detach(), *torch.autograd.grad(out, (f, w), grad)))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert bit_equal(a, b)
+    f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
+    ref = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident, backend="reference")
+    for a, b in zip(results[0], (ref.detach(), *torch.autograd.grad(ref, (f, w), grad))):
+        assert diff1(a, b) < 1e-6 and diff2(a, b) < 1e-6

@@ -95,3 +95,43 @@ def scatter_add_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor)
     else:
         kernel = _serial
     kernel(out.numpy(), index.numpy(), rows.contiguous().numpy())
+
+
+def _block_bounds(pairs, counts, col, block_rows, bounds, ascending):
+    n_blocks = bounds.shape[1] - 1
+    for k in prange(pairs.shape[0]):
+        b = 0
+        prev = -1
+        ok = True
+        bounds[k, 0] = 0
+        for i in range(counts[k]):
+            row = pairs[k, col, i]
+            if row < prev:
+                ok = False
+            prev = row
+            block = min(row // block_rows, n_blocks)
+            while b < block:
+                b += 1
+                bounds[k, b] = i
+        while b < n_blocks:
+            b += 1
+            bounds[k, b] = counts[k]
+        ascending[k] = ok
+
+
+_bounds_serial, _bounds_parallel = njit_variants(_block_bounds)
+
+
+def block_bounds(pairs: torch.Tensor, counts: torch.Tensor, col: int, block_rows: int, n_blocks: int):
+    """``(bounds [K, n_blocks + 1], ascending)``: ``bounds[k, b]`` is the first pair of offset ``k`` whose
+    ``pairs[k, col]`` row lies in block ``b`` (rows ``[b * block_rows, (b + 1) * block_rows)``), one pass
+    over the map; ``ascending`` says whether every offset's column is sorted (else the bounds mean nothing)."""
+    K = pairs.shape[0]
+    bounds = torch.empty((K, n_blocks + 1), dtype=torch.int64)
+    ascending = torch.empty(K, dtype=torch.bool)
+    work = int(counts.sum())
+    kernel = _bounds_parallel if jit.use_parallel(work) else _bounds_serial
+    if kernel is _bounds_parallel:
+        match_torch_threads()
+    kernel(pairs.numpy(), counts.to(torch.int64).numpy(), col, block_rows, bounds.numpy(), ascending.numpy())
+    return bounds, bool(ascending.all())
