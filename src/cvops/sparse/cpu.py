@@ -33,9 +33,9 @@ from .._core.jit import numba_enabled
 from .._core.memory import new_empty
 from .._core.parallel import pool, single_threaded
 
-BLOCK_BYTES = 4 << 20   # destination rows per block: this many bytes of output rows ...
+BLOCK_BYTES = 1 << 20   # destination rows per block: this many bytes of output rows ...
 BLOCK_ROWS = (1024, 16384)  # ... within these bounds
-CHUNK_BYTES = 2 << 20   # the most pairs gathered per GEMM: this many bytes of the wider row side
+CHUNK_BYTES = 1 << 20   # the most pairs gathered per GEMM: this many bytes of the wider row side
 
 
 def _block_rows(channels: int, itemsize: int) -> int:
