@@ -560,3 +560,27 @@ def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
     ref = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident, backend="reference")
     for a, b in zip(results[0], (ref.detach(), *torch.autograd.grad(ref, (f, w), grad))):
         assert diff1(a, b) < 1e-6 and diff2(a, b) < 1e-6
+
+
+@pytest.mark.parametrize("col", [0, 1])
+def test_sort_pairs_numba_matches_torch(col, monkeypatch):
+    """sort_pairs_by_column: the numba merge sort gives the torch stable sort's map (ties keep their order,
+    the slots past indice_num stay as they were), and an already sorted map comes back as it is."""
+    from cvops._core import jit
+    from cvops.sparse.functional import sort_pairs_by_column
+    if not jit.numba_available():
+        pytest.skip("numba not installed")
+    g = torch.Generator().manual_seed(23)
+    pairs = torch.randint(0, 9, (5, 2, 40), generator=g, dtype=torch.int32)  # ties on purpose
+    num = torch.tensor([40, 0, 17, 1, 33], dtype=torch.int32)
+    results = []
+    for switch in ("0", "1"):
+        monkeypatch.setenv("CVOPS_NUMBA", switch)
+        results.append(sort_pairs_by_column(pairs, num, col))
+        again = sort_pairs_by_column(results[-1], num, col)
+        assert again is results[-1]
+    assert torch.equal(results[0], results[1])
+    for k in range(5):
+        n = int(num[k])
+        assert torch.all(results[1][k, col, :n].diff() >= 0)
+        assert torch.equal(results[1][k, :, n:], pairs[k, :, n:])

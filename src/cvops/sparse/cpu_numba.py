@@ -12,6 +12,7 @@ element receives at most one addition per call, in the same offset order as the 
 from __future__ import annotations
 
 import torch
+import numpy as np
 from numba import prange
 
 from .._core import jit
@@ -135,3 +136,29 @@ def block_bounds(pairs: torch.Tensor, counts: torch.Tensor, col: int, block_rows
         match_torch_threads()
     kernel(pairs.numpy(), counts.to(torch.int64).numpy(), col, block_rows, bounds.numpy(), ascending.numpy())
     return bounds, bool(ascending.all())
+
+
+def _sort_by_column(pairs, counts, col, out):
+    for k in prange(pairs.shape[0]):
+        n = counts[k]
+        order = np.argsort(pairs[k, col, :n], kind="mergesort")
+        for c in range(2):
+            for i in range(n):
+                out[k, c, i] = pairs[k, c, order[i]]
+            for i in range(n, pairs.shape[2]):
+                out[k, c, i] = pairs[k, c, i]
+
+
+_sort_serial, _sort_parallel = njit_variants(_sort_by_column)
+
+
+def sort_pairs_by_column(pairs: torch.Tensor, counts: torch.Tensor, col: int) -> torch.Tensor:
+    """Each offset's valid pairs in ascending ``pairs[k, col]`` (stable merge sort), the tail slots as they
+    were: the result of ``functional.sort_pairs_by_column``'s torch sort, without its int64 key copy."""
+    out = torch.empty_like(pairs)
+    work = int(counts.sum()) * 16
+    kernel = _sort_parallel if jit.use_parallel(work) else _sort_serial
+    if kernel is _sort_parallel:
+        match_torch_threads()
+    kernel(pairs.numpy(), counts.to(torch.int64).numpy(), col, out.numpy())
+    return out
