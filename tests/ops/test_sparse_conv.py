@@ -536,6 +536,7 @@ def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
     from cvops._core import jit
     from cvops.sparse import cpu
     monkeypatch.setattr(cpu, "BLOCK_ROWS", (7, 7))
+    monkeypatch.setattr(cpu, "MAX_AHEAD", 1)
     monkeypatch.setattr(cpu, "CHUNK_BYTES", 3 * 7 * 4)  # 3 rows of the widest side (7 channels, float32)
     feats, weight, pairs, num, num_out, inverse, ident = _map_case(**CASES[case], n=60, cin=5, cout=7)
     grad = torch.linspace(-1, 1, num_out * weight.shape[2]).reshape(num_out, -1)

@@ -36,6 +36,7 @@ from .._core.parallel import pool, single_threaded
 BLOCK_BYTES = 1 << 20   # destination rows per block: this many bytes of output rows ...
 BLOCK_ROWS = (1024, 16384)  # ... within these bounds
 CHUNK_BYTES = 1 << 20   # the most pairs gathered per GEMM: this many bytes of the wider row side
+MAX_AHEAD = 8  # backward: blocks a worker may run ahead of the oldest unfinished one
 
 
 def _block_rows(channels: int, itemsize: int) -> int:
@@ -200,19 +201,20 @@ def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, ident
     chunk = _chunk_rows(max(c_in, c_out), itemsize)
     gather_g, scatter_gather_f = _gather(g), _scatter_gather(grad_features, f)
     # per-block weight-gradient partials, added to grad_weight in block order as blocks finish
-    lock = threading.Lock()
+    added = threading.Condition()
     finished: dict[int, torch.Tensor] = {}
     spare: list[torch.Tensor] = []
     next_block = [0]
 
     def add_in_order(b: int, partial: torch.Tensor) -> None:
-        with lock:
+        with added:
             finished[b] = partial
             while next_block[0] in finished:
                 summed = finished.pop(next_block[0])
                 grad_weight.add_(summed)
                 spare.append(summed)
                 next_block[0] += 1
+            added.notify_all()
 
     def scratch():
         width = min(chunk, max((n for _, n in todo), default=0))
@@ -222,7 +224,9 @@ def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, ident
     def body(b, bufs):
         g_rows, f_rows, prods = bufs
         r0, r1 = b * block, min(n_rows, (b + 1) * block)
-        with lock:
+        with added:
+            # bound the partials waiting for an earlier block (a descheduled worker) to MAX_AHEAD
+            added.wait_for(lambda: b - next_block[0] <= MAX_AHEAD)
             partial = spare.pop() if spare else None
         if partial is None:
             partial = torch.empty_like(w)
