@@ -101,23 +101,14 @@ def scatter_add_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor)
 def _block_bounds(pairs, counts, col, block_rows, bounds, ascending):
     n_blocks = bounds.shape[1] - 1
     for k in prange(pairs.shape[0]):
-        b = 0
-        prev = -1
-        ok = True
-        bounds[k, 0] = 0
-        for i in range(counts[k]):
-            row = pairs[k, col, i]
-            if row < prev:
-                ok = False
-            prev = row
-            block = min(row // block_rows, n_blocks)
-            while b < block:
-                b += 1
-                bounds[k, b] = i
-        while b < n_blocks:
-            b += 1
-            bounds[k, b] = counts[k]
-        ascending[k] = ok
+        n = counts[k]
+        rows = pairs[k, col, :n]
+        descents = 0
+        for i in range(1, n):  # branch-free, so it vectorises
+            descents += rows[i] < rows[i - 1]
+        ascending[k] = descents == 0
+        for b in range(n_blocks + 1):
+            bounds[k, b] = np.searchsorted(rows, b * block_rows) if b < n_blocks else n
 
 
 _bounds_serial, _bounds_parallel = njit_variants(_block_bounds)
