@@ -585,3 +585,31 @@ def test_sort_pairs_numba_matches_torch(col, monkeypatch):
         n = int(num[k])
         assert torch.all(results[1][k, col, :n].diff() >= 0)
         assert torch.equal(results[1][k, :, n:], pairs[k, :, n:])
+
+
+def test_cpu_block_error_reaches_the_caller_and_leaves_the_workers_usable(monkeypatch):
+    """An error inside one block (here an out-of-range row that check_values=False let through, on the torch
+    path) is raised to the caller once every worker stopped; the next call runs normally."""
+    from cvops.sparse import cpu
+    monkeypatch.setattr(cpu, "BLOCK_ROWS", (7, 7))
+    monkeypatch.setattr(cpu, "MAX_AHEAD", 1)
+    monkeypatch.setenv("CVOPS_NUMBA", "0")
+    feats, weight, pairs, num, num_out, inverse, ident = _map_case(n=60, cin=5, cout=7)
+    bad = pairs.clone()
+    k = int(torch.nonzero(num).flatten()[0])
+    bad[k, 0, 0] = 10**6
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for _ in range(2):
+            f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
+            with pytest.raises((IndexError, RuntimeError)):
+                sparse.indice_conv(f, w, bad, num, num_out, check_values=False, backend="cpu")
+            with pytest.raises((IndexError, RuntimeError)):  # the backward's weight-gradient wait is released
+                cpu.backward(torch.ones(num_out, 7), feats, weight, bad, num, False, -1)
+            out = sparse.indice_conv(f, w, pairs, num, num_out, backend="cpu")
+            ref = sparse.indice_conv(f, w, pairs, num, num_out, backend="reference")
+            assert diff1(out, ref) < 1e-6
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)

@@ -26,6 +26,7 @@ initialises the block. Half types are computed in float32 and rounded once at th
 from __future__ import annotations
 
 import threading
+from concurrent.futures import wait
 
 import torch
 
@@ -127,10 +128,17 @@ def _run_blocks(n_blocks: int, body, make_scratch) -> None:
                     b = next(blocks, None)
                 if b is None:
                     return
-                body(b, scratch)
+                try:
+                    body(b, scratch)
+                except BaseException:
+                    with lock:  # the other workers stop at their next block
+                        for _ in blocks:
+                            pass
+                    raise
 
     with single_threaded():
         futures = [pool(threads).submit(work) for _ in range(min(threads, n_blocks))]
+        wait(futures)  # all workers are done before the thread count is restored
         for future in futures:
             future.result()
 
@@ -161,7 +169,8 @@ def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, id
 
     def scratch():
         width = min(chunk, max((n for _, n in todo), default=0))
-        return torch.empty((width, c_in), dtype=ct, device=f.device), torch.empty((width, c_out), dtype=ct, device=f.device)
+        empty = lambda c: torch.empty((width, c), dtype=ct, device=f.device)  # noqa: E731
+        return empty(c_in), empty(c_out)
 
     def body(b, bufs):
         rows, prods = bufs
@@ -205,6 +214,7 @@ def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, ident
     finished: dict[int, torch.Tensor] = {}
     spare: list[torch.Tensor] = []
     next_block = [0]
+    failed = [False]
 
     def add_in_order(b: int, partial: torch.Tensor) -> None:
         with added:
@@ -222,11 +232,21 @@ def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, ident
         return empty(c_out), empty(c_in), empty(c_in)
 
     def body(b, bufs):
-        g_rows, f_rows, prods = bufs
+        try:
+            block_backward(b, *bufs)
+        except BaseException:
+            with added:  # no worker may wait for this block's partial
+                failed[0] = True
+                added.notify_all()
+            raise
+
+    def block_backward(b, g_rows, f_rows, prods):
         r0, r1 = b * block, min(n_rows, (b + 1) * block)
         with added:
             # bound the partials waiting for an earlier block (a descheduled worker) to MAX_AHEAD
-            added.wait_for(lambda: b - next_block[0] <= MAX_AHEAD)
+            added.wait_for(lambda: b - next_block[0] <= MAX_AHEAD or failed[0])
+            if failed[0]:
+                return
             partial = spare.pop() if spare else None
         if partial is None:
             partial = torch.empty_like(w)
