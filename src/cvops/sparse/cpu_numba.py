@@ -3,7 +3,10 @@
 Why: ``Tensor.index_add_`` on CPU walks the index serially and pays a tensor-iterator step per row, about
 twice the cost of the matching ``index_select``; at network scale it was a fifth of the encoder's time.
 Here ``out[index[i]] += rows[i]`` is one tight loop per row, parallel over rows when torch uses several
-threads.
+threads (``cpu.py`` calls them from its single-threaded block workers, so there they run serially).
+
+Also here: the per-offset block bounds of a sorted map (binary search, plus a branch-free sortedness pass)
+and the stable per-offset sort of a map by one column, both without the int64 copy the torch versions make.
 
 Determinism: callers pass one kernel offset at a time, whose destination rows are unique, so every output
 element receives at most one addition per call, in the same offset order as the torch path: the bits equal
