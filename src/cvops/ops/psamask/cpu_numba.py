@@ -38,6 +38,7 @@ from .checks import COLLECT
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 _PARALLEL_ELEMENTS = 1 << 18  # below this (~1 MB) a thread hand-off costs more than it saves
+CHUNKS_PER_THREAD = 4
 # Planes written together (see the kernels). Rows whose source is contiguous too (the copy is a memcpy)
 # want a small tile; strided sources want whole blocks, so one prefetch pass covers each row.
 CONTIGUOUS_TILE = 8
@@ -217,8 +218,10 @@ def _launch(kernel, tile, out: torch.Tensor, src: torch.Tensor, strides, h, w, h
     if workers < 2 or blocks < 2 or out.numel() < _PARALLEL_ELEMENTS:
         kernel(*args, 0, blocks, *tail)
         return
-    workers = min(workers, blocks)
-    bounds = [blocks * i // workers for i in range(workers + 1)]
+    # More chunks than threads, taken from the pool's queue as threads come free: on a shared machine one
+    # descheduled thread then delays only its current chunk, not half of the work.
+    chunks = min(blocks, workers * CHUNKS_PER_THREAD)
+    bounds = [blocks * i // chunks for i in range(chunks + 1)]
     futures = [pool(workers).submit(kernel, *args, lo, hi, *tail) for lo, hi in zip(bounds[:-1], bounds[1:])]
     for future in futures:
         future.result()
