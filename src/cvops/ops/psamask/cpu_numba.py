@@ -1,8 +1,9 @@
 """psamask as compiled loops: the CPU fast path when numba is installed (see ``_core/jit.py``).
 
 Why: the strided copies of ``cpu.py`` pay per element for the shear ``q = p + d - half``, which gives one
-side of every copy a non-unit inner stride, and its backward streams most of ``dx`` twice. Here every
-output element is written exactly once per pass, block by block, in the output's storage order:
+side of every copy a non-unit inner stride, and its backward streams most of ``dx`` through memory
+twice. Here the output is written block by block in its storage order, each block finished while it is
+still in cache:
 
 * forward, output ``[n, q, p]`` (COLLECT NCHW, DISTRIBUTE NHWC) or ``[n, p, q]`` (DISTRIBUTE NCHW,
   COLLECT NHWC): one block per ``(n, qh)`` or ``(n, ph)``, walked row by row (``ph`` or ``qh``); each
