@@ -13,6 +13,7 @@ the result does not depend on the thread count.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 import torch
 from numba import prange
@@ -129,7 +130,9 @@ def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, p
     out = data_col.view(_BITS[feature.dtype]).numpy()
     if use_parallel(channels * taps * mask_cnt, threshold=2e5):
         match_torch_threads()
-        _gather_parallel(storage, stride_c, *plan, out)
+        # channels handed out in small chunks: a worker the OS deschedules holds up only its chunk
+        with numba.parallel_chunksize(max(1, channels // 32)):
+            _gather_parallel(storage, stride_c, *plan, out)
     else:
         _gather_serial(storage, stride_c, *plan, out)
     return data_col
