@@ -4,19 +4,31 @@ Why: the torch path (``cpu.py``) is one ``index_select`` over a ``kh*kw*M`` inde
 below memory bandwidth (per-element index loads and bounds checks); the RetinaNet-head case needs the
 gather to run near copy speed.
 
-How: a small table gives, for every tap and mask point, the element offset of the source inside a
-channel plane, or -1 where the tap falls outside the feature. Then each channel plane (tens of KB, so
-it stays in L2) is read once from memory, and every tap's row of ``data_col`` is written contiguously.
+How: a small plan gives each mask point whose whole window lies inside the feature its window's
+offset in a channel plane (tap t then reads ``origin + deltas[t]``), and each other ("border") point the
+offset of every tap, -1 where the tap falls outside. Each channel plane (tens of KB, so it stays in L2)
+is read once from memory, and every tap's row of ``data_col`` is written once, in order: branch-free
+runs of interior points between the border points.
 Values move as raw bits (fp16/bf16 as int16, fp32 as int32, fp64 as int64), so NaN payloads and -0.0
 survive exactly as in the reference. Every output element is written by exactly one loop iteration, so
 the result does not depend on the thread count.
+
+On x86-64 the rows are written with non-temporal (streaming) stores: ``data_col`` is written once and
+not read back here, and streaming stores skip reading each destination line into the cache first
+(a third of the memory traffic; 0.9 -> 0.6 ms on the RetinaNet-head case). An ``sfence`` per channel
+makes them visible before the threads join.
 """
 from __future__ import annotations
+
+import platform
 
 import numba
 import numpy as np
 import torch
-from numba import prange
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from ..._core.jit import match_torch_threads, njit, njit_variants, use_parallel
 from ..._core.memory import new_empty
@@ -31,23 +43,54 @@ def supports(feature: torch.Tensor, *indices: torch.Tensor) -> bool:
             and feature.numel() > 0)
 
 
+# ------------------------------------------------------------------------------------------- stores
+_STREAMING = platform.machine().lower() in ("x86_64", "amd64")
+
+
+@intrinsic
+def _stream_store(typingctx, array, index, value):
+    """``array[index] = value`` (1-D contiguous array, index in range) as a non-temporal store on x86-64,
+    a plain store elsewhere."""
+    def codegen(context, builder, signature, args):
+        array_type = signature.args[0]
+        data = context.make_array(array_type)(context, builder, args[0]).data
+        value = context.cast(builder, args[2], signature.args[2], array_type.dtype)
+        store = builder.store(value, builder.gep(data, [args[1]]))
+        if _STREAMING:
+            store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        return context.get_dummy_value()
+
+    return types.void(array, index, value), codegen
+
+
+@intrinsic
+def _store_fence(typingctx):
+    """``sfence`` on x86-64: streaming stores before it are visible before any store after it."""
+    def codegen(context, builder, signature, args):
+        if _STREAMING:
+            sfence = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                                    "llvm.x86.sse.sfence")
+            builder.call(sfence, [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
 # ------------------------------------------------------------------------------------------- kernels
 @njit
 def _plan(mask_h_idx, mask_w_idx, height, width, stride_h, stride_w, kernel_h, kernel_w, pad_h, pad_w):
     """Where every (tap, mask point) reads, relative to the start of a channel plane.
 
-    Returns ``(origin [M], deltas [kh*kw], border [B, 3])``. A point whose whole window lies inside the
-    feature reads tap t at ``origin[m] + deltas[t]``. Every other point has origin 0 (a harmless in-plane
-    read that is overwritten) and one ``border`` row ``(t, m, offset)`` per tap, offset -1 meaning 0.
+    Returns ``(origin [M], deltas [kh*kw], border_m [B], border_offset [B, kh*kw])``. A point whose
+    whole window lies inside the feature reads tap t at ``origin[m] + deltas[t]``. The B other points
+    (ascending m) read tap t at ``border_offset[b, t]``, where -1 means the tap is outside (value 0).
     """
     mask_cnt = mask_h_idx.shape[0]
     taps = kernel_h * kernel_w
-    fits = kernel_h <= height and kernel_w <= width  # else no window is inside and deltas stay 0
-    deltas = np.zeros(taps, np.int64)
-    if fits:
-        for i in range(kernel_h):
-            for j in range(kernel_w):
-                deltas[i * kernel_w + j] = i * stride_h + j * stride_w
+    deltas = np.empty(taps, np.int64)
+    for i in range(kernel_h):
+        for j in range(kernel_w):
+            deltas[i * kernel_w + j] = i * stride_h + j * stride_w
     origin = np.zeros(mask_cnt, np.int64)
     inside = np.zeros(mask_cnt, np.bool_)
     border_cnt = 0
@@ -55,35 +98,35 @@ def _plan(mask_h_idx, mask_w_idx, height, width, stride_h, stride_w, kernel_h, k
         # int64 arithmetic as in the torch path (any index value is legal)
         top = np.int64(mask_h_idx[m]) - pad_h
         left = np.int64(mask_w_idx[m]) - pad_w
-        if fits and top >= 0 and top <= height - kernel_h and left >= 0 and left <= width - kernel_w:
+        if top >= 0 and top <= height - kernel_h and left >= 0 and left <= width - kernel_w:
             inside[m] = True
             origin[m] = top * stride_h + left * stride_w
         else:
-            border_cnt += taps
-    border = np.empty((border_cnt, 3), np.int64)
+            border_cnt += 1
+    border_m = np.empty(border_cnt, np.int64)
+    border_offset = np.empty((border_cnt, taps), np.int64)
     b = 0
     for m in range(mask_cnt):
         if inside[m]:
             continue
+        border_m[b] = m
         top = np.int64(mask_h_idx[m]) - pad_h
         left = np.int64(mask_w_idx[m]) - pad_w
         for i in range(kernel_h):
             h = top + i
             for j in range(kernel_w):
                 w = left + j
-                border[b, 0] = i * kernel_w + j
-                border[b, 1] = m
-                if h >= 0 and h < height and w >= 0 and w < width:
-                    border[b, 2] = h * stride_h + w * stride_w
-                else:
-                    border[b, 2] = -1
-                b += 1
-    return origin, deltas, border
+                inside_tap = h >= 0 and h < height and w >= 0 and w < width
+                border_offset[b, i * kernel_w + j] = h * stride_h + w * stride_w if inside_tap else -1
+        b += 1
+    return origin, deltas, border_m, border_offset
 
 
-def _gather(storage, stride_c, origin, deltas, border, data_col):
-    """``data_col[c*T + t, m] = storage[c*stride_c + origin[m] + deltas[t]]``, then the border entries.
+def _gather(storage, stride_c, origin, deltas, border_m, border_offset, data_col):
+    """``data_col[c*T + t, m] = storage[c*stride_c + origin[m] + deltas[t]]`` for interior points and
+    ``storage[c*stride_c + border_offset[b, t]]`` (or 0) for border point ``border_m[b]``.
 
+    Each row is written once, in order, the interior runs between border points without a branch.
     Unsigned index arithmetic: every index is in range and non-negative, and numba's wraparound of
     negative indices would otherwise cost a branch per element.
     """
@@ -96,11 +139,17 @@ def _gather(storage, stride_c, origin, deltas, border, data_col):
         for t in range(taps):
             row = data_col[c * taps + t]
             src = base + np.uint64(deltas[t])
-            for m in range(mask_cnt):
-                row[np.uint64(m)] = storage[src + np.uint64(origin[m])]
-        for b in range(border.shape[0]):
-            offset = border[b, 2]
-            data_col[c * taps + border[b, 0], border[b, 1]] = storage[base + np.uint64(offset)] if offset >= 0 else zero
+            start = 0
+            for b in range(border_m.shape[0] + 1):
+                stop = border_m[b] if b < border_m.shape[0] else mask_cnt
+                for m in range(start, stop):
+                    _stream_store(row, np.uint64(m), storage[src + np.uint64(origin[m])])
+                if stop < mask_cnt:
+                    offset = border_offset[b, t]
+                    value = storage[base + np.uint64(offset)] if offset >= 0 else zero
+                    _stream_store(row, np.uint64(stop), value)
+                start = stop + 1
+        _store_fence()
 
 
 _gather_serial, _gather_parallel = njit_variants(_gather)
