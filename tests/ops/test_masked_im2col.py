@@ -130,6 +130,23 @@ def test_numba_path_is_taken_and_switchable(monkeypatch):
     assert cpu._numba_path(feature, h, w) is None
 
 
+@requires_numba
+@pytest.mark.parametrize("streaming", [True, False])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_numba_streaming_and_cached_stores_agree(dtype, streaming, monkeypatch):
+    """The numba kernel writes large outputs with streaming stores, small ones with plain stores: both
+    exact for every dtype, on interior and border points, serial and parallel."""
+    from cvops.ops.masked_im2col import cpu_numba
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    monkeypatch.setattr(cpu_numba, "STREAM_MIN_BYTES", 0 if streaming else 1 << 62)
+    for shape, m in [((1, 5, 7, 9), 30), ((1, 64, 20, 24), 400)]:  # serial and parallel sizes
+        feature = special_feature(shape, dtype)
+        h, w = random_points(m, -3, 26, torch.int64, seed=m)
+        for kernel, pad in [((3, 3), (1, 1)), ((1, 2), (0, 0)), ((11, 12), (2, 2))]:
+            assert bit_equal(cvops.masked_im2col(feature, h, w, kernel, pad),
+                             ref_im2col(feature, h, w, kernel, pad)), (shape, kernel)
+
+
 def test_result_does_not_depend_on_thread_count(cpu_path):
     case = next(c for c in load_cases("masked_im2col", "network") if c["name"] == "retinanet_head_k3p1")
     feature, h, w, kernel, pad = case_inputs(case)

@@ -33,6 +33,10 @@ from numba.extending import intrinsic
 from ..._core.jit import match_torch_threads, njit, njit_variants, use_parallel
 from ..._core.memory import new_empty
 
+# data_col of at least this many bytes is written with streaming stores (a smaller one is likely still
+# in cache when the matmul of MaskedConv2d reads it)
+STREAM_MIN_BYTES = 8 << 20
+
 _BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
          torch.float64: torch.int64}
 
@@ -122,13 +126,13 @@ def _plan(mask_h_idx, mask_w_idx, height, width, stride_h, stride_w, kernel_h, k
     return origin, deltas, border_m, border_offset
 
 
-def _gather(storage, stride_c, origin, deltas, border_m, border_offset, data_col):
+def _gather(storage, stride_c, origin, deltas, border_m, border_offset, data_col, streaming):
     """``data_col[c*T + t, m] = storage[c*stride_c + origin[m] + deltas[t]]`` for interior points and
     ``storage[c*stride_c + border_offset[b, t]]`` (or 0) for border point ``border_m[b]``.
 
-    Each row is written once, in order, the interior runs between border points without a branch.
-    Unsigned index arithmetic: every index is in range and non-negative, and numba's wraparound of
-    negative indices would otherwise cost a branch per element.
+    Each row is written once, in order, the interior runs between border points without a branch,
+    with streaming stores if ``streaming``. Unsigned index arithmetic: every index is in range and
+    non-negative, and numba's wraparound of negative indices would otherwise cost a branch per element.
     """
     taps = deltas.shape[0]
     mask_cnt = origin.shape[0]
@@ -142,14 +146,22 @@ def _gather(storage, stride_c, origin, deltas, border_m, border_offset, data_col
             start = 0
             for b in range(border_m.shape[0] + 1):
                 stop = border_m[b] if b < border_m.shape[0] else mask_cnt
-                for m in range(start, stop):
-                    _stream_store(row, np.uint64(m), storage[src + np.uint64(origin[m])])
+                if streaming:
+                    for m in range(start, stop):
+                        _stream_store(row, np.uint64(m), storage[src + np.uint64(origin[m])])
+                else:
+                    for m in range(start, stop):
+                        row[np.uint64(m)] = storage[src + np.uint64(origin[m])]
                 if stop < mask_cnt:
                     offset = border_offset[b, t]
                     value = storage[base + np.uint64(offset)] if offset >= 0 else zero
-                    _stream_store(row, np.uint64(stop), value)
+                    if streaming:
+                        _stream_store(row, np.uint64(stop), value)
+                    else:
+                        row[np.uint64(stop)] = value
                 start = stop + 1
-        _store_fence()
+        if streaming:
+            _store_fence()
 
 
 _gather_serial, _gather_parallel = njit_variants(_gather)
@@ -177,11 +189,12 @@ def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, p
     plan = _plan(mask_h_idx.numpy(), mask_w_idx.numpy(), height, width, stride_h, stride_w,
                  kernel_h, kernel_w, pad_h, pad_w)
     out = data_col.view(_BITS[feature.dtype]).numpy()
+    streaming = data_col.numel() * data_col.element_size() >= STREAM_MIN_BYTES
     if use_parallel(channels * taps * mask_cnt, threshold=2e5):
         match_torch_threads()
         # channels handed out in small chunks: a worker the OS deschedules holds up only its chunk
         with numba.parallel_chunksize(max(1, channels // 32)):
-            _gather_parallel(storage, stride_c, *plan, out)
+            _gather_parallel(storage, stride_c, *plan, out, streaming)
     else:
-        _gather_serial(storage, stride_c, *plan, out)
+        _gather_serial(storage, stride_c, *plan, out, streaming)
     return data_col
