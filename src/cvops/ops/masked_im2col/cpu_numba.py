@@ -4,11 +4,11 @@ Why: the torch path (``cpu.py``) is one ``index_select`` over a ``kh*kw*M`` inde
 below memory bandwidth (per-element index loads and bounds checks); the RetinaNet-head case needs the
 gather to run near copy speed.
 
-How: a small plan gives each mask point whose whole window lies inside the feature its window's
-offset in a channel plane (tap t then reads ``origin + deltas[t]``), and each other ("border") point the
-offset of every tap, -1 where the tap falls outside. Each channel plane (tens of KB, so it stays in L2)
-is read once from memory, and every tap's row of ``data_col`` is written once, in order: branch-free
-runs of interior points between the border points.
+How: a small plan gives each mask point its window's offset in a channel plane (tap t then reads
+``origin + deltas[t]``) and, per tap, the ascending list of points whose tap falls outside the feature
+(value 0; a few points at the border). Each channel plane (tens of KB, so it stays in L2) is read
+once from memory, and every tap's row of ``data_col`` is written once, in order: branch-free runs of
+points between that row's outside points.
 Values move as raw bits (fp16/bf16 as int16, fp32 as int32, fp64 as int64), so NaN payloads and -0.0
 survive exactly as in the reference. Every output element is written by exactly one loop iteration, so
 the result does not depend on the thread count.
@@ -85,9 +85,10 @@ def _store_fence(typingctx):
 def _plan(mask_h_idx, mask_w_idx, height, width, stride_h, stride_w, kernel_h, kernel_w, pad_h, pad_w):
     """Where every (tap, mask point) reads, relative to the start of a channel plane.
 
-    Returns ``(origin [M], deltas [kh*kw], border_m [B], border_offset [B, kh*kw])``. A point whose
-    whole window lies inside the feature reads tap t at ``origin[m] + deltas[t]``. The B other points
-    (ascending m) read tap t at ``border_offset[b, t]``, where -1 means the tap is outside (value 0).
+    Returns ``(origin [M], deltas [kh*kw], outside_start [kh*kw + 1], outside_m [K])``: tap t of point
+    m reads ``origin[m] + deltas[t]`` unless m is in ``outside_m[outside_start[t]:outside_start[t+1]]``
+    (ascending), the points whose tap t falls outside the feature (value 0). The sum is taken modulo
+    2**64, so it is the right offset for every inside tap even where ``origin`` alone wrapped.
     """
     mask_cnt = mask_h_idx.shape[0]
     taps = kernel_h * kernel_w
@@ -95,44 +96,49 @@ def _plan(mask_h_idx, mask_w_idx, height, width, stride_h, stride_w, kernel_h, k
     for i in range(kernel_h):
         for j in range(kernel_w):
             deltas[i * kernel_w + j] = i * stride_h + j * stride_w
-    origin = np.zeros(mask_cnt, np.int64)
-    inside = np.zeros(mask_cnt, np.bool_)
-    border_cnt = 0
+    origin = np.empty(mask_cnt, np.int64)
+    outside_cnt = np.zeros(taps, np.int64)
     for m in range(mask_cnt):
         # int64 arithmetic as in the torch path (any index value is legal)
         top = np.int64(mask_h_idx[m]) - pad_h
         left = np.int64(mask_w_idx[m]) - pad_w
+        origin[m] = top * stride_h + left * stride_w
         if top >= 0 and top <= height - kernel_h and left >= 0 and left <= width - kernel_w:
-            inside[m] = True
-            origin[m] = top * stride_h + left * stride_w
-        else:
-            border_cnt += 1
-    border_m = np.empty(border_cnt, np.int64)
-    border_offset = np.empty((border_cnt, taps), np.int64)
-    b = 0
-    for m in range(mask_cnt):
-        if inside[m]:
             continue
-        border_m[b] = m
+        for i in range(kernel_h):
+            for j in range(kernel_w):
+                h = top + i
+                w = left + j
+                if not (h >= 0 and h < height and w >= 0 and w < width):
+                    outside_cnt[i * kernel_w + j] += 1
+    outside_start = np.zeros(taps + 1, np.int64)
+    for t in range(taps):
+        outside_start[t + 1] = outside_start[t] + outside_cnt[t]
+    outside_m = np.empty(outside_start[taps], np.int64)
+    fill = outside_start[:taps].copy()
+    for m in range(mask_cnt):
         top = np.int64(mask_h_idx[m]) - pad_h
         left = np.int64(mask_w_idx[m]) - pad_w
+        if top >= 0 and top <= height - kernel_h and left >= 0 and left <= width - kernel_w:
+            continue
         for i in range(kernel_h):
-            h = top + i
             for j in range(kernel_w):
+                h = top + i
                 w = left + j
-                inside_tap = h >= 0 and h < height and w >= 0 and w < width
-                border_offset[b, i * kernel_w + j] = h * stride_h + w * stride_w if inside_tap else -1
-        b += 1
-    return origin, deltas, border_m, border_offset
+                if not (h >= 0 and h < height and w >= 0 and w < width):
+                    t = i * kernel_w + j
+                    outside_m[fill[t]] = m
+                    fill[t] += 1
+    return origin, deltas, outside_start, outside_m
 
 
-def _gather(storage, stride_c, origin, deltas, border_m, border_offset, data_col, streaming):
-    """``data_col[c*T + t, m] = storage[c*stride_c + origin[m] + deltas[t]]`` for interior points and
-    ``storage[c*stride_c + border_offset[b, t]]`` (or 0) for border point ``border_m[b]``.
+def _gather(storage, stride_c, origin, deltas, outside_start, outside_m, data_col, streaming):
+    """``data_col[c*T + t, m] = storage[c*stride_c + origin[m] + deltas[t]]``, 0 where tap t of point m is
+    outside the feature.
 
-    Each row is written once, in order, the interior runs between border points without a branch,
-    with streaming stores if ``streaming``. Unsigned index arithmetic: every index is in range and
-    non-negative, and numba's wraparound of negative indices would otherwise cost a branch per element.
+    Each row is written once, in order: branch-free runs of points between the row's outside points,
+    with streaming stores if ``streaming``. Unsigned (modulo 2**64) index arithmetic: numba's
+    wraparound of negative indices would otherwise cost a branch per element.
     """
     taps = deltas.shape[0]
     mask_cnt = origin.shape[0]
@@ -144,21 +150,18 @@ def _gather(storage, stride_c, origin, deltas, border_m, border_offset, data_col
             row = data_col[c * taps + t]
             src = base + np.uint64(deltas[t])
             start = 0
-            for b in range(border_m.shape[0] + 1):
-                stop = border_m[b] if b < border_m.shape[0] else mask_cnt
+            for k in range(outside_start[t], outside_start[t + 1] + 1):
+                stop = outside_m[k] if k < outside_start[t + 1] else mask_cnt
                 if streaming:
                     for m in range(start, stop):
                         _stream_store(row, np.uint64(m), storage[src + np.uint64(origin[m])])
+                    if stop < mask_cnt:
+                        _stream_store(row, np.uint64(stop), zero)
                 else:
                     for m in range(start, stop):
                         row[np.uint64(m)] = storage[src + np.uint64(origin[m])]
-                if stop < mask_cnt:
-                    offset = border_offset[b, t]
-                    value = storage[base + np.uint64(offset)] if offset >= 0 else zero
-                    if streaming:
-                        _stream_store(row, np.uint64(stop), value)
-                    else:
-                        row[np.uint64(stop)] = value
+                    if stop < mask_cnt:
+                        row[np.uint64(stop)] = zero
                 start = stop + 1
         if streaming:
             _store_fence()
