@@ -20,6 +20,7 @@ makes them visible before the threads join.
 """
 from __future__ import annotations
 
+import contextlib
 import platform
 
 import numba
@@ -36,6 +37,9 @@ from ..._core.memory import new_empty
 # data_col of at least this many bytes is written with streaming stores (a smaller one is likely still
 # in cache when the matmul of MaskedConv2d reads it)
 STREAM_MIN_BYTES = 8 << 20
+
+# dynamic scheduling of prange loops (numba >= 0.57); static halves on older versions
+_chunksize = getattr(numba, "parallel_chunksize", lambda size: contextlib.nullcontext())
 
 _BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
          torch.float64: torch.int64}
@@ -196,7 +200,7 @@ def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, p
     if use_parallel(channels * taps * mask_cnt, threshold=2e5):
         match_torch_threads()
         # channels handed out in small chunks: a worker the OS deschedules holds up only its chunk
-        with numba.parallel_chunksize(max(1, channels // 32)):
+        with _chunksize(max(1, channels // 32)):
             _gather_parallel(storage, stride_c, *plan, out, streaming)
     else:
         _gather_serial(storage, stride_c, *plan, out, streaming)
