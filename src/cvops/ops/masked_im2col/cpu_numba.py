@@ -21,17 +21,15 @@ case). An ``sfence`` per channel makes them visible before the threads join.
 from __future__ import annotations
 
 import contextlib
-import platform
 
 import numba
 import numpy as np
 import torch
-from llvmlite import ir
-from numba import prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import prange
 
+from ..._core.bits import as_bits, storage_bits
 from ..._core.jit import match_torch_threads, njit, njit_variants, use_parallel
+from ..._core.jit_intrinsics import store_fence, stream_store
 from ..._core.memory import new_empty
 
 # data_col of at least this many bytes is written with streaming stores (a smaller one is likely still
@@ -41,47 +39,13 @@ STREAM_MIN_BYTES = 8 << 20
 # dynamic scheduling of prange loops (numba >= 0.57); static halves on older versions
 _chunksize = getattr(numba, "parallel_chunksize", lambda size: contextlib.nullcontext())
 
-_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
-         torch.float64: torch.int64}
+SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def supports(feature: torch.Tensor, *indices: torch.Tensor) -> bool:
     """CPU tensors, a floating feature of a dtype moved here as raw bits, and at least one element."""
-    return (all(t.device.type == "cpu" for t in (feature, *indices)) and feature.dtype in _BITS
+    return (all(t.device.type == "cpu" for t in (feature, *indices)) and feature.dtype in SUPPORTED
             and feature.numel() > 0)
-
-
-# ------------------------------------------------------------------------------------------- stores
-_STREAMING = platform.machine().lower() in ("x86_64", "amd64")
-
-
-@intrinsic
-def _stream_store(typingctx, array, index, value):
-    """``array[index] = value`` (1-D contiguous array, index in range) as a non-temporal store on x86-64,
-    a plain store elsewhere."""
-    def codegen(context, builder, signature, args):
-        array_type = signature.args[0]
-        data = context.make_array(array_type)(context, builder, args[0]).data
-        value = context.cast(builder, args[2], signature.args[2], array_type.dtype)
-        store = builder.store(value, builder.gep(data, [args[1]]))
-        if _STREAMING:
-            store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
-        return context.get_dummy_value()
-
-    return types.void(array, index, value), codegen
-
-
-@intrinsic
-def _store_fence(typingctx):
-    """``sfence`` on x86-64: streaming stores before it are visible before any store after it."""
-    def codegen(context, builder, signature, args):
-        if _STREAMING:
-            sfence = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
-                                                    "llvm.x86.sse.sfence")
-            builder.call(sfence, [])
-        return context.get_dummy_value()
-
-    return types.void(), codegen
 
 
 # ------------------------------------------------------------------------------------------- kernels
@@ -158,9 +122,9 @@ def _gather(storage, stride_c, origin, deltas, outside_start, outside_m, data_co
                 stop = outside_m[k] if k < outside_start[t + 1] else mask_cnt
                 if streaming:
                     for m in range(start, stop):
-                        _stream_store(row, np.uint64(m), storage[src + np.uint64(origin[m])])
+                        stream_store(row, np.uint64(m), storage[src + np.uint64(origin[m])])
                     if stop < mask_cnt:
-                        _stream_store(row, np.uint64(stop), zero)
+                        stream_store(row, np.uint64(stop), zero)
                 else:
                     for m in range(start, stop):
                         row[np.uint64(m)] = storage[src + np.uint64(origin[m])]
@@ -168,21 +132,13 @@ def _gather(storage, stride_c, origin, deltas, outside_start, outside_m, data_co
                         row[np.uint64(stop)] = zero
                 start = stop + 1
         if streaming:
-            _store_fence()
+            store_fence()
 
 
 _gather_serial, _gather_parallel = njit_variants(_gather)
 
 
 # ------------------------------------------------------------------------------------------- entry
-def _storage(t: torch.Tensor) -> np.ndarray:
-    """Flat numpy view of the raw bits spanned by ``t``, starting at ``t[0, 0, 0, 0]`` (torch strides are
-    never negative, so the view covers every element of ``t``)."""
-    bits = t.detach().view(_BITS[t.dtype])
-    span = 1 + sum((size - 1) * stride for size, stride in zip(bits.shape, bits.stride()))
-    return bits.as_strided((span,), (1,)).numpy()
-
-
 def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w):
     """``feature [1, C, H, W]`` (any strides) -> ``data_col [C*kh*kw, M]``, bit-equal to the reference."""
     _, channels, height, width = feature.shape
@@ -191,11 +147,11 @@ def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, p
     data_col = new_empty((channels * taps, mask_cnt), feature.dtype, feature.device)
     if mask_cnt == 0:
         return data_col
-    storage = _storage(feature)
+    storage = storage_bits(feature)[feature.storage_offset():]  # starts at feature[0, 0, 0, 0]
     _, stride_c, stride_h, stride_w = feature.stride()
     plan = _plan(mask_h_idx.numpy(), mask_w_idx.numpy(), height, width, stride_h, stride_w,
                  kernel_h, kernel_w, pad_h, pad_w)
-    out = data_col.view(_BITS[feature.dtype]).numpy()
+    out = as_bits(data_col).numpy()
     streaming = data_col.numel() * data_col.element_size() >= STREAM_MIN_BYTES
     if use_parallel(channels * taps * mask_cnt, threshold=2e5):
         match_torch_threads()

@@ -30,6 +30,7 @@ import numba
 import numpy as np
 import torch
 
+from ..._core.bits import storage_bits
 from ..._core.jit import njit
 from ..._core.jit_intrinsics import compile_scalar, prefetch
 from ..._core.layout import empty_nchw
@@ -37,7 +38,6 @@ from ..._core.parallel import pool
 from .checks import COLLECT
 
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 _PARALLEL_ELEMENTS = 1 << 18  # below this (~1 MB) a thread hand-off costs more than it saves
 CHUNKS_PER_THREAD = 4
 # Planes written together (see the kernels). Rows whose source is contiguous too (the copy is a memcpy)
@@ -203,15 +203,8 @@ def _backward_p_major(dx, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, lo, hi, 
 
 
 # ------------------------------------------------------------------------------------------- driver
-def _flat_bits(t: torch.Tensor) -> np.ndarray:
-    """The whole storage of ``t`` as a flat integer array (``t``'s element 0 at ``t.storage_offset()``)."""
-    bits = t.detach().view(_BITS[t.element_size()])
-    storage_len = t.untyped_storage().nbytes() // t.element_size()
-    return torch.as_strided(bits, (storage_len,), (1,), 0).numpy()
-
-
 def _launch(kernel, tile, out: torch.Tensor, src: torch.Tensor, strides, h, w, hm, wm, blocks: int) -> None:
-    out_bits, src_bits = _flat_bits(out), _flat_bits(src)
+    out_bits, src_bits = storage_bits(out), storage_bits(src)
     args = (out_bits, src_bits, src.storage_offset(), *strides, h, w, hm, wm)
     tail = (max(1, tile), 64 // out.element_size())  # planes per tile, elements per cache line
     compile_scalar(kernel, tuple(numba.typeof(a) for a in args + (0, blocks) + tail))
