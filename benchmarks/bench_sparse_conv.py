@@ -9,9 +9,12 @@ gradients of the inputs and parameters.
 
 The check column compares cvops with spconv (output diff1, input-gradient diff2). spconv 2.3.8's CPU
 path is not thread-safe: with more than one torch thread its own output changes between thread counts
-(diff1 0.41 between its 1- and 2-thread runs of the unit case, measured 2026-11-21), while cvops agrees
-with itself across thread counts (2.5e-6) and with single-threaded spconv (3.2e-6). Large check values
-at default threads are spconv's; use ``--threads 1`` for a meaningful check.
+(diff1 0.41 between its 1- and 2-thread runs of the unit case, measured 2026-11-21), while cvops' sparse
+convolutions give the same bits on 1 and 2 threads (each of the quarter case's 13 layers, forward and both
+gradients; the encoder's BatchNorm reductions are torch's and do depend on the thread count) and agree with
+single-threaded spconv (3.2e-6). Large check values at default threads are spconv's; use ``--threads 1``
+for a meaningful check. spconv's single timed step varies a lot on a shared machine (6.2-8.0 s for the
+quarter case in one session): for a ratio, compare several runs.
 
     python benchmarks/bench_sparse_conv.py [--tag network] [--device cpu] [--repeats 1] [--threads N]
 """

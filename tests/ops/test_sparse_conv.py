@@ -527,3 +527,89 @@ def test_layers_match_spconv_forward():
         xs, x = ref[i](xs), net[i](x)
         assert list(xs.spatial_shape) == x.spatial_shape and xs.features.shape == x.features.shape
         assert diff1(x.dense(), xs.dense()) < 1e-3 and diff2(x.dense(), xs.dense()) < 1e-3
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
+    """The cpu backend's destination-row blocks (here a few rows each, chunks of 3 pairs) run on any
+    thread: 1 and 2 torch threads, numba on and off, give the same bits, and match the reference."""
+    from cvops._core import jit
+    from cvops.sparse import cpu
+    monkeypatch.setattr(cpu, "BLOCK_ROWS", (7, 7))
+    monkeypatch.setattr(cpu, "MAX_AHEAD", 1)
+    monkeypatch.setattr(cpu, "CHUNK_BYTES", 3 * 7 * 4)  # 3 rows of the widest side (7 channels, float32)
+    feats, weight, pairs, num, num_out, inverse, ident = _map_case(**CASES[case], n=60, cin=5, cout=7)
+    grad = torch.linspace(-1, 1, num_out * weight.shape[2]).reshape(num_out, -1)
+    switches = ("0", "1") if jit.numba_available() else ("0",)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            for switch in switches:
+                monkeypatch.setenv("CVOPS_NUMBA", switch)
+                f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
+                out = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident,
+                                         backend="cpu")
+                results.append((out.detach(), *torch.autograd.grad(out, (f, w), grad)))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert bit_equal(a, b)
+    f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
+    ref = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident, backend="reference")
+    for a, b in zip(results[0], (ref.detach(), *torch.autograd.grad(ref, (f, w), grad))):
+        assert diff1(a, b) < 1e-6 and diff2(a, b) < 1e-6
+
+
+@pytest.mark.parametrize("col", [0, 1])
+def test_sort_pairs_numba_matches_torch(col, monkeypatch):
+    """sort_pairs_by_column: the numba merge sort gives the torch stable sort's map (ties keep their order,
+    the slots past indice_num stay as they were), and an already sorted map comes back as it is."""
+    from cvops._core import jit
+    from cvops.sparse.functional import sort_pairs_by_column
+    if not jit.numba_available():
+        pytest.skip("numba not installed")
+    g = torch.Generator().manual_seed(23)
+    pairs = torch.randint(0, 9, (5, 2, 40), generator=g, dtype=torch.int32)  # ties on purpose
+    num = torch.tensor([40, 0, 17, 1, 33], dtype=torch.int32)
+    results = []
+    for switch in ("0", "1"):
+        monkeypatch.setenv("CVOPS_NUMBA", switch)
+        results.append(sort_pairs_by_column(pairs, num, col))
+        again = sort_pairs_by_column(results[-1], num, col)
+        assert again is results[-1]
+    assert torch.equal(results[0], results[1])
+    for k in range(5):
+        n = int(num[k])
+        assert torch.all(results[1][k, col, :n].diff() >= 0)
+        assert torch.equal(results[1][k, :, n:], pairs[k, :, n:])
+
+
+def test_cpu_block_error_reaches_the_caller_and_leaves_the_workers_usable(monkeypatch):
+    """An error inside one block (here an out-of-range row that check_values=False let through, on the torch
+    path) is raised to the caller once every worker stopped; the next call runs normally."""
+    from cvops.sparse import cpu
+    monkeypatch.setattr(cpu, "BLOCK_ROWS", (7, 7))
+    monkeypatch.setattr(cpu, "MAX_AHEAD", 1)
+    monkeypatch.setenv("CVOPS_NUMBA", "0")
+    feats, weight, pairs, num, num_out, inverse, ident = _map_case(n=60, cin=5, cout=7)
+    bad = pairs.clone()
+    k = int(torch.nonzero(num).flatten()[0])
+    bad[k, 0, 0] = 10**6
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for _ in range(2):
+            f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
+            with pytest.raises((IndexError, RuntimeError)):
+                sparse.indice_conv(f, w, bad, num, num_out, check_values=False, backend="cpu")
+            with pytest.raises((IndexError, RuntimeError)):  # the backward's weight-gradient wait is released
+                cpu.backward(torch.ones(num_out, 7), feats, weight, bad, num, False, -1)
+            out = sparse.indice_conv(f, w, pairs, num, num_out, backend="cpu")
+            ref = sparse.indice_conv(f, w, pairs, num, num_out, backend="reference")
+            assert diff1(out, ref) < 1e-6
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)

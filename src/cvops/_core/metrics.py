@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from .bits import as_bits
+
 _EPS = 1e-9
 
 
@@ -52,10 +54,7 @@ def bit_equal(actual: torch.Tensor, expected: torch.Tensor) -> bool:
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
         return False
     a, b = actual.detach().cpu().contiguous(), expected.detach().cpu().contiguous()
-    if a.is_floating_point():
-        itype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        a, b = a.view(itype), b.view(itype)
-    return bool(torch.equal(a, b))
+    return bool(torch.equal(as_bits(a), as_bits(b)))
 
 
 def accuracy_report(actual, expected) -> dict[str, float]:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .bits import storage_bits
 from .parallel import pool
 
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _PARALLEL_BYTES = 1 << 20  # below this a thread hand-off costs more than it saves
 
 
@@ -36,10 +36,7 @@ class View:
 def _as_numpy(t: torch.Tensor, view: View) -> np.ndarray:
     if t.device.type != "cpu":
         raise ValueError("strided_copy works on CPU tensors")
-    bits = t.view(_BITS[t.element_size()]) if t.is_floating_point() or t.dtype == torch.bool else t
-    storage_len = t.untyped_storage().nbytes() // t.element_size()
-    flat = torch.as_strided(bits, (storage_len,), (1,), 0).numpy()
-    start = flat[t.storage_offset() + view.offset:]
+    start = storage_bits(t)[t.storage_offset() + view.offset:]
     item = t.element_size()
     return np.lib.stride_tricks.as_strided(start, view.sizes, tuple(s * item for s in view.strides),
                                            writeable=True)

@@ -1,26 +1,52 @@
 """Vectorised torch backend of the sparse convolution (device-agnostic torch code).
 
-Gather-GEMM-scatter, one GEMM per kernel offset:
+Gather-GEMM-scatter, one GEMM per kernel offset, in blocks of destination rows:
 
-    rows_k = features[src_k]            (index_select)
-    out[dst_k] += rows_k @ weight[k]    (mm, then a row scatter-add: index_add_, or cpu_numba's loop)
+    for each block of destination rows [r0, r1)  (the blocks run in parallel, one per core)
+        for each offset k, ascending
+            rows = features[src_k]           pairs of offset k whose destination lies in the block
+            out[dst_k] += rows @ weight[k]   (mm, then a row scatter-add: index_add_, or cpu_numba's loop)
 
-Determinism: offsets are visited in ascending k, and within one offset every destination row occurs
-at most once (a kernel map pairs each input row with at most one output row per offset and vice
-versa), so no row is ever summed in a thread-dependent order. The subm identity offset (the pairs
-``(i, i)`` for every row) is one dense matmul that initialises the output.
+Each offset's pairs are sorted by destination row (the layers pass maps in that order; others are
+sorted here), so a block's pairs of one offset are one contiguous segment. Working block by block keeps
+the block's output rows and the gathered rows / products in cache between the gather, the GEMM and the
+scatter, instead of streaming offset-sized workspaces through memory three times; and the blocks need
+no barrier between offsets, because no two blocks write the same row.
 
-The gathered rows and GEMM products of every offset go into two workspaces allocated once per call
-(huge-page backed, ``_core.memory``): a fresh 100 MB buffer per offset would page-fault on every
-touch, which at network scale costs as much as the GEMMs. Half types are computed in float32 and
-rounded once at the end.
+Determinism and thread count: the blocks and the chunks within a segment have fixed sizes (they depend
+on the channels and the dtype, never on the number of threads), each block runs single-threaded (one
+MKL call per chunk), and within one offset every destination row occurs at most once. So every output
+element receives the same additions in the same order (identity offset first, then ascending k)
+whichever thread runs its block: the bits do not depend on the thread count. The weight gradient is a
+per-block partial, the partials summed in block order.
+
+The subm identity offset (the pairs ``(i, i)`` for every row) is one dense matmul per block that
+initialises the block. Half types are computed in float32 and rounded once at the end.
 """
 from __future__ import annotations
+
+import threading
+from concurrent.futures import wait
 
 import torch
 
 from .._core.jit import numba_enabled
-from .._core.memory import new_empty, new_zeros
+from .._core.memory import new_empty
+from .._core.parallel import pool, single_threaded
+
+BLOCK_BYTES = 1 << 20   # destination rows per block: this many bytes of output rows ...
+BLOCK_ROWS = (1024, 16384)  # ... within these bounds
+CHUNK_BYTES = 1 << 20   # the most pairs gathered per GEMM: this many bytes of the wider row side
+MAX_AHEAD = 8  # backward: blocks a worker may run ahead of the oldest unfinished one
+
+
+def _block_rows(channels: int, itemsize: int) -> int:
+    lo, hi = BLOCK_ROWS
+    return max(lo, min(hi, BLOCK_BYTES // max(1, channels * itemsize)))
+
+
+def _chunk_rows(channels: int, itemsize: int) -> int:
+    return max(1, CHUNK_BYTES // max(1, channels * itemsize))
 
 
 def _scatter(out: torch.Tensor):
@@ -55,6 +81,68 @@ def _scatter_gather(out: torch.Tensor, src: torch.Tensor):
     return separate
 
 
+def _segments(pairs: torch.Tensor, counts: list[int], col: int, block_rows: int, n_blocks: int):
+    """``(pairs, bounds)``: the map with each offset ascending in ``pairs[k, col]`` (sorted here if it is not)
+    and ``bounds[k][b]``, the first pair of offset ``k`` in destination block ``b`` (``bounds[k][-1] = n_k``)."""
+    from .functional import sort_pairs_by_column
+
+    K = pairs.shape[0]
+    num = torch.tensor(counts, dtype=torch.int64)
+    for attempt in range(2):
+        if numba_enabled() and pairs.device.type == "cpu":
+            from . import cpu_numba
+            bounds, ascending = cpu_numba.block_bounds(pairs, num, col, block_rows, n_blocks)
+        else:
+            starts = torch.arange(n_blocks + 1, dtype=torch.int64, device=pairs.device) * block_rows
+            rows, ascending = [], True
+            for k in range(K):
+                key = pairs[k, col, :counts[k]].long()
+                ascending = ascending and bool((key[1:] >= key[:-1]).all())
+                rows.append(torch.searchsorted(key, starts).clamp_(max=counts[k]))
+                rows[-1][-1] = counts[k]
+            bounds = torch.stack(rows).cpu() if rows else torch.zeros((0, n_blocks + 1), dtype=torch.int64)
+        if ascending:
+            return pairs, bounds.tolist()
+        pairs = sort_pairs_by_column(pairs, num.to(pairs.device), col)
+    raise AssertionError("sorted pairs must be ascending")
+
+
+def _run_blocks(n_blocks: int, body, make_scratch) -> None:
+    """``body(b, scratch)`` for every block, blocks handed out in turn to one single-threaded worker per
+    core (which worker runs a block does not change its result); ``make_scratch()`` once per worker."""
+    threads = torch.get_num_threads()
+    if threads <= 1 or n_blocks <= 1:
+        scratch = make_scratch()
+        for b in range(n_blocks):
+            body(b, scratch)
+        return
+    lock = threading.Lock()
+    blocks = iter(range(n_blocks))
+
+    def work() -> None:
+        torch.set_num_threads(1)
+        scratch = make_scratch()
+        with torch.no_grad():
+            while True:
+                with lock:
+                    b = next(blocks, None)
+                if b is None:
+                    return
+                try:
+                    body(b, scratch)
+                except BaseException:
+                    with lock:  # the other workers stop at their next block
+                        for _ in blocks:
+                            pass
+                    raise
+
+    with single_threaded():
+        futures = [pool(threads).submit(work) for _ in range(min(threads, n_blocks))]
+        wait(futures)  # all workers are done before the thread count is restored
+        for future in futures:
+            future.result()
+
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
@@ -66,46 +154,125 @@ def _offsets(counts: list[int], identity_offset: int):
 
 def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, identity_offset: int):
     ct = _compute_dtype(features.dtype)
-    f, w = features.to(ct), weight.to(ct)
+    f, w = features.detach().to(ct), weight.detach().to(ct)
     c_in, c_out = w.shape[1], w.shape[2]
     src_col, dst_col = (1, 0) if inverse else (0, 1)
-    todo = _offsets([int(c) for c in indice_num.tolist()], identity_offset)
-    if identity_offset >= 0:
-        out = torch.mm(f, w[identity_offset], out=new_empty((num_out, c_out), ct, f.device))
-    else:
-        out = new_zeros((num_out, c_out), ct, f.device)
-    width = max((n for _, n in todo), default=0)
-    rows = new_empty((width, c_in), ct, f.device)
-    prods = new_empty((width, c_out), ct, f.device)
+    counts = [int(c) for c in indice_num.tolist()]
+    todo = _offsets(counts, identity_offset)
+    out = new_empty((num_out, c_out), ct, f.device)
+    itemsize = out.element_size()
+    block = _block_rows(c_out, itemsize)
+    n_blocks = -(-num_out // block)
+    pairs, bounds = _segments(pairs, counts, dst_col, block, n_blocks)
+    chunk = _chunk_rows(max(c_in, c_out), itemsize)
     scatter, gather = _scatter(out), _gather(f)
-    for k, n in todo:
-        gather(pairs[k, src_col, :n], rows[:n])
-        torch.mm(rows[:n], w[k], out=prods[:n])
-        scatter(pairs[k, dst_col, :n], prods[:n])
+
+    def scratch():
+        width = min(chunk, max((n for _, n in todo), default=0))
+        empty = lambda c: torch.empty((width, c), dtype=ct, device=f.device)  # noqa: E731
+        return empty(c_in), empty(c_out)
+
+    def body(b, bufs):
+        rows, prods = bufs
+        r0, r1 = b * block, min(num_out, (b + 1) * block)
+        if identity_offset >= 0:
+            torch.mm(f[r0:r1], w[identity_offset], out=out[r0:r1])
+        else:
+            out[r0:r1].zero_()
+        for k, _ in todo:
+            start, end = bounds[k][b], bounds[k][b + 1]
+            for c0 in range(start, end, chunk):
+                c1 = min(end, c0 + chunk)
+                n = c1 - c0
+                gather(pairs[k, src_col, c0:c1], rows[:n])
+                torch.mm(rows[:n], w[k], out=prods[:n])
+                scatter(pairs[k, dst_col, c0:c1], prods[:n])
+
+    _run_blocks(n_blocks, body, scratch)
     return out.to(features.dtype)
 
 
 def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, identity_offset: int):
     ct = _compute_dtype(features.dtype)
-    g, f, w = grad_out.to(ct), features.to(ct), weight.to(ct)
-    c_in, c_out = w.shape[1], w.shape[2]
+    g, f, w = grad_out.detach().to(ct), features.detach().to(ct), weight.detach().to(ct)
+    K, c_in, c_out = w.shape
+    n_rows = f.shape[0]
     src_col, dst_col = (1, 0) if inverse else (0, 1)
-    todo = _offsets([int(c) for c in indice_num.tolist()], identity_offset)
+    counts = [int(c) for c in indice_num.tolist()]
+    todo = _offsets(counts, identity_offset)
+    grad_features = new_empty(tuple(f.shape), ct, f.device)
     grad_weight = torch.zeros_like(w)
-    if identity_offset >= 0:
-        grad_features = torch.mm(g, w[identity_offset].t(), out=new_empty(tuple(f.shape), ct, f.device))
-        torch.mm(f.t(), g, out=grad_weight[identity_offset])
-    else:
-        grad_features = new_zeros(tuple(f.shape), ct, f.device)
-    width = max((n for _, n in todo), default=0)
-    g_rows = new_empty((width, c_out), ct, f.device)
-    f_rows = new_empty((width, c_in), ct, f.device)
-    prods = new_empty((width, c_in), ct, f.device)
+    itemsize = grad_features.element_size()
+    block = _block_rows(c_in, itemsize)
+    n_blocks = -(-n_rows // block)
+    # the input gradient scatters into the source rows: blocks of source rows
+    pairs, bounds = _segments(pairs, counts, src_col, block, n_blocks)
+    chunk = _chunk_rows(max(c_in, c_out), itemsize)
     gather_g, scatter_gather_f = _gather(g), _scatter_gather(grad_features, f)
-    for k, n in todo:
-        src, dst = pairs[k, src_col, :n], pairs[k, dst_col, :n]
-        gather_g(dst, g_rows[:n])
-        torch.mm(g_rows[:n], w[k].t(), out=prods[:n])
-        scatter_gather_f(src, prods[:n], f_rows[:n])
-        torch.mm(f_rows[:n].t(), g_rows[:n], out=grad_weight[k])
+    # per-block weight-gradient partials, added to grad_weight in block order as blocks finish
+    added = threading.Condition()
+    finished: dict[int, torch.Tensor] = {}
+    spare: list[torch.Tensor] = []
+    next_block = [0]
+    failed = [False]
+
+    def add_in_order(b: int, partial: torch.Tensor) -> None:
+        with added:
+            finished[b] = partial
+            while next_block[0] in finished:
+                summed = finished.pop(next_block[0])
+                grad_weight.add_(summed)
+                spare.append(summed)
+                next_block[0] += 1
+            added.notify_all()
+
+    def scratch():
+        width = min(chunk, max((n for _, n in todo), default=0))
+        empty = lambda c: torch.empty((width, c), dtype=ct, device=f.device)  # noqa: E731
+        return empty(c_out), empty(c_in), empty(c_in)
+
+    def body(b, bufs):
+        try:
+            block_backward(b, *bufs)
+        except BaseException:
+            with added:  # no worker may wait for this block's partial
+                failed[0] = True
+                added.notify_all()
+            raise
+
+    def block_backward(b, g_rows, f_rows, prods):
+        r0, r1 = b * block, min(n_rows, (b + 1) * block)
+        with added:
+            # bound the partials waiting for an earlier block (a descheduled worker) to MAX_AHEAD
+            added.wait_for(lambda: b - next_block[0] <= MAX_AHEAD or failed[0])
+            if failed[0]:
+                return
+            partial = spare.pop() if spare else None
+        if partial is None:
+            partial = torch.empty_like(w)
+        if identity_offset >= 0:
+            torch.mm(g[r0:r1], w[identity_offset].t(), out=grad_features[r0:r1])
+            torch.mm(f[r0:r1].t(), g[r0:r1], out=partial[identity_offset])
+        else:
+            grad_features[r0:r1].zero_()
+        done = {identity_offset}
+        for k, _ in todo:
+            start, end = bounds[k][b], bounds[k][b + 1]
+            for c0 in range(start, end, chunk):
+                c1 = min(end, c0 + chunk)
+                n = c1 - c0
+                gather_g(pairs[k, dst_col, c0:c1], g_rows[:n])
+                torch.mm(g_rows[:n], w[k].t(), out=prods[:n])
+                scatter_gather_f(pairs[k, src_col, c0:c1], prods[:n], f_rows[:n])
+                if k in done:
+                    partial[k].addmm_(f_rows[:n].t(), g_rows[:n])
+                else:
+                    torch.mm(f_rows[:n].t(), g_rows[:n], out=partial[k])
+                    done.add(k)
+        for k in range(K):
+            if k not in done:
+                partial[k].zero_()
+        add_in_order(b, partial)
+
+    _run_blocks(n_blocks, body, scratch)
     return grad_features.to(features.dtype), grad_weight.to(weight.dtype)

@@ -56,11 +56,28 @@ def sort_pairs_by_output(indice_pairs: torch.Tensor, indice_num: torch.Tensor) -
     than the contract's input-row order; the sums do not change, because within one offset every
     output row occurs at most once. Invalid slots stay -1 at the back.
     """
+    return sort_pairs_by_column(indice_pairs, indice_num, 1)
+
+
+def sort_pairs_by_column(indice_pairs: torch.Tensor, indice_num: torch.Tensor, col: int) -> torch.Tensor:
+    """The kernel map with each offset's valid pairs in ascending ``indice_pairs[k, col]`` (stable); the
+    map itself when it already is (as every map built on sorted sites is)."""
+    from .._core.jit import numba_enabled
+
     K, _, L = indice_pairs.shape
+    if L < 2:
+        return indice_pairs
+    if indice_pairs.device.type == "cpu" and indice_pairs.is_contiguous() and numba_enabled():
+        # one pass to check, a per-offset merge sort only where needed, no int64 copy of the map
+        from . import cpu_numba
+        counts = indice_num.cpu().clamp(0, L)
+        if cpu_numba.block_bounds(indice_pairs, counts, col, 1 << 62, 0)[1]:
+            return indice_pairs
+        return cpu_numba.sort_pairs_by_column(indice_pairs, counts, col)
     valid = torch.arange(L, device=indice_pairs.device) < indice_num.to(indice_pairs.device)[:, None]
-    key = torch.where(valid, indice_pairs[:, 1].long(), torch.iinfo(torch.int64).max)
-    if L < 2 or bool((key[:, 1:] >= key[:, :-1]).all()):
-        # already in output order: true of every map built on sorted input sites (all layers after
+    key = torch.where(valid, indice_pairs[:, col].long(), torch.iinfo(torch.int64).max)
+    if bool((key[:, 1:] >= key[:, :-1]).all()):
+        # already in order: true of every map built on sorted input sites (all layers after
         # the first strided conv, since get_indice_pairs' out_indices are sorted)
         return indice_pairs
     order = torch.sort(key, dim=1, stable=True).indices

@@ -5,12 +5,26 @@ the flat position ``(h_m - pad_h + i) * W + (w_m - pad_w + j)`` of the channel's
 index row of length ``kh*kw*M`` (tap-major, m-minor) serves every channel and the select writes
 ``data_col`` in its final (c, i, j) x m order. Taps that fall outside the feature read position 0
 and are zeroed afterwards (a few columns at the border), which keeps NaN/Inf bits exact.
+
+With numba installed (the ``numba`` extra) and ``CVOPS_NUMBA`` not ``0``, the forward goes to the
+fused loop of ``cpu_numba`` instead (the index_select runs far below memory bandwidth); this torch
+code is the fallback and gives the same bits.
 """
 from __future__ import annotations
 
 import torch
 
+from ..._core.jit import numba_enabled
 from ..._core.memory import new_empty, new_zeros
+
+
+def _numba_path(*tensors: torch.Tensor):
+    """The fused numba kernels (``cpu_numba``) when installed, not switched off (``CVOPS_NUMBA=0``) and
+    suited to these tensors; None selects the torch code below."""
+    if not numba_enabled():
+        return None
+    from . import cpu_numba
+    return cpu_numba if cpu_numba.supports(*tensors) else None
 
 
 def tap_positions(mask_h_idx, mask_w_idx, height, width, kernel_h, kernel_w, pad_h, pad_w):
@@ -28,6 +42,9 @@ def tap_positions(mask_h_idx, mask_w_idx, height, width, kernel_h, kernel_w, pad
 
 def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w):
     """``feature [1, C, H, W]`` -> ``data_col [C*kh*kw, M]`` (see the module docstring)."""
+    fused = _numba_path(feature, mask_h_idx, mask_w_idx)
+    if fused is not None:
+        return fused.im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w)
     _, channels, height, width = feature.shape
     mask_cnt = mask_h_idx.shape[0]
     taps = kernel_h * kernel_w

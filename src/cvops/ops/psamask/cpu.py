@@ -9,6 +9,9 @@ Per spatial axis there are two shapes of the index set:
 - *diagonal*: otherwise, one copy per mask row ``dh``: p runs over the rows where q stays inside the
   feature, and q = p + dh - hh moves with it.
 Backward is the same views with source and destination swapped, into a zero-filled ``dx``.
+
+With numba installed (and ``CVOPS_NUMBA`` not ``0``) ``cpu_numba`` does the same job as compiled loops,
+1.5-4x faster at PSANet scale; this module is the fallback.
 """
 from __future__ import annotations
 
@@ -17,10 +20,20 @@ from typing import NamedTuple
 
 import torch
 
+from ..._core.jit import numba_enabled
 from ..._core.layout import empty_nchw
 from ..._core.parallel import run_split
 from ..._core.strided import View, strided_copy, zero_fill
 from .checks import COLLECT
+
+
+def _numba_path(t: torch.Tensor):
+    """The compiled loops (``cpu_numba``) when numba is installed, not switched off (``CVOPS_NUMBA=0``)
+    and suited to ``t``; None selects the strided copies below."""
+    if not numba_enabled():
+        return None
+    from . import cpu_numba
+    return cpu_numba if cpu_numba.supports(t) else None
 
 
 class _Piece(NamedTuple):
@@ -97,6 +110,9 @@ def _covers(t_size_h, t_size_w, h_mask, w_mask) -> bool:
 
 def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
     """x: logical NCHW ``[N, h_mask*w_mask, H, W]`` -> logical NCHW ``[N, H*W, H, W]`` stored in ``layout``."""
+    fast = _numba_path(x)
+    if fast is not None:
+        return fast.forward(x, psa_type, h_mask, w_mask, layout)
     n, _, h, w = x.shape
     # Uncovered positions must read as zero; when the window covers everything none are left.
     out = empty_nchw((n, h * w, h, w), layout, like=x, zero=not _covers(h, w, h_mask, w_mask))
@@ -107,6 +123,9 @@ def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: st
 
 def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
     """dy: logical NCHW ``[N, H*W, H, W]`` -> dx logical NCHW ``[N, h_mask*w_mask, H, W]``."""
+    fast = _numba_path(dy)
+    if fast is not None:
+        return fast.backward(dy, psa_type, h_mask, w_mask, layout)
     n, _, h, w = dy.shape
     dx = empty_nchw((n, h_mask * w_mask, h, w), layout, like=dy)
     # dx is mostly zeros (3/4 at PSANet scale). Zeroing all of it first and then scattering the values

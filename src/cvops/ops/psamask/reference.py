@@ -10,15 +10,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..._core.bits import as_bits
 from .checks import COLLECT
-
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _flat_bits(t: torch.Tensor) -> np.ndarray:
     """NHWC-contiguous copy of a logical NCHW tensor as a flat integer array of the same width."""
     flat = t.permute(0, 2, 3, 1).contiguous().cpu().reshape(-1)
-    return flat.view(_BITS[t.element_size()]).numpy()
+    return as_bits(flat).numpy()
 
 
 def _from_bits(flat: np.ndarray, shape_nhwc, like: torch.Tensor) -> torch.Tensor:
