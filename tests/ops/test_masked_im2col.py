@@ -15,32 +15,12 @@ from cvops._core.errors import BadParamError, Status
 from cvops._core.metrics import bit_equal, diff1, diff2
 from cvops.ops.masked_im2col import cpu, reference
 from cvops.ops.masked_im2col.inputs import case_inputs, case_mask
-from cvops._core.jit import numba_available
-from tests.conftest import requires_triton
-
-requires_numba = pytest.mark.skipif(not numba_available(), reason="numba not installed (the numba extra)")
+from tests.conftest import CPU_PATHS, installed_cpu_paths, requires_numba, requires_triton, select
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 INDEX = [torch.int32, torch.int64]
 UNIT = load_cases("masked_im2col", "unit")
 SMALL = [c for c in UNIT if c["feature"][1] <= 8]
-# the cpu forward has two paths: vectorised torch and, with numba installed, a fused numba loop
-CPU_PATHS = ["cpu-torch", pytest.param("cpu-numba", marks=requires_numba)]
-
-
-def select(backend, monkeypatch):
-    """``cpu-torch`` / ``cpu-numba``: backend ``cpu`` with ``CVOPS_NUMBA`` switching the path."""
-    if backend.startswith("cpu-"):
-        monkeypatch.setenv("CVOPS_NUMBA", "1" if backend == "cpu-numba" else "0")
-        return "cpu"
-    return backend
-
-
-@pytest.fixture(params=CPU_PATHS)
-def cpu_path(request, monkeypatch):
-    """Runs a test once per cpu path (for tests calling the default backend on CPU tensors)."""
-    select(request.param, monkeypatch)
-    return request.param
 
 
 def ref_im2col(feature, h, w, kernel, pad):
@@ -196,7 +176,7 @@ def test_hypothesis_cpu_vs_reference(c, hh, ww, kh, kw, ph, pw, m, seed):
     h = torch.randint(-6, hh + 6, (m,), generator=gen)
     w = torch.randint(-6, ww + 6, (m,), generator=gen).int()
     expected = ref_im2col(feature, h, w, (kh, kw), (ph, pw))
-    for path in ("cpu-torch", "cpu-numba") if numba_available() else ("cpu-torch",):
+    for path in installed_cpu_paths():
         with pytest.MonkeyPatch.context() as monkeypatch:
             select(path, monkeypatch)
             assert bit_equal(cvops.masked_im2col(feature, h, w, (kh, kw), (ph, pw)), expected), path

@@ -1,9 +1,7 @@
 """psamask: every layer bit-exact against the doc's loops, checks, autograd, compile, MLU-OPS layer."""
 from __future__ import annotations
 
-import contextlib
 import itertools
-import os
 
 import pytest
 import torch
@@ -13,34 +11,12 @@ import cvops
 from cvops import mluops
 from cvops._core.cases import case_id, load_cases
 from cvops._core.errors import BadParamError, NotSupportedError, Status
-from cvops._core.jit import numba_available
 from cvops._core.metrics import bit_equal, diff3
-from tests.conftest import requires_triton
-
-requires_numba = pytest.mark.skipif(not numba_available(), reason="numba not installed (the numba extra)")
+from tests.conftest import (CPU_PATHS, FAST_BACKENDS, installed_cpu_paths, requires_numba,
+                           requires_triton, selected)
 
 MODES = ("collect", "distribute")
 LAYOUTS = ("NCHW", "NHWC")
-# the cpu backend has two paths: strided NumPy copies and, with numba installed, compiled loops
-CPU_PATHS = ["cpu-torch", pytest.param("cpu-numba", marks=requires_numba)]
-FAST_BACKENDS = CPU_PATHS + [pytest.param("triton", marks=requires_triton)]
-
-
-@contextlib.contextmanager
-def selected(backend):
-    """``cpu-torch`` / ``cpu-numba`` run backend ``cpu`` with ``CVOPS_NUMBA`` switching the path."""
-    if not backend.startswith("cpu-"):
-        yield backend
-        return
-    previous = os.environ.get("CVOPS_NUMBA")
-    os.environ["CVOPS_NUMBA"] = "1" if backend == "cpu-numba" else "0"
-    try:
-        yield "cpu"
-    finally:
-        if previous is None:
-            del os.environ["CVOPS_NUMBA"]
-        else:
-            os.environ["CVOPS_NUMBA"] = previous
 
 
 def make(n, h, w, c, layout, dtype=torch.float32, seed=0):
@@ -157,7 +133,7 @@ def test_non_contiguous_input(path):
 @pytest.mark.parametrize("case", [c for c in load_cases("psamask", "network") if c["N"] <= 2], ids=case_id)
 def test_network_scale_cpu_matches_reference(case):
     # the loop reference is the slow part: run it once, compare every cpu path with it
-    paths = ["cpu-torch"] + (["cpu-numba"] if numba_available() else [])
+    paths = installed_cpu_paths()
     h, w, mask, mode, layout = case["H"], case["W"], (case["h_mask"], case["w_mask"]), case["psa_type"], case["layout"]
     x = make(1, h, w, mask[0] * mask[1], layout)
     dy = make(1, h, w, h * w, layout, seed=1)
