@@ -11,7 +11,9 @@ pixel in the same order. Results of these DIRECT kernels equal the reference's b
 included. The TABLE kernels (summed-area / difference tables, O(1) per bin, see below) agree within the
 accumulating-op contract instead; ``METHOD`` (AUTO by default) picks per call the cheaper of the two.
 
-* forward: parallel over RoIs; each RoI writes only its own output and mapping_channel entries.
+* forward (direct): serial, compiled per (output_dim, PW) so the od-long loops are fixed-length vector code.
+  The input is first regrouped to [N, H, W, K, od] (channel ctop*K + k at [k, ctop]), so a bin pixel is one
+  contiguous run of od values and the [R, PH, PW, od] output is written as runs of od too.
 * backward (the forward's mapping_channel): parallel over bands of rows; every element receives its
   contributions in RoI order, the reference's, so there are no races and every run gives the same bits.
   Any other mapping_channel: parallel over destination planes (batch, channel), same order.
@@ -26,6 +28,7 @@ libm floor/ceil calls, and short data-dependent loops (bins of 1-2 pixels).
 """
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
@@ -111,51 +114,6 @@ def _first_bad_batch(rois, batch):
         b = rois[i, 0]
         if not (b > -1 and b < batch):
             return i
-    return -1
-
-
-def _forward_kernel(x, xs, shape, rois, ph_n, pw_n, scale, od, out, ost, mapping, ms, dt):
-    """x: flat input, logical [N, C, H, W] with element strides xs; out/mapping: flat dense [R, od, PH, PW]
-    with strides ost/ms (each RoI's block contiguous). Returns the first RoI with a bad batch index
-    (nothing written), or -1."""
-    bad = _first_bad_batch(rois, shape[0])
-    if bad >= 0:
-        return bad
-    height, width = shape[2], shape[3]
-    groups = ph_n * pw_n
-    block = od * groups
-    template = np.empty(block, mapping.dtype)  # one RoI's mapping_channel, in storage order
-    for ctop in range(od):
-        for k in range(groups):
-            template[ctop * ms[1] + (k // pw_n) * ms[2] + (k % pw_n) * ms[3]] = ctop * groups + k
-    ctop_stride = groups * xs[1]
-    edges = _all_edges(rois, ph_n, pw_n, scale, height, width, dt)
-    # element loops, no per-RoI slices or arrays: a numba view costs ~0.1 us, as much as a whole RoI's work
-    for i in prange(rois.shape[0]):
-        for e in range(block):
-            mapping[i * block + e] = template[e]
-            out[i * block + e] = 0
-        base = int(rois[i, 0]) * xs[0]
-        for ph in range(ph_n):
-            hs, he = edges[i, 0, ph], edges[i, 1, ph]
-            if he <= hs:
-                continue  # empty bins stay 0
-            for pw in range(pw_n):
-                ws, we = edges[i, 2, pw], edges[i, 3, pw]
-                if we <= ws:
-                    continue
-                k = ph * pw_n + pw
-                top = i * ost[0] + ph * ost[2] + pw * ost[3]
-                # every output sums its bin row by row from 0, as the reference; the od outputs of a bin
-                # are interleaved (independent chains; contiguous reads for NHWC storage)
-                for y in range(hs, he):
-                    for xx in range(ws, we):
-                        pixel = base + k * xs[1] + y * xs[2] + xx * xs[3]
-                        for ctop in range(od):
-                            out[top + ctop * ost[1]] += x[pixel + ctop * ctop_stride]
-                area = dt((he - hs) * (we - ws))
-                for ctop in range(od):
-                    out[top + ctop * ost[1]] /= area
     return -1
 
 
@@ -407,7 +365,7 @@ def _backward_plan(rois, n, c, ph_n, pw_n, scale, height, width, dt):
 
 
 def _forward_table_kernel(x, rois, ph_n, pw_n, scale, od, out, mapping, ms, dt, method, table):
-    """As :func:`_forward_kernel` with one float64 summed-area table per used image, laid out
+    """The forward (as the grouped direct kernel) with one float64 summed-area table per used image, laid out
     [H+1, W+1, groups, od] (channel ctop*groups + k at [k, ctop], so one bin's od outputs read adjacent
     entries). ``x``: the input as [N, H, W, C] (NHWC storage); ``out``: [R*PH*PW, od] (NHWC storage);
     ``mapping``: [R, od*PH*PW] storage rows; ``table``: float64 scratch [N*(H+1)*(W+1)*groups, od]. Returns
@@ -599,9 +557,86 @@ def _backward_table_kernel(g, gs, top_shape, rois, scale, bottom, bs, shape, dt,
     return -1
 
 
+@njit(error_model="numpy")
+def _grouped_table_pays(pixel_reads, table_entries):
+    """Whether the summed-area table beats the grouped direct forward: ~0.3 ns per bin pixel and channel
+    against ~1 ns per table entry (both pay the same per-output work; measured on the doc's cases, serial:
+    R-FCN g7 direct 188 us vs table 266 us per call, g3 205 vs 196)."""
+    return 8 * pixel_reads > 25 * table_entries
+
+
+USE_TABLE = -4  # return code of the grouped kernel: the summed-area table is cheaper (nothing written)
+_GROUPED = {}  # (output_dim, pooled_width) -> compiled grouped forward
+
+
+def _grouped_forward(od: int, pw_n: int):
+    """The direct forward compiled for one ``output_dim`` and ``pooled_width``: with both known at compile
+    time the od-long loops are straight vector code (measured ~2x faster than a runtime od on the doc's
+    cases). numba keys its disk cache on the closure's values too, so every (od, PW) gets its own entry."""
+    kernel = _GROUPED.get((od, pw_n))
+    if kernel is not None:
+        return kernel
+    OD, PW = od, pw_n
+
+    def grouped_forward(x, xr, rois, ph_n, scale, out, mapping, template, dt, method):
+        """x: [N*H*W, C] NHWC rows (height/width from ``xr``); xr: scratch [N, H, W, K*OD] that receives the
+        input regrouped so that channel ctop*K + k sits at [.., k*OD + ctop] (one contiguous run of OD per
+        pixel and bin); out: [R*K, OD] NHWC rows; mapping: [R, K*OD] rows (NHWC storage); template: one
+        RoI's mapping row. Sums every bin pixel by pixel, rows then columns, from 0, as the reference: the
+        same bits. Returns the first bad RoI, -1 when done, or USE_TABLE (AUTO, nothing written)."""
+        n, height, width, kod = xr.shape
+        bad = _first_bad_batch(rois, n)
+        if bad >= 0:
+            return bad
+        groups = ph_n * PW
+        r = rois.shape[0]
+        edges = _all_edges(rois, ph_n, PW, scale, height, width, dt)
+        if method == AUTO:
+            per_image = _batch_counts(rois, n)
+            used = 0
+            for b in range(n):
+                used += per_image[b] > 0
+            if _grouped_table_pays(_summed_area(edges, r, ph_n, PW) * OD,
+                                   used * OD * groups * (height + 1) * (width + 1)):
+                return USE_TABLE
+        rows = xr.reshape(n * height * width, kod)
+        for p in range(n * height * width):
+            for k in range(groups):
+                for ctop in range(OD):
+                    rows[p, k * OD + ctop] = x[p, ctop * groups + k]
+        cells = xr.reshape(n * height * width * groups, OD)
+        for i in range(r):
+            for e in range(groups * OD):
+                mapping[i, e] = template[e]
+        for i in range(r):
+            b = int(rois[i, 0])
+            for ph in range(ph_n):
+                hs, he = edges[i, 0, ph], edges[i, 1, ph]
+                for pw in range(PW):
+                    ws, we = edges[i, 2, pw], edges[i, 3, pw]
+                    k = ph * PW + pw
+                    top = i * groups + k
+                    for ctop in range(OD):
+                        out[top, ctop] = 0
+                    if he <= hs or we <= ws:
+                        continue  # empty bins stay 0
+                    for y in range(hs, he):
+                        for xx in range(ws, we):
+                            cell = ((b * height + y) * width + xx) * groups + k
+                            for ctop in range(OD):
+                                out[top, ctop] += cells[cell, ctop]
+                    area = dt((he - hs) * (we - ws))
+                    for ctop in range(OD):
+                        out[top, ctop] /= area
+        return -1
+
+    grouped_forward.__qualname__ = f"grouped_forward_od{od}_pw{pw_n}"
+    kernel = _GROUPED[(od, pw_n)] = njit(grouped_forward, error_model="numpy")
+    return kernel
+
+
 _FORWARD_TABLE = njit_variants(_forward_table_kernel, error_model="numpy")
 _BACKWARD_TABLE = njit_variants(_backward_table_kernel, error_model="numpy")
-_FORWARD = njit_variants(_forward_kernel, error_model="numpy")
 _BACKWARD_CANONICAL = njit_variants(_backward_canonical, error_model="numpy")
 _BACKWARD_ANY = njit_variants(_backward_any, error_model="numpy")
 
@@ -656,6 +691,17 @@ def _rois64(rois: torch.Tensor) -> np.ndarray:
     return rois.detach().to(torch.float64).contiguous().numpy()
 
 
+@functools.lru_cache(maxsize=64)
+def _mapping_template(od: int, ph_n: int, pw_n: int, ms) -> np.ndarray:
+    """One RoI's mapping_channel (channel ``ctop*K + k``) in the storage order given by the strides ``ms``."""
+    groups = ph_n * pw_n
+    template = np.empty(od * groups, np.int32)
+    for ctop in range(od):
+        for k in range(groups):
+            template[ctop * ms[1] + (k // pw_n) * ms[2] + (k % pw_n) * ms[3]] = ctop * groups + k
+    return template
+
+
 def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout="NCHW"):
     """As :func:`cpu.forward`; the caller checked ``supports`` and non-empty tensors."""
     n, c, h, w = input.shape
@@ -671,20 +717,23 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     dt = _np_dtype(acc)
     args = (x_flat, x_strides, (n, c, h, w), _rois64(rois), pooled_height, pooled_width, dt(spatial_scale),
             output_dim, out_flat, out_strides, map_flat, map_strides, dt)
-    bad = USE_DIRECT
-    if METHOD != DIRECT:
-        groups = pooled_height * pooled_width
+    groups = pooled_height * pooled_width
+    nhwc = out_layout == "NHWC"  # the grouped and table kernels write [R, PH, PW, od] storage
+    rows = out_flat.reshape(r * groups, output_dim) if nhwc else np.empty((r * groups, output_dim), dt)
+    x_nhwc = x_flat.reshape(n, h, w, c) if x.stride(1) == 1 else x.permute(0, 2, 3, 1).contiguous().numpy()
+    template = _mapping_template(output_dim, pooled_height, pooled_width, map_strides)
+    bad = USE_TABLE
+    if METHOD != TABLE:
+        bad = _grouped_forward(output_dim, pooled_width)(
+            x_nhwc.reshape(n * h * w, c), _scratch("grouped", (n, h, w, c), dt), args[3], pooled_height, args[6],
+            rows, map_flat.reshape(r, output_dim * groups), template, dt, METHOD)
+    if bad == USE_TABLE:
         table = _scratch("table", (n * (h + 1) * (w + 1) * groups, output_dim))
-        nhwc = out_layout == "NHWC"  # the table kernel writes [R, PH, PW, od] storage
-        rows = out_flat.reshape(r * groups, output_dim) if nhwc else np.empty((r * groups, output_dim), dt)
-        x_nhwc = x_flat.reshape(n, h, w, c) if x.stride(1) == 1 else x.permute(0, 2, 3, 1).contiguous().numpy()
         bad = _variant(_FORWARD_TABLE, n * c * h * w + 4 * r * output_dim * groups)(
             x_nhwc, args[3], pooled_height, pooled_width, args[6], output_dim, rows,
-            map_flat.reshape(r, output_dim * groups), map_strides, dt, METHOD, table)
-        if bad == -1 and not nhwc:
-            target.copy_(torch.from_numpy(rows).view(r, pooled_height, pooled_width, output_dim).permute(0, 3, 1, 2))
-    if bad == USE_DIRECT:
-        bad = _variant(_FORWARD, r * output_dim * h * w)(*args)  # ~ pixel reads (RoIs covering the image)
+            map_flat.reshape(r, output_dim * groups), map_strides, dt, TABLE, table)
+    if bad == -1 and not nhwc:
+        target.copy_(torch.from_numpy(rows).view(r, pooled_height, pooled_width, output_dim).permute(0, 3, 1, 2))
     if bad >= 0:
         checks.check_batch_indices(checks.OP, rois, n)  # raises, naming the RoI
     if target is not output:
