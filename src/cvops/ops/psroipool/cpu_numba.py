@@ -336,14 +336,6 @@ def _summed_area(edges, r, ph_n, pw_n):
 
 
 @njit(error_model="numpy")
-def _table_pays(summed_area, bins, od, table_entries):
-    """Whether the summed-area table beats direct summation (forward). Measured on the doc's cases (serial):
-    direct ~0.85 ns per bin pixel and channel + ~1.3 ns per output (a branchy visit, a division), the table
-    ~1.25 ns per table entry and per output (``bins`` does not tip the balance)."""
-    return 7 * od * summed_area > 10 * table_entries
-
-
-@njit(error_model="numpy")
 def _backward_table_pays(summed_area, bins, od, table_entries):
     """Whether the difference tables beat the direct scatter (backward): three passes over the tables (zero,
     corners, prefix) plus the corner updates, ~1.2 ns per unit, against ~0.5 ns per bin pixel and channel for
@@ -362,109 +354,6 @@ def _backward_plan(rois, n, c, ph_n, pw_n, scale, height, width, dt):
     r = rois.shape[0]
     return edges, _backward_table_pays(_summed_area(edges, r, ph_n, pw_n), r * ph_n * pw_n, c // (ph_n * pw_n),
                                        used * c * (height + 1) * (width + 1))
-
-
-def _forward_table_kernel(x, rois, ph_n, pw_n, scale, od, out, mapping, ms, dt, method, table):
-    """The forward (as the grouped direct kernel) with one float64 summed-area table per used image, laid out
-    [H+1, W+1, groups, od] (channel ctop*groups + k at [k, ctop], so one bin's od outputs read adjacent
-    entries). ``x``: the input as [N, H, W, C] (NHWC storage); ``out``: [R*PH*PW, od] (NHWC storage);
-    ``mapping``: [R, od*PH*PW] storage rows; ``table``: float64 scratch [N*(H+1)*(W+1)*groups, od]. Returns
-    the first bad RoI, -1 when done, or USE_DIRECT (nothing written).
-
-    Speed: the running row sums run over the contiguous channels (vectorised), every bin costs four
-    od-vector reads and no data-dependent loop (direct summation mispredicts on every 1-2 pixel bin of the
-    network cases), 2-D arrays indexed ``[row, loop variable]`` spare numba's negative-index checks, and
-    there are no per-RoI views (each costs ~0.1 us in numba)."""
-    n, height, width, c = x.shape
-    bad = _first_bad_batch(rois, n)
-    if bad >= 0:
-        return bad
-    r = rois.shape[0]
-    groups = ph_n * pw_n
-    edges = _all_edges(rois, ph_n, pw_n, scale, height, width, dt)
-    per_image = _batch_counts(rois, n)
-    used = 0
-    for b in range(n):
-        used += per_image[b] > 0
-    if method == AUTO and not _table_pays(_summed_area(edges, r, ph_n, pw_n), r * groups, od,
-                                          used * c * (height + 1) * (width + 1)):
-        return USE_DIRECT
-    image_bad = np.zeros(n, np.bool_)
-    plane_bad = np.zeros((n, groups, od), np.bool_)
-    wide = width + 1
-    for b in prange(n):
-        if per_image[b] == 0:
-            continue
-        img = b * (height + 1) * wide
-        for row in range(img * groups, (img + wide) * groups):  # top border
-            for ctop in range(od):
-                table[row, ctop] = 0
-        running = np.empty((od, groups), np.float64)  # running row sums, input channel order
-        flat = running.reshape(c)
-        for y in range(height):
-            for ch in range(c):
-                flat[ch] = 0
-            above = (img + y * wide) * groups
-            here = (img + (y + 1) * wide) * groups
-            for k in range(groups):  # left border
-                for ctop in range(od):
-                    table[here + k, ctop] = 0
-            for xx in range(width):
-                for ch in range(c):
-                    flat[ch] += x[b, y, xx, ch]
-                for k in range(groups):
-                    for ctop in range(od):
-                        table[here + (xx + 1) * groups + k, ctop] = (table[above + (xx + 1) * groups + k, ctop]
-                                                                     + running[ctop, k])
-        corner = (img + height * wide + width) * groups
-        for k in range(groups):
-            for ctop in range(od):
-                v = table[corner + k, ctop]
-                if not (v - v == 0):  # NaN or inf somewhere in the plane
-                    plane_bad[b, k, ctop] = True
-                    image_bad[b] = True
-    block = od * groups
-    template = np.empty(block, mapping.dtype)
-    for ctop in range(od):
-        for k in range(groups):
-            template[ctop * ms[1] + (k // pw_n) * ms[2] + (k % pw_n) * ms[3]] = ctop * groups + k
-    inverse = np.empty(height * width + 1, np.float64)  # 1/area by lookup: a division per bin is slow
-    inverse[0] = 0.0
-    for a in range(1, height * width + 1):
-        inverse[a] = 1.0 / np.float64(a)
-    for i in prange(r):
-        for e in range(block):
-            mapping[i, e] = template[e]
-        b = int(rois[i, 0])
-        img = b * (height + 1) * wide
-        for ph in range(ph_n):
-            hs, he = edges[i, 0, ph], edges[i, 1, ph]
-            low, high = img + hs * wide, img + he * wide
-            for pw in range(pw_n):
-                ws, we = edges[i, 2, pw], edges[i, 3, pw]
-                k = ph * pw_n + pw
-                top = i * groups + k
-                if he <= hs or we <= ws:  # empty bin: 0
-                    for ctop in range(od):
-                        out[top, ctop] = 0
-                    continue
-                inv_area = inverse[(he - hs) * (we - ws)]
-                high_high = (high + we) * groups + k
-                low_high = (low + we) * groups + k
-                high_low = (high + ws) * groups + k
-                low_low = (low + ws) * groups + k
-                for ctop in range(od):
-                    out[top, ctop] = (table[high_high, ctop] - table[low_high, ctop]
-                                      - table[high_low, ctop] + table[low_low, ctop]) * inv_area
-                if image_bad[b]:
-                    for ctop in range(od):
-                        if plane_bad[b, k, ctop]:  # the reference's own loop and rounding
-                            acc = dt(0.0)
-                            for y in range(hs, he):
-                                for xx in range(ws, we):
-                                    acc += x[b, y, xx, ctop * groups + k]
-                            out[top, ctop] = acc / dt((he - hs) * (we - ws))
-    return -1
 
 
 def _backward_table_kernel(g, gs, top_shape, rois, scale, bottom, bs, shape, dt, method):
@@ -565,7 +454,6 @@ def _grouped_table_pays(pixel_reads, table_entries):
     return 8 * pixel_reads > 25 * table_entries
 
 
-USE_TABLE = -4  # return code of the grouped kernel: the summed-area table is cheaper (nothing written)
 _GROUPED = {}  # (output_dim, pooled_width) -> compiled grouped forward
 
 
@@ -578,12 +466,16 @@ def _grouped_forward(od: int, pw_n: int):
         return kernel
     OD, PW = od, pw_n
 
-    def grouped_forward(x, xr, rois, ph_n, scale, out, mapping, template, dt, method):
+    def grouped_forward(x, xr, rois, ph_n, scale, out, mapping, template, dt, method, table):
         """x: [N*H*W, C] NHWC rows (height/width from ``xr``); xr: scratch [N, H, W, K*OD] that receives the
         input regrouped so that channel ctop*K + k sits at [.., k*OD + ctop] (one contiguous run of OD per
-        pixel and bin); out: [R*K, OD] NHWC rows; mapping: [R, K*OD] rows (NHWC storage); template: one
-        RoI's mapping row. Sums every bin pixel by pixel, rows then columns, from 0, as the reference: the
-        same bits. Returns the first bad RoI, -1 when done, or USE_TABLE (AUTO, nothing written)."""
+        pixel and bin); out: [R*K, OD] NHWC rows; mapping: [R, K*OD] rows (storage order); template: one
+        RoI's mapping row; table: float64 scratch [N*(H+1)*(W+1), K*OD].
+
+        DIRECT sums every bin pixel by pixel, rows then columns, from 0, as the reference: the same bits.
+        TABLE (or AUTO when it pays) builds a float64 summed-area table per used image from the regrouped
+        rows (one contiguous K*OD-long add per pixel) and reads 4 corners per bin; planes whose table is
+        not finite (NaN/inf, overflow) are summed directly. Returns the first bad RoI or -1."""
         n, height, width, kod = xr.shape
         bad = _first_bad_batch(rois, n)
         if bad >= 0:
@@ -591,14 +483,14 @@ def _grouped_forward(od: int, pw_n: int):
         groups = ph_n * PW
         r = rois.shape[0]
         edges = _all_edges(rois, ph_n, PW, scale, height, width, dt)
+        per_image = _batch_counts(rois, n)
+        use_table = method == TABLE
         if method == AUTO:
-            per_image = _batch_counts(rois, n)
             used = 0
             for b in range(n):
                 used += per_image[b] > 0
-            if _grouped_table_pays(_summed_area(edges, r, ph_n, PW) * OD,
-                                   used * OD * groups * (height + 1) * (width + 1)):
-                return USE_TABLE
+            use_table = _grouped_table_pays(_summed_area(edges, r, ph_n, PW) * OD,
+                                            used * kod * (height + 1) * (width + 1))
         rows = xr.reshape(n * height * width, kod)
         for p in range(n * height * width):
             for k in range(groups):
@@ -606,8 +498,11 @@ def _grouped_forward(od: int, pw_n: int):
                     rows[p, k * OD + ctop] = x[p, ctop * groups + k]
         cells = xr.reshape(n * height * width * groups, OD)
         for i in range(r):
-            for e in range(groups * OD):
+            for e in range(kod):
                 mapping[i, e] = template[e]
+        if use_table:
+            _grouped_table_bins(rows, cells, rois, edges, per_image, height, width, ph_n, out, dt, table)
+            return -1
         for i in range(r):
             b = int(rois[i, 0])
             for ph in range(ph_n):
@@ -630,12 +525,78 @@ def _grouped_forward(od: int, pw_n: int):
                         out[top, ctop] /= area
         return -1
 
+    def grouped_table_bins(rows, cells, rois, edges, per_image, height, width, ph_n, out, dt, table):
+        n = per_image.shape[0]
+        groups = ph_n * PW
+        kod = groups * OD
+        wide = width + 1
+        image_bad = np.zeros(n, np.bool_)
+        plane_bad = np.zeros((n, kod), np.bool_)
+        running = np.empty(kod, np.float64)
+        for b in range(n):
+            if per_image[b] == 0:
+                continue
+            img = b * (height + 1) * wide
+            for at in range(img, img + wide):  # top border
+                for j in range(kod):
+                    table[at, j] = 0
+            for y in range(height):
+                for j in range(kod):
+                    running[j] = 0
+                above = img + y * wide
+                here = above + wide
+                for j in range(kod):  # left border
+                    table[here, j] = 0
+                for xx in range(width):
+                    p = (b * height + y) * width + xx
+                    for j in range(kod):
+                        running[j] += rows[p, j]
+                        table[here + xx + 1, j] = table[above + xx + 1, j] + running[j]
+            corner = img + height * wide + width
+            for j in range(kod):
+                v = table[corner, j]
+                if not (v - v == 0):  # NaN or inf somewhere in the plane
+                    plane_bad[b, j] = True
+                    image_bad[b] = True
+        inverse = np.empty(height * width + 1, np.float64)  # 1/area by lookup: a division per bin is slow
+        inverse[0] = 0.0
+        for a in range(1, height * width + 1):
+            inverse[a] = 1.0 / np.float64(a)
+        for i in range(rois.shape[0]):
+            b = int(rois[i, 0])
+            img = b * (height + 1) * wide
+            for ph in range(ph_n):
+                hs, he = edges[i, 0, ph], edges[i, 1, ph]
+                low, high = img + hs * wide, img + he * wide
+                for pw in range(PW):
+                    ws, we = edges[i, 2, pw], edges[i, 3, pw]
+                    k = ph * PW + pw
+                    top = i * groups + k
+                    if he <= hs or we <= ws:  # empty bin: 0
+                        for ctop in range(OD):
+                            out[top, ctop] = 0
+                        continue
+                    inv_area = inverse[(he - hs) * (we - ws)]
+                    col = k * OD
+                    for ctop in range(OD):
+                        out[top, ctop] = (table[high + we, col + ctop] - table[low + we, col + ctop]
+                                          - table[high + ws, col + ctop] + table[low + ws, col + ctop]) * inv_area
+                    if image_bad[b]:
+                        for ctop in range(OD):
+                            if plane_bad[b, col + ctop]:  # the reference's own loop and rounding
+                                acc = dt(0.0)
+                                for y in range(hs, he):
+                                    for xx in range(ws, we):
+                                        acc += cells[((b * height + y) * width + xx) * groups + k, ctop]
+                                out[top, ctop] = acc / dt((he - hs) * (we - ws))
+
+    grouped_table_bins.__qualname__ = f"grouped_table_bins_od{od}_pw{pw_n}"
+    _grouped_table_bins = njit(grouped_table_bins, error_model="numpy")
     grouped_forward.__qualname__ = f"grouped_forward_od{od}_pw{pw_n}"
     kernel = _GROUPED[(od, pw_n)] = njit(grouped_forward, error_model="numpy")
     return kernel
 
 
-_FORWARD_TABLE = njit_variants(_forward_table_kernel, error_model="numpy")
 _BACKWARD_TABLE = njit_variants(_backward_table_kernel, error_model="numpy")
 _BACKWARD_CANONICAL = njit_variants(_backward_canonical, error_model="numpy")
 _BACKWARD_ANY = njit_variants(_backward_any, error_model="numpy")
@@ -706,38 +667,29 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     """As :func:`cpu.forward`; the caller checked ``supports`` and non-empty tensors."""
     n, c, h, w = input.shape
     r = rois.shape[0]
-    shape = (r, output_dim, pooled_height, pooled_width)
+    groups = pooled_height * pooled_width
     acc = torch.float64 if input.dtype == torch.float64 else torch.float32
-    x, x_flat, x_strides = _flat(input if input.dtype == acc else input.to(acc))
+    dt = _np_dtype(acc)
+    x = input.detach()
+    x_rows = (x if x.dtype == acc else x.to(acc)).permute(0, 2, 3, 1).reshape(n * h * w, c).numpy()  # NHWC rows
+    shape = (r, output_dim, pooled_height, pooled_width)
     output = empty_nchw(shape, out_layout, like=input)
     mapping = empty_nchw(shape, out_layout, like=input.new_empty(0, dtype=torch.int32))
-    target = _acc_target(output, acc)
-    _, out_flat, out_strides = _flat(target)
-    _, map_flat, map_strides = _flat(mapping)
-    dt = _np_dtype(acc)
-    args = (x_flat, x_strides, (n, c, h, w), _rois64(rois), pooled_height, pooled_width, dt(spatial_scale),
-            output_dim, out_flat, out_strides, map_flat, map_strides, dt)
-    groups = pooled_height * pooled_width
-    nhwc = out_layout == "NHWC"  # the grouped and table kernels write [R, PH, PW, od] storage
-    rows = out_flat.reshape(r * groups, output_dim) if nhwc else np.empty((r * groups, output_dim), dt)
-    x_nhwc = x_flat.reshape(n, h, w, c) if x.stride(1) == 1 else x.permute(0, 2, 3, 1).contiguous().numpy()
-    template = _mapping_template(output_dim, pooled_height, pooled_width, map_strides)
-    bad = USE_TABLE
-    if METHOD != TABLE:
-        bad = _grouped_forward(output_dim, pooled_width)(
-            x_nhwc.reshape(n * h * w, c), _scratch("grouped", (n, h, w, c), dt), args[3], pooled_height, args[6],
-            rows, map_flat.reshape(r, output_dim * groups), template, dt, METHOD)
-    if bad == USE_TABLE:
-        table = _scratch("table", (n * (h + 1) * (w + 1) * groups, output_dim))
-        bad = _variant(_FORWARD_TABLE, n * c * h * w + 4 * r * output_dim * groups)(
-            x_nhwc, args[3], pooled_height, pooled_width, args[6], output_dim, rows,
-            map_flat.reshape(r, output_dim * groups), map_strides, dt, TABLE, table)
-    if bad == -1 and not nhwc:
-        target.copy_(torch.from_numpy(rows).view(r, pooled_height, pooled_width, output_dim).permute(0, 3, 1, 2))
+    # the kernel writes [R*PH*PW, od] rows: the output's own storage when it is NHWC in the acc dtype
+    nhwc = out_layout == "NHWC"
+    in_place = nhwc and output.dtype == acc
+    rows = output.permute(0, 2, 3, 1).numpy().reshape(r * groups, output_dim) if in_place \
+        else _scratch("rows", (r * groups, output_dim), dt)
+    map_storage = mapping.permute(0, 2, 3, 1) if nhwc else mapping
+    template = _mapping_template(output_dim, pooled_height, pooled_width, tuple(mapping.stride()))
+    bad = _grouped_forward(output_dim, pooled_width)(
+        x_rows, _scratch("grouped", (n, h, w, c), dt), _rois64(rois), pooled_height, dt(spatial_scale), rows,
+        map_storage.numpy().reshape(r, output_dim * groups), template, dt, METHOD,
+        _scratch("table", (n * (h + 1) * (w + 1), c)))
     if bad >= 0:
         checks.check_batch_indices(checks.OP, rois, n)  # raises, naming the RoI
-    if target is not output:
-        output.copy_(target)
+    if not in_place:  # one rounding to the output dtype, as the reference
+        output.copy_(torch.from_numpy(rows).view(r, pooled_height, pooled_width, output_dim).permute(0, 3, 1, 2))
     return output, mapping
 
 
