@@ -174,9 +174,10 @@ def _bin_diffs(edges, ph_n, pw_n, dt, grad, diffs):
                         diffs[row, ctop] = grad[row, ctop] / a
 
 
-def _backward_canonical(edges, rois, ph_n, pw_n, diffs, bottom, bs, shape, acc, rows_nhwc):
+def _backward_canonical(edges, rois, ph_n, pw_n, grad, diffs, dt, bottom, bs, shape, acc, rows_nhwc):
     """mapping_channel is the forward's: channel ctop*K + k of image b gets bin k of channel ctop of every
-    RoI of that image. diffs: [R*K, od] ``top_grad / area`` (the reference's rounding); bottom: flat dense
+    RoI of that image. grad: top_grad as [R*K, od] rows; diffs: scratch [R*K, od] that receives
+    ``top_grad / area`` (the reference's rounding, :func:`_bin_diffs`, here to spare a call); bottom: flat dense
     [N, C, H, W] (strides bs); rows_nhwc: the same memory as [N*H*W, C] when it is NHWC storage (else unused);
     acc: scratch [N*H*W*K, od] of bottom's dtype.
 
@@ -191,6 +192,7 @@ def _backward_canonical(edges, rois, ph_n, pw_n, diffs, bottom, bs, shape, acc, 
     r = rois.shape[0]
     groups = ph_n * pw_n
     od = c // groups
+    _bin_diffs(edges, ph_n, pw_n, dt, grad, diffs)
     nhwc = bs[1] == 1 and bs[3] == c
     per_image = _batch_counts(rois, n)
     acc_flat = acc.reshape(acc.shape[0] * od)
@@ -701,10 +703,9 @@ def _backward_direct(top_grad, edges, rois64, scale, b_flat, b_strides, shape, d
     if not grad.is_contiguous():
         grad = grad.contiguous()
     diffs = _scratch("diffs", (r * ph_n * pw_n, od), dt)
-    _bin_diffs(edges, ph_n, pw_n, dt, grad.numpy().reshape(r * ph_n * pw_n, od), diffs)
     acc = _scratch("acc", (n * h * w * ph_n * pw_n, od), dt)
-    return _variant(_BACKWARD_CANONICAL, work)(edges, rois64, ph_n, pw_n, diffs, b_flat, b_strides, shape, acc,
-                                               b_flat.reshape(n * h * w, c))
+    return _variant(_BACKWARD_CANONICAL, work)(edges, rois64, ph_n, pw_n, grad.numpy().reshape(r * ph_n * pw_n, od),
+                                               diffs, dt, b_flat, b_strides, shape, acc, b_flat.reshape(n * h * w, c))
 
 
 def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, out_layout="NCHW",
