@@ -11,9 +11,12 @@ pixel in the same order. Results of these DIRECT kernels equal the reference's b
 included. The TABLE kernels (summed-area / difference tables, O(1) per bin, see below) agree within the
 accumulating-op contract instead; ``METHOD`` (AUTO by default) picks per call the cheaper of the two.
 
-* forward (direct): serial, compiled per (output_dim, PW) so the od-long loops are fixed-length vector code.
-  The input is first regrouped to [N, H, W, K, od] (channel ctop*K + k at [k, ctop]), so a bin pixel is one
-  contiguous run of od values and the [R, PH, PW, od] output is written as runs of od too.
+* forward: one serial call compiled per output_dim (first use of a new od compiles, ~1.5 s, then it is in
+  numba's disk cache), so the od-long loops are fixed-length vector code. The used images are first
+  regrouped to [N, H, W, K, od] (channel ctop*K + k at [k, ctop]), so a bin pixel is one contiguous run of
+  od values, the [R, PH, PW, od] output is written as runs of od, and the summed-area table is built by
+  contiguous K*od-long adds. Measured on a quiet machine, the 2-thread variants lose badly at this size
+  (a pool wake-up cost milliseconds: R-FCN g3 forward 32 ms, backwards 8 ms, against 0.2-0.3 ms serial).
 * backward (the forward's mapping_channel): parallel over bands of rows; every element receives its
   contributions in RoI order, the reference's, so there are no races and every run gives the same bits.
   Any other mapping_channel: parallel over destination planes (batch, channel), same order.
@@ -456,19 +459,19 @@ def _grouped_table_pays(pixel_reads, table_entries):
     return 8 * pixel_reads > 25 * table_entries
 
 
-_GROUPED = {}  # (output_dim, pooled_width) -> compiled grouped forward
+_GROUPED = {}  # output_dim -> compiled grouped forward
 
 
-def _grouped_forward(od: int, pw_n: int):
-    """The direct forward compiled for one ``output_dim`` and ``pooled_width``: with both known at compile
-    time the od-long loops are straight vector code (measured ~2x faster than a runtime od on the doc's
-    cases). numba keys its disk cache on the closure's values too, so every (od, PW) gets its own entry."""
-    kernel = _GROUPED.get((od, pw_n))
+def _grouped_forward(od: int):
+    """The forward compiled for one ``output_dim``: with od known at compile time the od-long loops are
+    straight vector code (measured ~2x faster than a runtime od on the doc's cases). numba keys its disk
+    cache on the closure's values too, so every od gets its own entry (~1.5 s to compile, once)."""
+    kernel = _GROUPED.get(od)
     if kernel is not None:
         return kernel
-    OD, PW = od, pw_n
+    OD = od
 
-    def grouped_forward(x, xr, rois, ph_n, scale, out, mapping, template, dt, method, table):
+    def grouped_forward(x, xr, rois, ph_n, pw_n, scale, out, mapping, template, dt, method, table):
         """x: [N*H*W, C] NHWC rows (height/width from ``xr``); xr: scratch [N, H, W, K*OD] that receives the
         input regrouped so that channel ctop*K + k sits at [.., k*OD + ctop] (one contiguous run of OD per
         pixel and bin); out: [R*K, OD] NHWC rows; mapping: [R, K*OD] rows (storage order); template: one
@@ -482,36 +485,99 @@ def _grouped_forward(od: int, pw_n: int):
         bad = _first_bad_batch(rois, n)
         if bad >= 0:
             return bad
-        groups = ph_n * PW
+        groups = ph_n * pw_n
         r = rois.shape[0]
-        edges = _all_edges(rois, ph_n, PW, scale, height, width, dt)
+        edges = _all_edges(rois, ph_n, pw_n, scale, height, width, dt)
         per_image = _batch_counts(rois, n)
         use_table = method == TABLE
         if method == AUTO:
             used = 0
             for b in range(n):
                 used += per_image[b] > 0
-            use_table = _grouped_table_pays(_summed_area(edges, r, ph_n, PW) * OD,
+            use_table = _grouped_table_pays(_summed_area(edges, r, ph_n, pw_n) * OD,
                                             used * kod * (height + 1) * (width + 1))
         rows = xr.reshape(n * height * width, kod)
-        for p in range(n * height * width):
-            for k in range(groups):
-                for ctop in range(OD):
-                    rows[p, k * OD + ctop] = x[p, ctop * groups + k]
+        for b in range(n):  # images no RoI reads are not regrouped
+            if per_image[b] == 0:
+                continue
+            for p in range(b * height * width, (b + 1) * height * width):
+                for k in range(groups):
+                    for ctop in range(OD):
+                        rows[p, k * OD + ctop] = x[p, ctop * groups + k]
         cells = xr.reshape(n * height * width * groups, OD)
         for i in range(r):
             for e in range(kod):
                 mapping[i, e] = template[e]
         if use_table:
-            _grouped_table_bins(rows, cells, rois, edges, per_image, height, width, ph_n, out, dt, table)
+            wide = width + 1
+            image_bad = np.zeros(n, np.bool_)
+            plane_bad = np.zeros((n, kod), np.bool_)
+            running = np.empty(kod, np.float64)
+            for b in range(n):
+                if per_image[b] == 0:
+                    continue
+                img = b * (height + 1) * wide
+                for at in range(img, img + wide):  # top border
+                    for j in range(kod):
+                        table[at, j] = 0
+                for y in range(height):
+                    for j in range(kod):
+                        running[j] = 0
+                    above = img + y * wide
+                    here = above + wide
+                    for j in range(kod):  # left border
+                        table[here, j] = 0
+                    for xx in range(width):
+                        p = (b * height + y) * width + xx
+                        for j in range(kod):
+                            running[j] += rows[p, j]
+                            table[here + xx + 1, j] = table[above + xx + 1, j] + running[j]
+                corner = img + height * wide + width
+                for j in range(kod):
+                    v = table[corner, j]
+                    if not (v - v == 0):  # NaN or inf somewhere in the plane
+                        plane_bad[b, j] = True
+                        image_bad[b] = True
+            inverse = np.empty(height * width + 1, np.float64)  # 1/area by lookup: a division per bin is slow
+            inverse[0] = 0.0
+            for a in range(1, height * width + 1):
+                inverse[a] = 1.0 / np.float64(a)
+            for i in range(rois.shape[0]):
+                b = int(rois[i, 0])
+                img = b * (height + 1) * wide
+                for ph in range(ph_n):
+                    hs, he = edges[i, 0, ph], edges[i, 1, ph]
+                    low, high = img + hs * wide, img + he * wide
+                    for pw in range(pw_n):
+                        ws, we = edges[i, 2, pw], edges[i, 3, pw]
+                        k = ph * pw_n + pw
+                        top = i * groups + k
+                        if he <= hs or we <= ws:  # empty bin: 0
+                            for ctop in range(OD):
+                                out[top, ctop] = 0
+                            continue
+                        inv_area = inverse[(he - hs) * (we - ws)]
+                        col = k * OD
+                        for ctop in range(OD):
+                            j = col + ctop
+                            out[top, ctop] = (table[high + we, j] - table[low + we, j]
+                                              - table[high + ws, j] + table[low + ws, j]) * inv_area
+                        if image_bad[b]:
+                            for ctop in range(OD):
+                                if plane_bad[b, col + ctop]:  # the reference's own loop and rounding
+                                    acc = dt(0.0)
+                                    for y in range(hs, he):
+                                        for xx in range(ws, we):
+                                            acc += cells[((b * height + y) * width + xx) * groups + k, ctop]
+                                    out[top, ctop] = acc / dt((he - hs) * (we - ws))
             return -1
         for i in range(r):
             b = int(rois[i, 0])
             for ph in range(ph_n):
                 hs, he = edges[i, 0, ph], edges[i, 1, ph]
-                for pw in range(PW):
+                for pw in range(pw_n):
                     ws, we = edges[i, 2, pw], edges[i, 3, pw]
-                    k = ph * PW + pw
+                    k = ph * pw_n + pw
                     top = i * groups + k
                     for ctop in range(OD):
                         out[top, ctop] = 0
@@ -527,75 +593,8 @@ def _grouped_forward(od: int, pw_n: int):
                         out[top, ctop] /= area
         return -1
 
-    def grouped_table_bins(rows, cells, rois, edges, per_image, height, width, ph_n, out, dt, table):
-        n = per_image.shape[0]
-        groups = ph_n * PW
-        kod = groups * OD
-        wide = width + 1
-        image_bad = np.zeros(n, np.bool_)
-        plane_bad = np.zeros((n, kod), np.bool_)
-        running = np.empty(kod, np.float64)
-        for b in range(n):
-            if per_image[b] == 0:
-                continue
-            img = b * (height + 1) * wide
-            for at in range(img, img + wide):  # top border
-                for j in range(kod):
-                    table[at, j] = 0
-            for y in range(height):
-                for j in range(kod):
-                    running[j] = 0
-                above = img + y * wide
-                here = above + wide
-                for j in range(kod):  # left border
-                    table[here, j] = 0
-                for xx in range(width):
-                    p = (b * height + y) * width + xx
-                    for j in range(kod):
-                        running[j] += rows[p, j]
-                        table[here + xx + 1, j] = table[above + xx + 1, j] + running[j]
-            corner = img + height * wide + width
-            for j in range(kod):
-                v = table[corner, j]
-                if not (v - v == 0):  # NaN or inf somewhere in the plane
-                    plane_bad[b, j] = True
-                    image_bad[b] = True
-        inverse = np.empty(height * width + 1, np.float64)  # 1/area by lookup: a division per bin is slow
-        inverse[0] = 0.0
-        for a in range(1, height * width + 1):
-            inverse[a] = 1.0 / np.float64(a)
-        for i in range(rois.shape[0]):
-            b = int(rois[i, 0])
-            img = b * (height + 1) * wide
-            for ph in range(ph_n):
-                hs, he = edges[i, 0, ph], edges[i, 1, ph]
-                low, high = img + hs * wide, img + he * wide
-                for pw in range(PW):
-                    ws, we = edges[i, 2, pw], edges[i, 3, pw]
-                    k = ph * PW + pw
-                    top = i * groups + k
-                    if he <= hs or we <= ws:  # empty bin: 0
-                        for ctop in range(OD):
-                            out[top, ctop] = 0
-                        continue
-                    inv_area = inverse[(he - hs) * (we - ws)]
-                    col = k * OD
-                    for ctop in range(OD):
-                        out[top, ctop] = (table[high + we, col + ctop] - table[low + we, col + ctop]
-                                          - table[high + ws, col + ctop] + table[low + ws, col + ctop]) * inv_area
-                    if image_bad[b]:
-                        for ctop in range(OD):
-                            if plane_bad[b, col + ctop]:  # the reference's own loop and rounding
-                                acc = dt(0.0)
-                                for y in range(hs, he):
-                                    for xx in range(ws, we):
-                                        acc += cells[((b * height + y) * width + xx) * groups + k, ctop]
-                                out[top, ctop] = acc / dt((he - hs) * (we - ws))
-
-    grouped_table_bins.__qualname__ = f"grouped_table_bins_od{od}_pw{pw_n}"
-    _grouped_table_bins = njit(grouped_table_bins, error_model="numpy")
-    grouped_forward.__qualname__ = f"grouped_forward_od{od}_pw{pw_n}"
-    kernel = _GROUPED[(od, pw_n)] = njit(grouped_forward, error_model="numpy")
+    grouped_forward.__qualname__ = f"grouped_forward_od{od}"
+    kernel = _GROUPED[od] = njit(grouped_forward, error_model="numpy")
     return kernel
 
 
@@ -684,9 +683,9 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
         else _scratch("rows", (r * groups, output_dim), dt)
     map_storage = mapping.permute(0, 2, 3, 1) if nhwc else mapping
     template = _mapping_template(output_dim, pooled_height, pooled_width, tuple(mapping.stride()))
-    bad = _grouped_forward(output_dim, pooled_width)(
-        x_rows, _scratch("grouped", (n, h, w, c), dt), _rois64(rois), pooled_height, dt(spatial_scale), rows,
-        map_storage.numpy().reshape(r, output_dim * groups), template, dt, METHOD,
+    bad = _grouped_forward(output_dim)(
+        x_rows, _scratch("grouped", (n, h, w, c), dt), _rois64(rois), pooled_height, pooled_width,
+        dt(spatial_scale), rows, map_storage.numpy().reshape(r, output_dim * groups), template, dt, METHOD,
         _scratch("table", (n * (h + 1) * (w + 1), c)))
     if bad >= 0:
         checks.check_batch_indices(checks.OP, rois, n)  # raises, naming the RoI
