@@ -11,7 +11,12 @@ pixel in the same order. Results of these DIRECT kernels equal the reference's b
 included. The TABLE kernels (summed-area / difference tables, O(1) per bin, see below) agree within the
 accumulating-op contract instead; ``METHOD`` (AUTO by default) picks per call the cheaper of the two.
 
-* forward: parallel over RoIs; each RoI writes only its own output and mapping_channel entries.
+* forward: one serial call compiled per output_dim (first use of a new od compiles, ~1.5 s, then it is in
+  numba's disk cache), so the od-long loops are fixed-length vector code. The used images are first
+  regrouped to [N, H, W, K, od] (channel ctop*K + k at [k, ctop]), so a bin pixel is one contiguous run of
+  od values, the [R, PH, PW, od] output is written as runs of od, and the summed-area table is built by
+  contiguous K*od-long adds. Measured on a quiet machine, the 2-thread variants lose badly at this size
+  (a pool wake-up cost milliseconds: R-FCN g3 forward 32 ms, backwards 8 ms, against 0.2-0.3 ms serial).
 * backward (the forward's mapping_channel): parallel over bands of rows; every element receives its
   contributions in RoI order, the reference's, so there are no races and every run gives the same bits.
   Any other mapping_channel: parallel over destination planes (batch, channel), same order.
@@ -26,6 +31,7 @@ libm floor/ceil calls, and short data-dependent loops (bins of 1-2 pixels).
 """
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
@@ -114,51 +120,6 @@ def _first_bad_batch(rois, batch):
     return -1
 
 
-def _forward_kernel(x, xs, shape, rois, ph_n, pw_n, scale, od, out, ost, mapping, ms, dt):
-    """x: flat input, logical [N, C, H, W] with element strides xs; out/mapping: flat dense [R, od, PH, PW]
-    with strides ost/ms (each RoI's block contiguous). Returns the first RoI with a bad batch index
-    (nothing written), or -1."""
-    bad = _first_bad_batch(rois, shape[0])
-    if bad >= 0:
-        return bad
-    height, width = shape[2], shape[3]
-    groups = ph_n * pw_n
-    block = od * groups
-    template = np.empty(block, mapping.dtype)  # one RoI's mapping_channel, in storage order
-    for ctop in range(od):
-        for k in range(groups):
-            template[ctop * ms[1] + (k // pw_n) * ms[2] + (k % pw_n) * ms[3]] = ctop * groups + k
-    ctop_stride = groups * xs[1]
-    edges = _all_edges(rois, ph_n, pw_n, scale, height, width, dt)
-    # element loops, no per-RoI slices or arrays: a numba view costs ~0.1 us, as much as a whole RoI's work
-    for i in prange(rois.shape[0]):
-        for e in range(block):
-            mapping[i * block + e] = template[e]
-            out[i * block + e] = 0
-        base = int(rois[i, 0]) * xs[0]
-        for ph in range(ph_n):
-            hs, he = edges[i, 0, ph], edges[i, 1, ph]
-            if he <= hs:
-                continue  # empty bins stay 0
-            for pw in range(pw_n):
-                ws, we = edges[i, 2, pw], edges[i, 3, pw]
-                if we <= ws:
-                    continue
-                k = ph * pw_n + pw
-                top = i * ost[0] + ph * ost[2] + pw * ost[3]
-                # every output sums its bin row by row from 0, as the reference; the od outputs of a bin
-                # are interleaved (independent chains; contiguous reads for NHWC storage)
-                for y in range(hs, he):
-                    for xx in range(ws, we):
-                        pixel = base + k * xs[1] + y * xs[2] + xx * xs[3]
-                        for ctop in range(od):
-                            out[top + ctop * ost[1]] += x[pixel + ctop * ctop_stride]
-                area = dt((he - hs) * (we - ws))
-                for ctop in range(od):
-                    out[top + ctop * ost[1]] /= area
-    return -1
-
-
 @njit(error_model="numpy")
 def _all_edges(rois, ph_n, pw_n, scale, height, width, dt):
     edges = np.empty((rois.shape[0], 4, max(ph_n, pw_n)), np.int64)
@@ -216,9 +177,10 @@ def _bin_diffs(edges, ph_n, pw_n, dt, grad, diffs):
                         diffs[row, ctop] = grad[row, ctop] / a
 
 
-def _backward_canonical(edges, rois, ph_n, pw_n, diffs, bottom, bs, shape, acc, rows_nhwc):
+def _backward_canonical(edges, rois, ph_n, pw_n, grad, diffs, dt, bottom, bs, shape, acc, rows_nhwc):
     """mapping_channel is the forward's: channel ctop*K + k of image b gets bin k of channel ctop of every
-    RoI of that image. diffs: [R*K, od] ``top_grad / area`` (the reference's rounding); bottom: flat dense
+    RoI of that image. grad: top_grad as [R*K, od] rows; diffs: scratch [R*K, od] that receives
+    ``top_grad / area`` (the reference's rounding, :func:`_bin_diffs`, here to spare a call); bottom: flat dense
     [N, C, H, W] (strides bs); rows_nhwc: the same memory as [N*H*W, C] when it is NHWC storage (else unused);
     acc: scratch [N*H*W*K, od] of bottom's dtype.
 
@@ -233,6 +195,7 @@ def _backward_canonical(edges, rois, ph_n, pw_n, diffs, bottom, bs, shape, acc, 
     r = rois.shape[0]
     groups = ph_n * pw_n
     od = c // groups
+    _bin_diffs(edges, ph_n, pw_n, dt, grad, diffs)
     nhwc = bs[1] == 1 and bs[3] == c
     per_image = _batch_counts(rois, n)
     acc_flat = acc.reshape(acc.shape[0] * od)
@@ -378,14 +341,6 @@ def _summed_area(edges, r, ph_n, pw_n):
 
 
 @njit(error_model="numpy")
-def _table_pays(summed_area, bins, od, table_entries):
-    """Whether the summed-area table beats direct summation (forward). Measured on the doc's cases (serial):
-    direct ~0.85 ns per bin pixel and channel + ~1.3 ns per output (a branchy visit, a division), the table
-    ~1.25 ns per table entry and per output (``bins`` does not tip the balance)."""
-    return 7 * od * summed_area > 10 * table_entries
-
-
-@njit(error_model="numpy")
 def _backward_table_pays(summed_area, bins, od, table_entries):
     """Whether the difference tables beat the direct scatter (backward): three passes over the tables (zero,
     corners, prefix) plus the corner updates, ~1.2 ns per unit, against ~0.5 ns per bin pixel and channel for
@@ -404,109 +359,6 @@ def _backward_plan(rois, n, c, ph_n, pw_n, scale, height, width, dt):
     r = rois.shape[0]
     return edges, _backward_table_pays(_summed_area(edges, r, ph_n, pw_n), r * ph_n * pw_n, c // (ph_n * pw_n),
                                        used * c * (height + 1) * (width + 1))
-
-
-def _forward_table_kernel(x, rois, ph_n, pw_n, scale, od, out, mapping, ms, dt, method, table):
-    """As :func:`_forward_kernel` with one float64 summed-area table per used image, laid out
-    [H+1, W+1, groups, od] (channel ctop*groups + k at [k, ctop], so one bin's od outputs read adjacent
-    entries). ``x``: the input as [N, H, W, C] (NHWC storage); ``out``: [R*PH*PW, od] (NHWC storage);
-    ``mapping``: [R, od*PH*PW] storage rows; ``table``: float64 scratch [N*(H+1)*(W+1)*groups, od]. Returns
-    the first bad RoI, -1 when done, or USE_DIRECT (nothing written).
-
-    Speed: the running row sums run over the contiguous channels (vectorised), every bin costs four
-    od-vector reads and no data-dependent loop (direct summation mispredicts on every 1-2 pixel bin of the
-    network cases), 2-D arrays indexed ``[row, loop variable]`` spare numba's negative-index checks, and
-    there are no per-RoI views (each costs ~0.1 us in numba)."""
-    n, height, width, c = x.shape
-    bad = _first_bad_batch(rois, n)
-    if bad >= 0:
-        return bad
-    r = rois.shape[0]
-    groups = ph_n * pw_n
-    edges = _all_edges(rois, ph_n, pw_n, scale, height, width, dt)
-    per_image = _batch_counts(rois, n)
-    used = 0
-    for b in range(n):
-        used += per_image[b] > 0
-    if method == AUTO and not _table_pays(_summed_area(edges, r, ph_n, pw_n), r * groups, od,
-                                          used * c * (height + 1) * (width + 1)):
-        return USE_DIRECT
-    image_bad = np.zeros(n, np.bool_)
-    plane_bad = np.zeros((n, groups, od), np.bool_)
-    wide = width + 1
-    for b in prange(n):
-        if per_image[b] == 0:
-            continue
-        img = b * (height + 1) * wide
-        for row in range(img * groups, (img + wide) * groups):  # top border
-            for ctop in range(od):
-                table[row, ctop] = 0
-        running = np.empty((od, groups), np.float64)  # running row sums, input channel order
-        flat = running.reshape(c)
-        for y in range(height):
-            for ch in range(c):
-                flat[ch] = 0
-            above = (img + y * wide) * groups
-            here = (img + (y + 1) * wide) * groups
-            for k in range(groups):  # left border
-                for ctop in range(od):
-                    table[here + k, ctop] = 0
-            for xx in range(width):
-                for ch in range(c):
-                    flat[ch] += x[b, y, xx, ch]
-                for k in range(groups):
-                    for ctop in range(od):
-                        table[here + (xx + 1) * groups + k, ctop] = (table[above + (xx + 1) * groups + k, ctop]
-                                                                     + running[ctop, k])
-        corner = (img + height * wide + width) * groups
-        for k in range(groups):
-            for ctop in range(od):
-                v = table[corner + k, ctop]
-                if not (v - v == 0):  # NaN or inf somewhere in the plane
-                    plane_bad[b, k, ctop] = True
-                    image_bad[b] = True
-    block = od * groups
-    template = np.empty(block, mapping.dtype)
-    for ctop in range(od):
-        for k in range(groups):
-            template[ctop * ms[1] + (k // pw_n) * ms[2] + (k % pw_n) * ms[3]] = ctop * groups + k
-    inverse = np.empty(height * width + 1, np.float64)  # 1/area by lookup: a division per bin is slow
-    inverse[0] = 0.0
-    for a in range(1, height * width + 1):
-        inverse[a] = 1.0 / np.float64(a)
-    for i in prange(r):
-        for e in range(block):
-            mapping[i, e] = template[e]
-        b = int(rois[i, 0])
-        img = b * (height + 1) * wide
-        for ph in range(ph_n):
-            hs, he = edges[i, 0, ph], edges[i, 1, ph]
-            low, high = img + hs * wide, img + he * wide
-            for pw in range(pw_n):
-                ws, we = edges[i, 2, pw], edges[i, 3, pw]
-                k = ph * pw_n + pw
-                top = i * groups + k
-                if he <= hs or we <= ws:  # empty bin: 0
-                    for ctop in range(od):
-                        out[top, ctop] = 0
-                    continue
-                inv_area = inverse[(he - hs) * (we - ws)]
-                high_high = (high + we) * groups + k
-                low_high = (low + we) * groups + k
-                high_low = (high + ws) * groups + k
-                low_low = (low + ws) * groups + k
-                for ctop in range(od):
-                    out[top, ctop] = (table[high_high, ctop] - table[low_high, ctop]
-                                      - table[high_low, ctop] + table[low_low, ctop]) * inv_area
-                if image_bad[b]:
-                    for ctop in range(od):
-                        if plane_bad[b, k, ctop]:  # the reference's own loop and rounding
-                            acc = dt(0.0)
-                            for y in range(hs, he):
-                                for xx in range(ws, we):
-                                    acc += x[b, y, xx, ctop * groups + k]
-                            out[top, ctop] = acc / dt((he - hs) * (we - ws))
-    return -1
 
 
 def _backward_table_kernel(g, gs, top_shape, rois, scale, bottom, bs, shape, dt, method):
@@ -599,9 +451,154 @@ def _backward_table_kernel(g, gs, top_shape, rois, scale, bottom, bs, shape, dt,
     return -1
 
 
-_FORWARD_TABLE = njit_variants(_forward_table_kernel, error_model="numpy")
+@njit(error_model="numpy")
+def _grouped_table_pays(pixel_reads, table_entries):
+    """Whether the summed-area table beats the grouped direct forward: ~0.3 ns per bin pixel and channel
+    against ~1 ns per table entry (both pay the same per-output work; measured on the doc's cases, serial:
+    R-FCN g7 direct 188 us vs table 266 us per call, g3 205 vs 196)."""
+    return 8 * pixel_reads > 25 * table_entries
+
+
+_GROUPED = {}  # output_dim -> compiled grouped forward
+
+
+def _grouped_forward(od: int):
+    """The forward compiled for one ``output_dim``: with od known at compile time the od-long loops are
+    straight vector code (measured ~2x faster than a runtime od on the doc's cases). numba keys its disk
+    cache on the closure's values too, so every od gets its own entry (~1.5 s to compile, once)."""
+    kernel = _GROUPED.get(od)
+    if kernel is not None:
+        return kernel
+    OD = od
+
+    def grouped_forward(x, xr, rois, ph_n, pw_n, scale, out, mapping, template, dt, method, table):
+        """x: [N*H*W, C] NHWC rows (height/width from ``xr``); xr: scratch [N, H, W, K*OD] that receives the
+        input regrouped so that channel ctop*K + k sits at [.., k*OD + ctop] (one contiguous run of OD per
+        pixel and bin); out: [R*K, OD] NHWC rows; mapping: [R, K*OD] rows (storage order); template: one
+        RoI's mapping row; table: float64 scratch [N*(H+1)*(W+1), K*OD].
+
+        DIRECT sums every bin pixel by pixel, rows then columns, from 0, as the reference: the same bits.
+        TABLE (or AUTO when it pays) builds a float64 summed-area table per used image from the regrouped
+        rows (one contiguous K*OD-long add per pixel) and reads 4 corners per bin; planes whose table is
+        not finite (NaN/inf, overflow) are summed directly. Returns the first bad RoI or -1."""
+        n, height, width, kod = xr.shape
+        bad = _first_bad_batch(rois, n)
+        if bad >= 0:
+            return bad
+        groups = ph_n * pw_n
+        r = rois.shape[0]
+        edges = _all_edges(rois, ph_n, pw_n, scale, height, width, dt)
+        per_image = _batch_counts(rois, n)
+        use_table = method == TABLE
+        if method == AUTO:
+            used = 0
+            for b in range(n):
+                used += per_image[b] > 0
+            use_table = _grouped_table_pays(_summed_area(edges, r, ph_n, pw_n) * OD,
+                                            used * kod * (height + 1) * (width + 1))
+        rows = xr.reshape(n * height * width, kod)
+        for b in range(n):  # images no RoI reads are not regrouped
+            if per_image[b] == 0:
+                continue
+            for p in range(b * height * width, (b + 1) * height * width):
+                for k in range(groups):
+                    for ctop in range(OD):
+                        rows[p, k * OD + ctop] = x[p, ctop * groups + k]
+        cells = xr.reshape(n * height * width * groups, OD)
+        for i in range(r):
+            for e in range(kod):
+                mapping[i, e] = template[e]
+        if use_table:
+            wide = width + 1
+            image_bad = np.zeros(n, np.bool_)
+            plane_bad = np.zeros((n, kod), np.bool_)
+            running = np.empty(kod, np.float64)
+            for b in range(n):
+                if per_image[b] == 0:
+                    continue
+                img = b * (height + 1) * wide
+                for at in range(img, img + wide):  # top border
+                    for j in range(kod):
+                        table[at, j] = 0
+                for y in range(height):
+                    for j in range(kod):
+                        running[j] = 0
+                    above = img + y * wide
+                    here = above + wide
+                    for j in range(kod):  # left border
+                        table[here, j] = 0
+                    for xx in range(width):
+                        p = (b * height + y) * width + xx
+                        for j in range(kod):
+                            running[j] += rows[p, j]
+                            table[here + xx + 1, j] = table[above + xx + 1, j] + running[j]
+                corner = img + height * wide + width
+                for j in range(kod):
+                    v = table[corner, j]
+                    if not (v - v == 0):  # NaN or inf somewhere in the plane
+                        plane_bad[b, j] = True
+                        image_bad[b] = True
+            inverse = np.empty(height * width + 1, np.float64)  # 1/area by lookup: a division per bin is slow
+            inverse[0] = 0.0
+            for a in range(1, height * width + 1):
+                inverse[a] = 1.0 / np.float64(a)
+            for i in range(rois.shape[0]):
+                b = int(rois[i, 0])
+                img = b * (height + 1) * wide
+                for ph in range(ph_n):
+                    hs, he = edges[i, 0, ph], edges[i, 1, ph]
+                    low, high = img + hs * wide, img + he * wide
+                    for pw in range(pw_n):
+                        ws, we = edges[i, 2, pw], edges[i, 3, pw]
+                        k = ph * pw_n + pw
+                        top = i * groups + k
+                        if he <= hs or we <= ws:  # empty bin: 0
+                            for ctop in range(OD):
+                                out[top, ctop] = 0
+                            continue
+                        inv_area = inverse[(he - hs) * (we - ws)]
+                        col = k * OD
+                        for ctop in range(OD):
+                            j = col + ctop
+                            out[top, ctop] = (table[high + we, j] - table[low + we, j]
+                                              - table[high + ws, j] + table[low + ws, j]) * inv_area
+                        if image_bad[b]:
+                            for ctop in range(OD):
+                                if plane_bad[b, col + ctop]:  # the reference's own loop and rounding
+                                    acc = dt(0.0)
+                                    for y in range(hs, he):
+                                        for xx in range(ws, we):
+                                            acc += cells[((b * height + y) * width + xx) * groups + k, ctop]
+                                    out[top, ctop] = acc / dt((he - hs) * (we - ws))
+            return -1
+        for i in range(r):
+            b = int(rois[i, 0])
+            for ph in range(ph_n):
+                hs, he = edges[i, 0, ph], edges[i, 1, ph]
+                for pw in range(pw_n):
+                    ws, we = edges[i, 2, pw], edges[i, 3, pw]
+                    k = ph * pw_n + pw
+                    top = i * groups + k
+                    for ctop in range(OD):
+                        out[top, ctop] = 0
+                    if he <= hs or we <= ws:
+                        continue  # empty bins stay 0
+                    for y in range(hs, he):
+                        for xx in range(ws, we):
+                            cell = ((b * height + y) * width + xx) * groups + k
+                            for ctop in range(OD):
+                                out[top, ctop] += cells[cell, ctop]
+                    area = dt((he - hs) * (we - ws))
+                    for ctop in range(OD):
+                        out[top, ctop] /= area
+        return -1
+
+    grouped_forward.__qualname__ = f"grouped_forward_od{od}"
+    kernel = _GROUPED[od] = njit(grouped_forward, error_model="numpy")
+    return kernel
+
+
 _BACKWARD_TABLE = njit_variants(_backward_table_kernel, error_model="numpy")
-_FORWARD = njit_variants(_forward_kernel, error_model="numpy")
 _BACKWARD_CANONICAL = njit_variants(_backward_canonical, error_model="numpy")
 _BACKWARD_ANY = njit_variants(_backward_any, error_model="numpy")
 
@@ -656,39 +653,44 @@ def _rois64(rois: torch.Tensor) -> np.ndarray:
     return rois.detach().to(torch.float64).contiguous().numpy()
 
 
+@functools.lru_cache(maxsize=64)
+def _mapping_template(od: int, ph_n: int, pw_n: int, ms) -> np.ndarray:
+    """One RoI's mapping_channel (channel ``ctop*K + k``) in the storage order given by the strides ``ms``."""
+    groups = ph_n * pw_n
+    template = np.empty(od * groups, np.int32)
+    for ctop in range(od):
+        for k in range(groups):
+            template[ctop * ms[1] + (k // pw_n) * ms[2] + (k % pw_n) * ms[3]] = ctop * groups + k
+    return template
+
+
 def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout="NCHW"):
     """As :func:`cpu.forward`; the caller checked ``supports`` and non-empty tensors."""
     n, c, h, w = input.shape
     r = rois.shape[0]
-    shape = (r, output_dim, pooled_height, pooled_width)
+    groups = pooled_height * pooled_width
     acc = torch.float64 if input.dtype == torch.float64 else torch.float32
-    x, x_flat, x_strides = _flat(input if input.dtype == acc else input.to(acc))
+    dt = _np_dtype(acc)
+    x = input.detach()
+    x_rows = (x if x.dtype == acc else x.to(acc)).permute(0, 2, 3, 1).reshape(n * h * w, c).numpy()  # NHWC rows
+    shape = (r, output_dim, pooled_height, pooled_width)
     output = empty_nchw(shape, out_layout, like=input)
     mapping = empty_nchw(shape, out_layout, like=input.new_empty(0, dtype=torch.int32))
-    target = _acc_target(output, acc)
-    _, out_flat, out_strides = _flat(target)
-    _, map_flat, map_strides = _flat(mapping)
-    dt = _np_dtype(acc)
-    args = (x_flat, x_strides, (n, c, h, w), _rois64(rois), pooled_height, pooled_width, dt(spatial_scale),
-            output_dim, out_flat, out_strides, map_flat, map_strides, dt)
-    bad = USE_DIRECT
-    if METHOD != DIRECT:
-        groups = pooled_height * pooled_width
-        table = _scratch("table", (n * (h + 1) * (w + 1) * groups, output_dim))
-        nhwc = out_layout == "NHWC"  # the table kernel writes [R, PH, PW, od] storage
-        rows = out_flat.reshape(r * groups, output_dim) if nhwc else np.empty((r * groups, output_dim), dt)
-        x_nhwc = x_flat.reshape(n, h, w, c) if x.stride(1) == 1 else x.permute(0, 2, 3, 1).contiguous().numpy()
-        bad = _variant(_FORWARD_TABLE, n * c * h * w + 4 * r * output_dim * groups)(
-            x_nhwc, args[3], pooled_height, pooled_width, args[6], output_dim, rows,
-            map_flat.reshape(r, output_dim * groups), map_strides, dt, METHOD, table)
-        if bad == -1 and not nhwc:
-            target.copy_(torch.from_numpy(rows).view(r, pooled_height, pooled_width, output_dim).permute(0, 3, 1, 2))
-    if bad == USE_DIRECT:
-        bad = _variant(_FORWARD, r * output_dim * h * w)(*args)  # ~ pixel reads (RoIs covering the image)
+    # the kernel writes [R*PH*PW, od] rows: the output's own storage when it is NHWC in the acc dtype
+    nhwc = out_layout == "NHWC"
+    in_place = nhwc and output.dtype == acc
+    rows = output.permute(0, 2, 3, 1).numpy().reshape(r * groups, output_dim) if in_place \
+        else _scratch("rows", (r * groups, output_dim), dt)
+    map_storage = mapping.permute(0, 2, 3, 1) if nhwc else mapping
+    template = _mapping_template(output_dim, pooled_height, pooled_width, tuple(mapping.stride()))
+    bad = _grouped_forward(output_dim)(
+        x_rows, _scratch("grouped", (n, h, w, c), dt), _rois64(rois), pooled_height, pooled_width,
+        dt(spatial_scale), rows, map_storage.numpy().reshape(r, output_dim * groups), template, dt, METHOD,
+        _scratch("table", (n * (h + 1) * (w + 1), c)))
     if bad >= 0:
         checks.check_batch_indices(checks.OP, rois, n)  # raises, naming the RoI
-    if target is not output:
-        output.copy_(target)
+    if not in_place:  # one rounding to the output dtype, as the reference
+        output.copy_(torch.from_numpy(rows).view(r, pooled_height, pooled_width, output_dim).permute(0, 3, 1, 2))
     return output, mapping
 
 
@@ -700,10 +702,9 @@ def _backward_direct(top_grad, edges, rois64, scale, b_flat, b_strides, shape, d
     if not grad.is_contiguous():
         grad = grad.contiguous()
     diffs = _scratch("diffs", (r * ph_n * pw_n, od), dt)
-    _bin_diffs(edges, ph_n, pw_n, dt, grad.numpy().reshape(r * ph_n * pw_n, od), diffs)
     acc = _scratch("acc", (n * h * w * ph_n * pw_n, od), dt)
-    return _variant(_BACKWARD_CANONICAL, work)(edges, rois64, ph_n, pw_n, diffs, b_flat, b_strides, shape, acc,
-                                               b_flat.reshape(n * h * w, c))
+    return _variant(_BACKWARD_CANONICAL, work)(edges, rois64, ph_n, pw_n, grad.numpy().reshape(r * ph_n * pw_n, od),
+                                               diffs, dt, b_flat, b_strides, shape, acc, b_flat.reshape(n * h * w, c))
 
 
 def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, out_layout="NCHW",
