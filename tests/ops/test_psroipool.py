@@ -16,34 +16,14 @@ from cvops._core.metrics import bit_equal, diff1, diff2
 from cvops.ops.psroipool.case_data import case_input, case_rois
 from cvops._core.dispatch import triton_available
 from cvops._core.jit import numba_available
-from tests.conftest import requires_triton
-
-requires_numba = pytest.mark.skipif(not numba_available(), reason="numba not installed (the numba extra)")
+from tests.conftest import CPU_PATHS, FAST_BACKENDS, requires_numba, requires_triton, select
 
 # the Triton interpreter evaluates NaN/inf sums with numpy, which warns
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 
 LAYOUTS = ("NCHW", "NHWC")
-# the cpu backend has two paths: vectorised torch and, with numba installed, fused numba loops
-CPU_PATHS = ["cpu-torch", pytest.param("cpu-numba", marks=requires_numba)]
-FAST_BACKENDS = CPU_PATHS + [pytest.param("triton", marks=requires_triton)]
 UNIT = [c for c in load_cases("psroipool", "unit") if "error" not in c]
 ERRORS = [c for c in load_cases("psroipool", "unit") if "error" in c]
-
-
-def select(backend, monkeypatch):
-    """``cpu-torch`` / ``cpu-numba``: backend ``cpu`` with ``CVOPS_NUMBA`` switching the path."""
-    if backend.startswith("cpu-"):
-        monkeypatch.setenv("CVOPS_NUMBA", "1" if backend == "cpu-numba" else "0")
-        return "cpu"
-    return backend
-
-
-@pytest.fixture(params=CPU_PATHS)
-def cpu_path(request, monkeypatch):
-    """Runs a test once per cpu path (for tests calling the default backend on CPU tensors)."""
-    select(request.param, monkeypatch)
-    return request.param
 
 
 def tol(dtype):

@@ -115,10 +115,10 @@ _backward_op.register_autograd(_backward_backward, setup_context=_setup_backward
 
 def _eager_call_ok(*tensors: torch.Tensor) -> bool:
     """Whether a call may skip the torch.library op and run the implementation directly: plain CPU tensors,
-    nothing for autograd to record, no tracing (torch.compile / export), no functorch transform and no
+    nothing for autograd to record, no tracing (torch.compile / export / jit.trace), no functorch transform and no
     dispatch mode. The op's own dispatch costs ~20-40 us, a large share of the doc's network cases; the
     result is the same tensors either way."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
