@@ -302,6 +302,24 @@ def test_numba_network_cases_bit_equal_to_reference_and_parallel_deterministic(c
         torch.set_num_threads(threads)
 
 
+@requires_numba
+@pytest.mark.parametrize("method", ["DIRECT", "TABLE"])
+def test_numba_large_work_buffers_come_from_the_recycler(method, monkeypatch):
+    # work buffers over SCRATCH_KEEP_BYTES are not kept per thread: with the limit at 0 every one of them
+    # comes from _core.memory, and the results must not change
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    cpu_numba = pin_method(monkeypatch, method)
+    case = UNIT[0]
+    args = (case_input(case, torch.float32), case_rois(case, torch.float32), *params(case), "NHWC")
+    kept = _pair("cpu", *args)
+    monkeypatch.setattr(cpu_numba, "SCRATCH_KEEP_BYTES", 0)
+    taken, original = [], cpu_numba.new_empty
+    monkeypatch.setattr(cpu_numba, "new_empty", lambda *a, **k: taken.append(a) or original(*a, **k))
+    for a, b in zip(_pair("cpu", *args), kept):
+        assert bit_equal(a, b)
+    assert taken, "no work buffer came from the recycler"
+
+
 def _assert_table_matches(mine, ref, dtype):
     """Table method vs the reference: exact mapping_channel, the accumulation tolerance elsewhere (exact
     zeros and NaN/inf positions included, see assert_close)."""

@@ -40,6 +40,7 @@ from numba import prange
 
 from ..._core.jit import match_torch_threads, njit, njit_variants, use_parallel
 from ..._core.layout import empty_nchw
+from ..._core.memory import new_empty
 from . import checks
 
 # which summation the kernels use: AUTO picks per call the cheaper of DIRECT (the reference's loops, bit-equal
@@ -622,14 +623,19 @@ def _flat(t: torch.Tensor):
 
 
 _SCRATCH = threading.local()
+SCRATCH_KEEP_BYTES = 8 << 20  # per-thread work buffers up to this size are kept between calls
 
 
 def _scratch(name: str, shape, dtype=np.float64) -> np.ndarray:
     """A work buffer of ``shape`` and ``dtype`` (contiguous), kept per thread and name: a fresh one would be
-    mapped and page-faulted in on every call (tens of microseconds for the network cases' tables)."""
+    mapped and page-faulted in on every call (tens of microseconds for the network cases' tables). Buffers
+    over ``SCRATCH_KEEP_BYTES`` come from the shared recycler instead (capped, released by empty_cache)."""
     size = 1
     for s in shape:
         size *= int(s)
+    if size * np.dtype(dtype).itemsize > SCRATCH_KEEP_BYTES:
+        torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
+        return new_empty((size,), torch_dtype).numpy().reshape(shape)
     buffers = getattr(_SCRATCH, "buffers", None)
     if buffers is None:
         buffers = _SCRATCH.buffers = {}
