@@ -252,7 +252,9 @@ def _pair(backend, x, rois, ph, pw, scale, group, od, layout, seed=3):
 
 
 def pin_method(monkeypatch, name):
-    """Pins the numba path's summation: DIRECT (the reference's loops) or TABLE (summed-area tables)."""
+    """Selects the numba path (``CVOPS_NUMBA=1``) and pins its summation: DIRECT (the reference's loops) or
+    TABLE (summed-area tables)."""
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
     from cvops.ops.psroipool import cpu_numba
     monkeypatch.setattr(cpu_numba, "METHOD", getattr(cpu_numba, name))
     return cpu_numba
@@ -263,7 +265,6 @@ def pin_method(monkeypatch, name):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_numba_direct_method_is_bit_equal_to_reference(dtype, layout, monkeypatch):
     # same bin arithmetic and the same summation order as the loops: identical bits, not just close
-    monkeypatch.setenv("CVOPS_NUMBA", "1")
     pin_method(monkeypatch, "DIRECT")
     for case in UNIT:
         x = to_layout(case_input(case, dtype), layout)
@@ -275,7 +276,6 @@ def test_numba_direct_method_is_bit_equal_to_reference(dtype, layout, monkeypatc
 @requires_numba
 @pytest.mark.parametrize("case", load_cases("psroipool", "network"), ids=case_id)
 def test_numba_network_cases_bit_equal_to_reference_and_parallel_deterministic(case, monkeypatch):
-    monkeypatch.setenv("CVOPS_NUMBA", "1")
     cpu_numba = pin_method(monkeypatch, "DIRECT")
     x_nhwc, rois = case_input(case), case_rois(case)
     pick = torch.arange(0, len(rois), 11)
@@ -307,7 +307,6 @@ def test_numba_network_cases_bit_equal_to_reference_and_parallel_deterministic(c
 def test_numba_large_work_buffers_come_from_the_recycler(method, monkeypatch):
     # work buffers over SCRATCH_KEEP_BYTES are not kept per thread: with the limit at 0 every one of them
     # comes from _core.memory, and the results must not change
-    monkeypatch.setenv("CVOPS_NUMBA", "1")
     cpu_numba = pin_method(monkeypatch, method)
     case = UNIT[0]
     args = (case_input(case, torch.float32), case_rois(case, torch.float32), *params(case), "NHWC")
@@ -334,7 +333,6 @@ def _assert_table_matches(mine, ref, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_numba_table_method_matches_reference(dtype, layout, monkeypatch):
-    monkeypatch.setenv("CVOPS_NUMBA", "1")
     pin_method(monkeypatch, "TABLE")
     for case in UNIT:
         x = to_layout(case_input(case, dtype), layout)
@@ -354,7 +352,6 @@ def test_numba_table_method_property(n, h, w, p, od, r, scale, layout, dtype, se
     corners = (torch.rand(r, 4, generator=g, dtype=torch.float64) * 1.4 - 0.2) * torch.tensor([w, h, w, h]) / scale
     rois = torch.cat((torch.randint(0, n, (r, 1), generator=g).double(), corners), 1).to(dtype)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CVOPS_NUMBA", "1")
         pin_method(mp, "TABLE")
         args = (x, rois, p, p, scale, p, od, layout)
         _assert_table_matches(_pair("cpu", *args, seed=seed), _pair("reference", *args, seed=seed), dtype)
@@ -364,7 +361,6 @@ def test_numba_table_method_property(n, h, w, p, od, r, scale, layout, dtype, se
 @pytest.mark.parametrize("parallel", [False, True], ids=["serial", "parallel"])
 @pytest.mark.parametrize("case", load_cases("psroipool", "network"), ids=case_id)
 def test_numba_table_method_network_cases(case, parallel, monkeypatch):
-    monkeypatch.setenv("CVOPS_NUMBA", "1")
     cpu_numba = pin_method(monkeypatch, "TABLE")
     monkeypatch.setattr(cpu_numba, "use_parallel", lambda work: parallel)
     x, rois = case_input(case), case_rois(case)
@@ -396,7 +392,6 @@ def test_numba_table_method_network_cases(case, parallel, monkeypatch):
 @requires_numba
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_numba_table_method_nan_inf(dtype, monkeypatch):
-    monkeypatch.setenv("CVOPS_NUMBA", "1")
     pin_method(monkeypatch, "TABLE")
     case = next(c for c in UNIT if c["name"] == "fractional_rois")
     ph, pw, scale, group, od = params(case)
@@ -422,7 +417,6 @@ def test_numba_table_method_nan_inf(dtype, monkeypatch):
 
 @requires_numba
 def test_numba_table_method_zero_gradient_bins_and_uncovered_pixels_are_exact_zeros(monkeypatch):
-    monkeypatch.setenv("CVOPS_NUMBA", "1")
     pin_method(monkeypatch, "TABLE")
     x = torch.randn(2, 9, 12, 12)
     rois = torch.tensor([[0, 0, 0, 5, 5], [0, 3, 3, 9, 9], [1, 6, 6, 11, 11], [0, 20, 20, 30, 30]], dtype=torch.float32)
@@ -439,7 +433,6 @@ def test_numba_table_method_zero_gradient_bins_and_uncovered_pixels_are_exact_ze
 @requires_numba
 def test_numba_auto_method_picks_a_correct_summation(monkeypatch):
     # whatever AUTO picks per call, the result is within the contract
-    monkeypatch.setenv("CVOPS_NUMBA", "1")
     pin_method(monkeypatch, "AUTO")
     for case in UNIT + load_cases("psroipool", "network"):
         rois = case_rois(case)[::7]

@@ -8,12 +8,10 @@ from __future__ import annotations
 import torch
 
 
-def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w):
-    """``feature [1, C, H, W]`` -> ``data_col [C*kh*kw, M]``; taps outside the feature are 0."""
-    _, channels, height, width = feature.shape
-    mask_cnt = mask_h_idx.shape[0]
-    data_col = torch.zeros(channels, kernel_h, kernel_w, mask_cnt, dtype=feature.dtype, device=feature.device)
-    for m in range(mask_cnt):
+def _taps_inside(mask_h_idx, mask_w_idx, height, width, kernel_h, kernel_w, pad_h, pad_w):
+    """The doc's loops over mask points m and taps (i, j): yields ``(m, i, j, h_im, w_im)`` for every tap
+    that lands inside the feature (the others read as 0)."""
+    for m in range(mask_h_idx.shape[0]):
         h_offset = int(mask_h_idx[m]) - pad_h
         w_offset = int(mask_w_idx[m]) - pad_w
         for i in range(kernel_h):
@@ -21,7 +19,16 @@ def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, p
             for j in range(kernel_w):
                 w_im = w_offset + j
                 if 0 <= h_im < height and 0 <= w_im < width:
-                    data_col[:, i, j, m] = feature[0, :, h_im, w_im]
+                    yield m, i, j, h_im, w_im
+
+
+def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w):
+    """``feature [1, C, H, W]`` -> ``data_col [C*kh*kw, M]``; taps outside the feature are 0."""
+    _, channels, height, width = feature.shape
+    mask_cnt = mask_h_idx.shape[0]
+    data_col = torch.zeros(channels, kernel_h, kernel_w, mask_cnt, dtype=feature.dtype, device=feature.device)
+    for m, i, j, h_im, w_im in _taps_inside(mask_h_idx, mask_w_idx, height, width, kernel_h, kernel_w, pad_h, pad_w):
+        data_col[:, i, j, m] = feature[0, :, h_im, w_im]
     return data_col.reshape(channels * kernel_h * kernel_w, mask_cnt)
 
 
@@ -31,15 +38,8 @@ def im2col_backward(grad_col, mask_h_idx, mask_w_idx, channels, height, width, k
     grad_col = grad_col.reshape(channels, kernel_h, kernel_w, mask_cnt)
     acc_dtype = torch.float64 if grad_col.dtype == torch.float64 else torch.float32  # accumulate in fp32 at least
     grad_feature = torch.zeros(1, channels, height, width, dtype=acc_dtype, device=grad_col.device)
-    for m in range(mask_cnt):
-        h_offset = int(mask_h_idx[m]) - pad_h
-        w_offset = int(mask_w_idx[m]) - pad_w
-        for i in range(kernel_h):
-            h_im = h_offset + i
-            for j in range(kernel_w):
-                w_im = w_offset + j
-                if 0 <= h_im < height and 0 <= w_im < width:
-                    grad_feature[0, :, h_im, w_im] += grad_col[:, i, j, m].to(acc_dtype)
+    for m, i, j, h_im, w_im in _taps_inside(mask_h_idx, mask_w_idx, height, width, kernel_h, kernel_w, pad_h, pad_w):
+        grad_feature[0, :, h_im, w_im] += grad_col[:, i, j, m].to(acc_dtype)
     return grad_feature.to(grad_col.dtype)
 
 
