@@ -1,12 +1,14 @@
-"""Low-level helpers for numba kernels: a cache prefetch hint, streaming (non-temporal) stores, and
-compiling a kernel without LLVM's loop vectoriser. Imports numba, so import it only from kernel modules (after ``jit.numba_enabled()``).
+"""Low-level helpers for numba kernels: a cache prefetch hint, streaming (non-temporal) stores, an 8 x 8
+register transpose, and compiling a kernel with LLVM's loop vectoriser off or its SLP vectoriser on. Imports
+numba, so import it only from kernel modules (after ``jit.numba_enabled()``).
 
 Why these exist: gather/scatter kernels whose inner loop reads with a large stride (a new cache line
 per element) are latency-bound; the hardware prefetchers do not follow dozens of such streams, so the
 kernel prefetches the next row's lines itself (:func:`prefetch`). And LLVM turns such strided loops into
 AVX-512 gathers, which on the CI machine (AMD EPYC) run ~1.5x slower than plain scalar loads; numba has no
 per-function switch, so :func:`compile_scalar` compiles with ``numba.config.LOOP_VECTORIZE`` off (the
-documented ``NUMBA_LOOP_VECTORIZE`` setting, which numba reads at each compilation). A kernel that
+documented ``NUMBA_LOOP_VECTORIZE`` setting, which numba reads at each compilation); :func:`compile_slp`
+likewise turns ``SLP_VECTORIZE`` on for kernels written as short straight-line runs. A kernel that
 writes a large output once and never reads it back can skip reading each destination line into the
 cache first with :func:`stream_store` (+ :func:`store_fence` before the threads join). Results never
 change.
@@ -49,21 +51,35 @@ def prefetch(typingctx, array, index):
     return types.void(array, index), codegen
 
 
-def compile_scalar(dispatcher, signature) -> None:
-    """Compile (or load from numba's cache) ``dispatcher`` for ``signature`` with loop vectorisation off.
-
-    Call before the first call of that signature. Another kernel compiled by another thread at the same
-    moment also gets no loop vectorisation (slower at worst, never wrong).
-    """
+def _compile_with(dispatcher, signature, **settings) -> None:
+    """Compile (or load from numba's cache) ``dispatcher`` for ``signature`` with numba.config ``settings``
+    (e.g. ``LOOP_VECTORIZE=0``) in force. numba has no per-function switch for these; it reads them when
+    it builds each compilation's pass manager, so they are set for that moment only. Another kernel
+    compiled by another thread at the same moment gets them too (slower at worst, never wrong)."""
     with _compile_lock:
         if any(tuple(s) == tuple(signature) for s in dispatcher.signatures):
             return
-        previous = numba.config.LOOP_VECTORIZE
-        numba.config.LOOP_VECTORIZE = 0
+        previous = {name: getattr(numba.config, name) for name in settings}
+        for name, value in settings.items():
+            setattr(numba.config, name, value)
         try:
             dispatcher.compile(tuple(signature))
         finally:
-            numba.config.LOOP_VECTORIZE = previous
+            for name, value in previous.items():
+                setattr(numba.config, name, value)
+
+
+def compile_scalar(dispatcher, signature) -> None:
+    """Compile ``dispatcher`` for ``signature`` with loop vectorisation off. Call before the first call of
+    that signature."""
+    _compile_with(dispatcher, signature, LOOP_VECTORIZE=0)
+
+
+def compile_slp(dispatcher, signature) -> None:
+    """Compile ``dispatcher`` for ``signature`` with LLVM's SLP vectoriser on (numba leaves it off): it
+    packs runs of straight-line scalar code, such as eight loads from consecutive addresses followed by
+    eight stores, into vector instructions. Call before the first call of that signature."""
+    _compile_with(dispatcher, signature, SLP_VECTORIZE=1)
 
 
 @intrinsic
@@ -93,3 +109,60 @@ def store_fence(typingctx):
         return context.get_dummy_value()
 
     return types.void(), codegen
+
+
+
+_LANES = 8  # transpose8's block size
+# one "perfect shuffle" round: vector pair (a, b) -> (a0 b0 a1 b1 a2 b2 a3 b3), (a4 b4 ... a7 b7); applied to
+# rows (i, i + 4) -> outputs (2i, 2i + 1), three rounds transpose an 8 x 8 block (LLVM emits unpack/permute)
+_INTERLEAVE_LOW = [j for i in range(_LANES // 2) for j in (i, _LANES + i)]
+_INTERLEAVE_HIGH = [j for i in range(_LANES // 2, _LANES) for j in (i, _LANES + i)]
+
+
+@intrinsic
+def transpose8(typingctx, src, src_at, src_stride, dst, dst_at, dst_stride):
+    """``dst[dst_at + j*dst_stride + r] = src[src_at + r*src_stride + j]`` for r, j < 8: an 8 x 8 block
+    transposed in registers (8 vector loads, 24 shuffles, 8 vector stores) and converted to dst's dtype.
+    ``src``, ``dst``: 1-D contiguous float32/float64 arrays; offsets in elements, every row in range (the
+    caller's duty: nothing is checked).
+
+    Why: regrouping interleaved channels is a transpose, and LLVM compiles a scalar transpose loop to one
+    load and one store per element (or to AVX-512 gathers, slower still on the CI machine)."""
+    floats = (types.float32, types.float64)
+    if not (isinstance(src, types.Array) and isinstance(dst, types.Array) and src.ndim == 1 and dst.ndim == 1
+            and src.dtype in floats and dst.dtype in floats):
+        return None
+
+    def codegen(context, builder, signature, args):
+        src_type, dst_type = signature.args[0], signature.args[3]
+        src_vec = ir.VectorType(context.get_data_type(src_type.dtype), _LANES)
+        dst_vec = ir.VectorType(context.get_data_type(dst_type.dtype), _LANES)
+
+        def row_pointers(array_index, at_index, vector_type, array_type):
+            data = context.make_array(array_type)(context, builder, args[array_index]).data
+            at, stride = (context.cast(builder, args[k], signature.args[k], types.intp)
+                          for k in (at_index, at_index + 1))
+            return [builder.bitcast(builder.gep(data, [builder.add(at, builder.mul(stride, stride.type(r)))]),
+                                    vector_type.as_pointer()) for r in range(_LANES)]
+
+        rows = [builder.load(p, align=src_type.dtype.bitwidth // 8) for p in row_pointers(0, 1, src_vec, src_type)]
+        mask_type = ir.VectorType(ir.IntType(32), _LANES)
+        low, high = (ir.Constant(mask_type, [ir.IntType(32)(j) for j in mask])
+                     for mask in (_INTERLEAVE_LOW, _INTERLEAVE_HIGH))
+        for _ in range(3):
+            shuffled = []
+            for i in range(_LANES // 2):
+                a, b = rows[i], rows[i + _LANES // 2]
+                shuffled += [builder.shuffle_vector(a, b, low), builder.shuffle_vector(a, b, high)]
+            rows = shuffled
+        widen = dst_type.dtype.bitwidth > src_type.dtype.bitwidth
+        narrow = dst_type.dtype.bitwidth < src_type.dtype.bitwidth
+        for value, pointer in zip(rows, row_pointers(3, 4, dst_vec, dst_type)):
+            if widen:
+                value = builder.fpext(value, dst_vec)
+            elif narrow:
+                value = builder.fptrunc(value, dst_vec)
+            builder.store(value, pointer, align=dst_type.dtype.bitwidth // 8)
+        return context.get_dummy_value()
+
+    return types.void(src, src_at, src_stride, dst, dst_at, dst_stride), codegen

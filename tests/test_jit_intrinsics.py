@@ -1,0 +1,55 @@
+"""The numba helpers of ``_core/jit_intrinsics.py``: the register transpose and the compile switches."""
+import numpy as np
+import pytest
+
+from tests.conftest import requires_numba
+
+
+@requires_numba
+@pytest.mark.parametrize("src_dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dst_dtype", [np.float32, np.float64])
+def test_transpose8_moves_one_block_and_nothing_else(src_dtype, dst_dtype):
+    import numba
+
+    from cvops._core.jit_intrinsics import transpose8
+
+    @numba.njit
+    def run(src, src_at, src_stride, dst, dst_at, dst_stride):
+        transpose8(src, src_at, src_stride, dst, dst_at, dst_stride)
+
+    rng = np.random.default_rng(0)
+    src = rng.standard_normal(200).astype(src_dtype)
+    src[3 + 2 * 17 + 5] = np.nan  # values move as they are, NaN included
+    dst = np.full(300, -7.0, dst_dtype)
+    run(src, 3, 17, dst, 5, 11)
+    block = src[3:3 + 8 * 17].reshape(8, 17)[:, :8]  # rows r, columns j
+    written = np.zeros(300, bool)
+    for j in range(8):
+        np.testing.assert_array_equal(dst[5 + j * 11:5 + j * 11 + 8], block[:, j].astype(dst_dtype))
+        written[5 + j * 11:5 + j * 11 + 8] = True
+    assert (dst[~written] == -7.0).all()
+
+
+@requires_numba
+def test_compile_switches_apply_to_one_compilation_and_are_restored():
+    import numba
+
+    from cvops._core.jit_intrinsics import compile_scalar, compile_slp
+
+    def add_into(a, b):
+        for i in range(a.shape[0]):
+            a[i] += b[i]
+
+    a, b = np.arange(20.0), np.ones(20)
+    signature = (numba.typeof(a), numba.typeof(b))
+    before = (numba.config.LOOP_VECTORIZE, numba.config.SLP_VECTORIZE)
+    for compile_with in (compile_scalar, compile_slp):
+        kernel = numba.njit(add_into)
+        compile_with(kernel, signature)
+        assert len(kernel.signatures) == 1
+        compile_with(kernel, signature)  # already compiled: nothing new
+        assert len(kernel.signatures) == 1
+        assert (numba.config.LOOP_VECTORIZE, numba.config.SLP_VECTORIZE) == before
+        out = a.copy()
+        kernel(out, b)
+        np.testing.assert_array_equal(out, a + 1)
