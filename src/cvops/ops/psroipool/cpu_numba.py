@@ -11,12 +11,14 @@ pixel in the same order. Results of these DIRECT kernels equal the reference's b
 included. The TABLE kernels (summed-area / difference tables, O(1) per bin, see below) agree within the
 accumulating-op contract instead; ``METHOD`` (AUTO by default) picks per call the cheaper of the two.
 
-* forward: one serial call compiled per output_dim (first use of a new od compiles, ~1.5 s, then it is in
-  numba's disk cache), so the od-long loops are fixed-length vector code. The used images are first
-  regrouped to [N, H, W, K, od] (channel ctop*K + k at [k, ctop]), so a bin pixel is one contiguous run of
-  od values, the [R, PH, PW, od] output is written as runs of od, and the summed-area table is built by
-  contiguous K*od-long adds. Measured on a quiet machine, the 2-thread variants lose badly at this size
-  (a pool wake-up cost milliseconds: R-FCN g3 forward 32 ms, backwards 8 ms, against 0.2-0.3 ms serial).
+* forward: one serial call. DIRECT is compiled per output_dim (first use of a new od compiles, ~1.5 s, then it
+  is in numba's disk cache), so its od-long loops are fixed-length vector code; the used images are first
+  regrouped to [N, H, W, K, od] (channel ctop*K + k at [k, ctop], 8 x 8 register transposes), so a bin pixel
+  is one contiguous run of od values and the [R, PH, PW, od] output is written as runs of od. TABLE is one
+  compilation per dtype: it regroups each pixel the same way straight into a float64 summed-area table and
+  reads each bin's 4 corners 8 channels at a time, compiled with the SLP vectoriser on (numba leaves it off;
+  without it those runs stay scalar). Measured on a quiet machine, the 2-thread variants lose badly at this
+  size (a pool wake-up cost milliseconds: R-FCN g3 forward 32 ms, backwards 8 ms, against 0.2-0.3 ms serial).
 * backward (the forward's mapping_channel): parallel over bands of rows; every element receives its
   contributions in RoI order, the reference's, so there are no races and every run gives the same bits.
   Any other mapping_channel: parallel over destination planes (batch, channel), same order.
@@ -27,7 +29,10 @@ NHWC storage), so each kernel compiles once per dtype whatever the layout; the h
 What costs time in numba on these small cases (measured, serial): a view or a slice per RoI (~0.1 us each),
 a scalar division (~0.6 ns, 10x a vectorised one), flat indexing with a computed offset (a negative-index
 check per access, no vectorisation; ``a[row, loop_variable]`` on a C-contiguous 2-D array has neither),
-libm floor/ceil calls, and short data-dependent loops (bins of 1-2 pixels).
+libm floor/ceil calls, and short data-dependent loops (bins of 1-2 pixels: LLVM sets each one up for long
+runs, ~5 ns per bin whatever the formulation tried). A computed row index that numba cannot prove
+non-negative gets a fix-up per load, which also turns 8 neighbouring loads into a gather: unsigned indices
+(``np.uint64``) avoid it.
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ import torch
 from numba import prange
 
 from ..._core.jit import match_torch_threads, njit, njit_variants, use_parallel
+from ..._core.jit_intrinsics import compile_slp, transpose8
 from ..._core.layout import empty_nchw
 from ..._core.memory import new_empty
 from . import checks
@@ -67,24 +73,20 @@ def _round_half_away(v, dt):
 
 @njit(error_model="numpy")
 def _floor_index(v, limit):
-    """``floor(v)`` clamped to [0, limit] (NaN gives 0), without a libm call: below 1 it is <= 0, from
-    ``limit`` on it is >= limit, in between truncation is the floor."""
-    if not v >= 1:
-        return 0
-    if v >= limit:
-        return limit
-    return int(v)
+    """``floor(v)`` clamped to [0, limit] (NaN gives 0), without a libm call: clamped first, truncation is
+    the floor. Written as selects, not branches: random RoIs make branches here mispredict."""
+    c = v if v > 0 else 0.0
+    c = c if c < limit else limit
+    return int(c)
 
 
 @njit(error_model="numpy")
 def _ceil_index(v, limit):
     """``ceil(v)`` clamped to [0, limit] (NaN gives 0), as :func:`_floor_index`."""
-    if not v > 0:
-        return 0
-    if v > limit - 1:
-        return limit
-    t = int(v)
-    return t + 1 if v > t else t
+    c = v if v > 0 else 0.0
+    c = c if c < limit else limit
+    t = int(c)
+    return t + 1 if c > t else t
 
 
 @njit(error_model="numpy")
@@ -460,11 +462,165 @@ def _grouped_table_pays(pixel_reads, table_entries):
     return 8 * pixel_reads > 25 * table_entries
 
 
+_LANES = 8  # channels per vector step of the table kernels (transpose8's block, one 256-bit f32 / 2 f64 registers)
+_U1, _U2, _U3, _U4, _U5, _U6, _U7 = (np.uint64(j) for j in range(1, _LANES))  # unsigned lane offsets
+
+
+@njit(error_model="numpy")
+def _regroup_pixel(x, at, od, groups, line, line_at):
+    """``line[line_at + k*od + ctop] = x[at + ctop*groups + k]`` (in line's dtype): one pixel's channels
+    regrouped so each bin's od values are one run. 8 x 8 register transposes; the last block of each axis overlaps the one before
+    instead of needing a remainder loop (it rewrites the same values). Short axes take the scalar loop."""
+    if od >= _LANES and groups >= _LANES:
+        for a in range(0, od, _LANES):
+            a0 = min(a, od - _LANES)
+            for kb in range(0, groups, _LANES):
+                k0 = min(kb, groups - _LANES)
+                transpose8(x, at + a0 * groups + k0, groups, line, line_at + k0 * od + a0, od)
+    else:
+        for ctop in range(od):
+            for k in range(groups):
+                line[line_at + k * od + ctop] = x[at + ctop * groups + k]
+
+
+@njit(error_model="numpy")
+def _bin_lanes(table, hi_e, hi_s, lo_e, lo_s, col, inv_area, out, top, c0):
+    """``out[top, c0 + j] = ((T[hi_e] - T[hi_s]) - (T[lo_e] - T[lo_s]))[col + j] * inv_area`` for j < 8.
+
+    Written out lane by lane, every load before the first store, so the SLP vectoriser (``compile_slp``)
+    emits vector code; indices are unsigned so numba adds no negative-index fix-ups that would stop it.
+    The row differences are exactly +0 for an empty bin (both corners the same), so empty bins give +0."""
+    t0 = (table[hi_e, col] - table[hi_s, col]) - (table[lo_e, col] - table[lo_s, col])
+    t1 = (table[hi_e, col + _U1] - table[hi_s, col + _U1]) - (table[lo_e, col + _U1] - table[lo_s, col + _U1])
+    t2 = (table[hi_e, col + _U2] - table[hi_s, col + _U2]) - (table[lo_e, col + _U2] - table[lo_s, col + _U2])
+    t3 = (table[hi_e, col + _U3] - table[hi_s, col + _U3]) - (table[lo_e, col + _U3] - table[lo_s, col + _U3])
+    t4 = (table[hi_e, col + _U4] - table[hi_s, col + _U4]) - (table[lo_e, col + _U4] - table[lo_s, col + _U4])
+    t5 = (table[hi_e, col + _U5] - table[hi_s, col + _U5]) - (table[lo_e, col + _U5] - table[lo_s, col + _U5])
+    t6 = (table[hi_e, col + _U6] - table[hi_s, col + _U6]) - (table[lo_e, col + _U6] - table[lo_s, col + _U6])
+    t7 = (table[hi_e, col + _U7] - table[hi_s, col + _U7]) - (table[lo_e, col + _U7] - table[lo_s, col + _U7])
+    out[top, c0] = t0 * inv_area
+    out[top, c0 + _U1] = t1 * inv_area
+    out[top, c0 + _U2] = t2 * inv_area
+    out[top, c0 + _U3] = t3 * inv_area
+    out[top, c0 + _U4] = t4 * inv_area
+    out[top, c0 + _U5] = t5 * inv_area
+    out[top, c0 + _U6] = t6 * inv_area
+    out[top, c0 + _U7] = t7 * inv_area
+
+
+def _table_forward(x, rois, edges, per_image, ph_n, pw_n, height, width, out, mapping, template, table, line, dt):
+    """The summed-area-table forward for any output_dim (one compilation per dtype).
+
+    x: input storage as flat NHWC [N*H*W*C] (acc dtype); out: [R*K, od] NHWC rows (acc dtype); mapping: [R, K*od]
+    rows (storage order) filled from ``template``; table: float64 scratch [N*(H+1)*(W+1), K*od]; line: float64
+    scratch [K*od]. Per used image, each pixel is regrouped (:func:`_regroup_pixel`) and integrated into the
+    table; each bin is then 4 corner rows (:func:`_bin_lanes`; od < 8 takes a scalar loop). Planes whose table
+    is not finite (NaN/inf inputs, float64 overflow) are summed directly in the reference's order.
+    ``edges``/``per_image`` come from :func:`_forward_plan` (batch indices already checked)."""
+    groups = ph_n * pw_n
+    kod = template.shape[0]
+    od = kod // groups
+    c = kod
+    n = per_image.shape[0]
+    r = rois.shape[0]
+    wide = width + 1
+    image_bad = np.zeros(n, np.bool_)
+    plane_bad = np.zeros((n, kod), np.bool_)
+    running = np.empty(kod, np.float64)
+    for b in range(n):
+        if per_image[b] == 0:
+            continue
+        img = b * (height + 1) * wide
+        for at in range(img, img + wide):  # top border
+            for j in range(kod):
+                table[at, j] = 0
+        for y in range(height):
+            running[:] = 0
+            above = img + y * wide
+            here = above + wide
+            for j in range(kod):  # left border
+                table[here, j] = 0
+            for xx in range(width):
+                _regroup_pixel(x, ((b * height + y) * width + xx) * c, od, groups, line, 0)
+                for j in range(kod):
+                    running[j] += line[j]
+                    table[here + xx + 1, j] = table[above + xx + 1, j] + running[j]
+        corner = img + height * wide + width
+        for j in range(kod):
+            v = table[corner, j]
+            if not (v - v == 0):  # NaN or inf somewhere in the plane
+                plane_bad[b, j] = True
+                image_bad[b] = True
+    inverse = np.empty(height * width + 1, np.float64)  # 1/area by lookup: a division per bin is slow
+    inverse[0] = 0.0
+    for a in range(1, height * width + 1):
+        inverse[a] = 1.0 / np.float64(a)
+    u_od = np.uint64(od)
+    last = np.uint64(od - _LANES) if od >= _LANES else np.uint64(0)
+    for i in range(r):
+        for e in range(kod):
+            mapping[i, e] = template[e]
+        b = int(rois[i, 0])
+        img = b * (height + 1) * wide
+        for ph in range(ph_n):
+            hs, he = edges[i, 0, ph], edges[i, 1, ph]
+            lo, hi = img + hs * wide, img + he * wide
+            for pw in range(pw_n):
+                ws, we = edges[i, 2, pw], edges[i, 3, pw]
+                k = ph * pw_n + pw
+                top = np.uint64(i * groups + k)
+                inv_area = inverse[np.uint64((he - hs) * (we - ws))]
+                hi_e, hi_s, lo_e, lo_s = np.uint64(hi + we), np.uint64(hi + ws), np.uint64(lo + we), np.uint64(lo + ws)
+                col = np.uint64(k) * u_od
+                if od == _LANES:  # one block: no loop (the common R-FCN g7 shape)
+                    _bin_lanes(table, hi_e, hi_s, lo_e, lo_s, col, inv_area, out, top, np.uint64(0))
+                elif od > _LANES:
+                    for c0 in range(0, od, _LANES):
+                        u0 = min(np.uint64(c0), last)
+                        _bin_lanes(table, hi_e, hi_s, lo_e, lo_s, col + u0, inv_area, out, top, u0)
+                else:
+                    for ctop in range(od):
+                        j = col + np.uint64(ctop)
+                        out[top, ctop] = ((table[hi_e, j] - table[hi_s, j])
+                                          - (table[lo_e, j] - table[lo_s, j])) * inv_area
+                if image_bad[b]:
+                    for ctop in range(od):
+                        if plane_bad[b, k * od + ctop]:  # the reference's own loop and rounding
+                            acc = dt(0.0)
+                            for y in range(hs, he):
+                                for xx in range(ws, we):
+                                    acc += x[((b * height + y) * width + xx) * c + ctop * groups + k]
+                            area = (he - hs) * (we - ws)
+                            out[top, ctop] = acc / dt(area) if area > 0 else dt(0.0)
+
+
+_TABLE_FORWARD = njit(_table_forward, error_model="numpy")
+
+
+@njit(error_model="numpy")
+def _forward_plan(rois, n, od, ph_n, pw_n, scale, height, width, dt, method):
+    """(first bad RoI or -1, bin edges, RoIs per image, whether to use the table) in one call: each numba call
+    costs microseconds, a visible share of the doc's cases."""
+    bad = _first_bad_batch(rois, n)
+    edges = _all_edges(rois, ph_n, pw_n, scale, height, width, dt)
+    if bad >= 0:
+        return bad, edges, np.zeros(n, np.int64), False
+    per_image = _batch_counts(rois, n)
+    use_table = method == TABLE
+    if method == AUTO:
+        used = 0
+        for b in range(n):
+            used += per_image[b] > 0
+        use_table = _grouped_table_pays(_summed_area(edges, rois.shape[0], ph_n, pw_n) * od,
+                                        used * od * ph_n * pw_n * (height + 1) * (width + 1))
+    return -1, edges, per_image, use_table
+
+
 _GROUPED = {}  # output_dim -> compiled grouped forward
 
 
 def _grouped_forward(od: int):
-    """The forward compiled for one ``output_dim``: with od known at compile time the od-long loops are
+    """The direct forward compiled for one ``output_dim``: with od known at compile time the od-long loops are
     straight vector code (measured ~2x faster than a runtime od on the doc's cases). numba keys its disk
     cache on the closure's values too, so every od gets its own entry (~1.5 s to compile, once)."""
     kernel = _GROUPED.get(od)
@@ -472,106 +628,26 @@ def _grouped_forward(od: int):
         return kernel
     OD = od
 
-    def grouped_forward(x, xr, rois, ph_n, pw_n, scale, out, mapping, template, dt, method, table):
-        """x: [N*H*W, C] NHWC rows (height/width from ``xr``); xr: scratch [N, H, W, K*OD] that receives the
+    def grouped_forward(x, xr, rois, edges, per_image, ph_n, pw_n, height, width, out, mapping, template, dt):
+        """x: input storage as flat NHWC [N*H*W*C]; xr: scratch [N*H*W*K*OD] (acc dtype) that receives the
         input regrouped so that channel ctop*K + k sits at [.., k*OD + ctop] (one contiguous run of OD per
         pixel and bin); out: [R*K, OD] NHWC rows; mapping: [R, K*OD] rows (storage order); template: one
-        RoI's mapping row; table: float64 scratch [N*(H+1)*(W+1), K*OD].
+        RoI's mapping row; edges/per_image from :func:`_forward_plan`.
 
-        DIRECT sums every bin pixel by pixel, rows then columns, from 0, as the reference: the same bits.
-        TABLE (or AUTO when it pays) builds a float64 summed-area table per used image from the regrouped
-        rows (one contiguous K*OD-long add per pixel) and reads 4 corners per bin; planes whose table is
-        not finite (NaN/inf, overflow) are summed directly. Returns the first bad RoI or -1."""
-        n, height, width, kod = xr.shape
-        bad = _first_bad_batch(rois, n)
-        if bad >= 0:
-            return bad
+        Sums every bin pixel by pixel, rows then columns, from 0, as the reference: the same bits."""
+        n = per_image.shape[0]
         groups = ph_n * pw_n
-        r = rois.shape[0]
-        edges = _all_edges(rois, ph_n, pw_n, scale, height, width, dt)
-        per_image = _batch_counts(rois, n)
-        use_table = method == TABLE
-        if method == AUTO:
-            used = 0
-            for b in range(n):
-                used += per_image[b] > 0
-            use_table = _grouped_table_pays(_summed_area(edges, r, ph_n, pw_n) * OD,
-                                            used * kod * (height + 1) * (width + 1))
-        rows = xr.reshape(n * height * width, kod)
+        kod = groups * OD
         for b in range(n):  # images no RoI reads are not regrouped
             if per_image[b] == 0:
                 continue
             for p in range(b * height * width, (b + 1) * height * width):
-                for k in range(groups):
-                    for ctop in range(OD):
-                        rows[p, k * OD + ctop] = x[p, ctop * groups + k]
+                _regroup_pixel(x, p * kod, OD, groups, xr, p * kod)
         cells = xr.reshape(n * height * width * groups, OD)
+        r = rois.shape[0]
         for i in range(r):
             for e in range(kod):
                 mapping[i, e] = template[e]
-        if use_table:
-            wide = width + 1
-            image_bad = np.zeros(n, np.bool_)
-            plane_bad = np.zeros((n, kod), np.bool_)
-            running = np.empty(kod, np.float64)
-            for b in range(n):
-                if per_image[b] == 0:
-                    continue
-                img = b * (height + 1) * wide
-                for at in range(img, img + wide):  # top border
-                    for j in range(kod):
-                        table[at, j] = 0
-                for y in range(height):
-                    for j in range(kod):
-                        running[j] = 0
-                    above = img + y * wide
-                    here = above + wide
-                    for j in range(kod):  # left border
-                        table[here, j] = 0
-                    for xx in range(width):
-                        p = (b * height + y) * width + xx
-                        for j in range(kod):
-                            running[j] += rows[p, j]
-                            table[here + xx + 1, j] = table[above + xx + 1, j] + running[j]
-                corner = img + height * wide + width
-                for j in range(kod):
-                    v = table[corner, j]
-                    if not (v - v == 0):  # NaN or inf somewhere in the plane
-                        plane_bad[b, j] = True
-                        image_bad[b] = True
-            inverse = np.empty(height * width + 1, np.float64)  # 1/area by lookup: a division per bin is slow
-            inverse[0] = 0.0
-            for a in range(1, height * width + 1):
-                inverse[a] = 1.0 / np.float64(a)
-            for i in range(rois.shape[0]):
-                b = int(rois[i, 0])
-                img = b * (height + 1) * wide
-                for ph in range(ph_n):
-                    hs, he = edges[i, 0, ph], edges[i, 1, ph]
-                    low, high = img + hs * wide, img + he * wide
-                    for pw in range(pw_n):
-                        ws, we = edges[i, 2, pw], edges[i, 3, pw]
-                        k = ph * pw_n + pw
-                        top = i * groups + k
-                        if he <= hs or we <= ws:  # empty bin: 0
-                            for ctop in range(OD):
-                                out[top, ctop] = 0
-                            continue
-                        inv_area = inverse[(he - hs) * (we - ws)]
-                        col = k * OD
-                        for ctop in range(OD):
-                            j = col + ctop
-                            out[top, ctop] = (table[high + we, j] - table[low + we, j]
-                                              - table[high + ws, j] + table[low + ws, j]) * inv_area
-                        if image_bad[b]:
-                            for ctop in range(OD):
-                                if plane_bad[b, col + ctop]:  # the reference's own loop and rounding
-                                    acc = dt(0.0)
-                                    for y in range(hs, he):
-                                        for xx in range(ws, we):
-                                            acc += cells[((b * height + y) * width + xx) * groups + k, ctop]
-                                    out[top, ctop] = acc / dt((he - hs) * (we - ws))
-            return -1
         for i in range(r):
             b = int(rois[i, 0])
             for ph in range(ph_n):
@@ -670,6 +746,19 @@ def _mapping_template(od: int, ph_n: int, pw_n: int, ms) -> np.ndarray:
     return template
 
 
+def _call_table_forward(args) -> None:
+    """The table kernel, compiled with the SLP vectoriser on (:func:`compile_slp`) for each new signature."""
+    key = tuple((a.dtype, a.ndim, a.flags.c_contiguous) if isinstance(a, np.ndarray) else type(a) for a in args)
+    if key not in _SLP_COMPILED:
+        import numba
+        compile_slp(_TABLE_FORWARD, tuple(numba.typeof(a) for a in args))
+        _SLP_COMPILED.add(key)
+    _TABLE_FORWARD(*args)
+
+
+_SLP_COMPILED = set()
+
+
 def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout="NCHW"):
     """As :func:`cpu.forward`; the caller checked ``supports`` and non-empty tensors."""
     n, c, h, w = input.shape
@@ -678,23 +767,29 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     acc = torch.float64 if input.dtype == torch.float64 else torch.float32
     dt = _np_dtype(acc)
     x = input.detach()
-    x_rows = (x if x.dtype == acc else x.to(acc)).permute(0, 2, 3, 1).reshape(n * h * w, c).numpy()  # NHWC rows
+    x = x if x.dtype == acc else x.to(acc)
+    x_flat = x.permute(0, 2, 3, 1).reshape(n * h * w * c).numpy()  # NHWC storage (a copy for NCHW input)
     shape = (r, output_dim, pooled_height, pooled_width)
     output = empty_nchw(shape, out_layout, like=input)
     mapping = empty_nchw(shape, out_layout, like=input.new_empty(0, dtype=torch.int32))
-    # the kernel writes [R*PH*PW, od] rows: the output's own storage when it is NHWC in the acc dtype
+    # the kernels write [R*PH*PW, od] rows: the output's own storage when it is NHWC in the acc dtype
     nhwc = out_layout == "NHWC"
     in_place = nhwc and output.dtype == acc
     rows = output.permute(0, 2, 3, 1).numpy().reshape(r * groups, output_dim) if in_place \
         else _scratch("rows", (r * groups, output_dim), dt)
-    map_storage = mapping.permute(0, 2, 3, 1) if nhwc else mapping
+    map_rows = (mapping.permute(0, 2, 3, 1) if nhwc else mapping).numpy().reshape(r, output_dim * groups)
     template = _mapping_template(output_dim, pooled_height, pooled_width, tuple(mapping.stride()))
-    bad = _grouped_forward(output_dim)(
-        x_rows, _scratch("grouped", (n, h, w, c), dt), _rois64(rois), pooled_height, pooled_width,
-        dt(spatial_scale), rows, map_storage.numpy().reshape(r, output_dim * groups), template, dt, METHOD,
-        _scratch("table", (n * (h + 1) * (w + 1), c)))
+    rois64 = _rois64(rois)
+    bad, edges, per_image, use_table = _forward_plan(rois64, n, output_dim, pooled_height, pooled_width,
+                                                     dt(spatial_scale), h, w, dt, METHOD)
     if bad >= 0:
         checks.check_batch_indices(checks.OP, rois, n)  # raises, naming the RoI
+    if use_table:
+        _call_table_forward((x_flat, rois64, edges, per_image, pooled_height, pooled_width, h, w, rows, map_rows,
+                             template, _scratch("table", (n * (h + 1) * (w + 1), c)), _scratch("line", (c,)), dt))
+    else:
+        _grouped_forward(output_dim)(x_flat, _scratch("grouped", (n * h * w * c,), dt), rois64, edges, per_image,
+                                     pooled_height, pooled_width, h, w, rows, map_rows, template, dt)
     if not in_place:  # one rounding to the output dtype, as the reference
         output.copy_(torch.from_numpy(rows).view(r, pooled_height, pooled_width, output_dim).permute(0, 3, 1, 2))
     return output, mapping
