@@ -152,6 +152,21 @@ def _offsets(counts: list[int], identity_offset: int):
     return [(k, n) for k, n in enumerate(counts) if n and k != identity_offset]
 
 
+def _row_buffers(todo, chunk: int, dtype, device, *widths: int):
+    """One ``[rows, c]`` work buffer per width c; rows: the longest chunk any offset of ``todo`` needs."""
+    rows = min(chunk, max((n for _, n in todo), default=0))
+    return tuple(torch.empty((rows, c), dtype=dtype, device=device) for c in widths)
+
+
+def _block_chunks(todo, bounds, b: int, chunk: int):
+    """``(k, c0, c1)``: the pairs of each offset k (in ``todo`` order) whose blocking row lies in block b
+    (``bounds`` from :func:`_segments`), in runs of at most ``chunk`` pairs."""
+    for k, _ in todo:
+        start, end = bounds[k][b], bounds[k][b + 1]
+        for c0 in range(start, end, chunk):
+            yield k, c0, min(end, c0 + chunk)
+
+
 def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, identity_offset: int):
     ct = _compute_dtype(features.dtype)
     f, w = features.detach().to(ct), weight.detach().to(ct)
@@ -167,11 +182,6 @@ def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, id
     chunk = _chunk_rows(max(c_in, c_out), itemsize)
     scatter, gather = _scatter(out), _gather(f)
 
-    def scratch():
-        width = min(chunk, max((n for _, n in todo), default=0))
-        empty = lambda c: torch.empty((width, c), dtype=ct, device=f.device)  # noqa: E731
-        return empty(c_in), empty(c_out)
-
     def body(b, bufs):
         rows, prods = bufs
         r0, r1 = b * block, min(num_out, (b + 1) * block)
@@ -179,16 +189,13 @@ def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, id
             torch.mm(f[r0:r1], w[identity_offset], out=out[r0:r1])
         else:
             out[r0:r1].zero_()
-        for k, _ in todo:
-            start, end = bounds[k][b], bounds[k][b + 1]
-            for c0 in range(start, end, chunk):
-                c1 = min(end, c0 + chunk)
-                n = c1 - c0
-                gather(pairs[k, src_col, c0:c1], rows[:n])
-                torch.mm(rows[:n], w[k], out=prods[:n])
-                scatter(pairs[k, dst_col, c0:c1], prods[:n])
+        for k, c0, c1 in _block_chunks(todo, bounds, b, chunk):
+            n = c1 - c0
+            gather(pairs[k, src_col, c0:c1], rows[:n])
+            torch.mm(rows[:n], w[k], out=prods[:n])
+            scatter(pairs[k, dst_col, c0:c1], prods[:n])
 
-    _run_blocks(n_blocks, body, scratch)
+    _run_blocks(n_blocks, body, lambda: _row_buffers(todo, chunk, ct, f.device, c_in, c_out))
     return out.to(features.dtype)
 
 
@@ -226,11 +233,6 @@ def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, ident
                 next_block[0] += 1
             added.notify_all()
 
-    def scratch():
-        width = min(chunk, max((n for _, n in todo), default=0))
-        empty = lambda c: torch.empty((width, c), dtype=ct, device=f.device)  # noqa: E731
-        return empty(c_out), empty(c_in), empty(c_in)
-
     def body(b, bufs):
         try:
             block_backward(b, *bufs)
@@ -256,23 +258,20 @@ def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, ident
         else:
             grad_features[r0:r1].zero_()
         done = {identity_offset}
-        for k, _ in todo:
-            start, end = bounds[k][b], bounds[k][b + 1]
-            for c0 in range(start, end, chunk):
-                c1 = min(end, c0 + chunk)
-                n = c1 - c0
-                gather_g(pairs[k, dst_col, c0:c1], g_rows[:n])
-                torch.mm(g_rows[:n], w[k].t(), out=prods[:n])
-                scatter_gather_f(pairs[k, src_col, c0:c1], prods[:n], f_rows[:n])
-                if k in done:
-                    partial[k].addmm_(f_rows[:n].t(), g_rows[:n])
-                else:
-                    torch.mm(f_rows[:n].t(), g_rows[:n], out=partial[k])
-                    done.add(k)
+        for k, c0, c1 in _block_chunks(todo, bounds, b, chunk):
+            n = c1 - c0
+            gather_g(pairs[k, dst_col, c0:c1], g_rows[:n])
+            torch.mm(g_rows[:n], w[k].t(), out=prods[:n])
+            scatter_gather_f(pairs[k, src_col, c0:c1], prods[:n], f_rows[:n])
+            if k in done:
+                partial[k].addmm_(f_rows[:n].t(), g_rows[:n])
+            else:
+                torch.mm(f_rows[:n].t(), g_rows[:n], out=partial[k])
+                done.add(k)
         for k in range(K):
             if k not in done:
                 partial[k].zero_()
         add_in_order(b, partial)
 
-    _run_blocks(n_blocks, body, scratch)
+    _run_blocks(n_blocks, body, lambda: _row_buffers(todo, chunk, ct, f.device, c_out, c_in, c_in))
     return grad_features.to(features.dtype), grad_weight.to(weight.dtype)
