@@ -251,6 +251,14 @@ def _pair(backend, x, rois, ph, pw, scale, group, od, layout, seed=3):
                                                    backend=backend)
 
 
+def _unit_pairs(dtype, layout):
+    """``(case name, cpu results, reference results)`` of :func:`_pair` for every unit case."""
+    for case in UNIT:
+        x = to_layout(case_input(case, dtype), layout)
+        args = (x, case_rois(case, dtype), *params(case), layout)
+        yield case["name"], _pair("cpu", *args), _pair("reference", *args)
+
+
 def pin_method(monkeypatch, name):
     """Selects the numba path (``CVOPS_NUMBA=1``) and pins its summation: DIRECT (the reference's loops) or
     TABLE (summed-area tables)."""
@@ -266,11 +274,9 @@ def pin_method(monkeypatch, name):
 def test_numba_direct_method_is_bit_equal_to_reference(dtype, layout, monkeypatch):
     # same bin arithmetic and the same summation order as the loops: identical bits, not just close
     pin_method(monkeypatch, "DIRECT")
-    for case in UNIT:
-        x = to_layout(case_input(case, dtype), layout)
-        args = (x, case_rois(case, dtype), *params(case), layout)
-        for mine, ref in zip(_pair("cpu", *args), _pair("reference", *args)):
-            assert bit_equal(mine, ref), case["name"]
+    for name, mine, ref in _unit_pairs(dtype, layout):
+        for a, b in zip(mine, ref):
+            assert bit_equal(a, b), name
 
 
 @requires_numba
@@ -334,10 +340,8 @@ def _assert_table_matches(mine, ref, dtype):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_numba_table_method_matches_reference(dtype, layout, monkeypatch):
     pin_method(monkeypatch, "TABLE")
-    for case in UNIT:
-        x = to_layout(case_input(case, dtype), layout)
-        args = (x, case_rois(case, dtype), *params(case), layout)
-        _assert_table_matches(_pair("cpu", *args), _pair("reference", *args), dtype)
+    for _, mine, ref in _unit_pairs(dtype, layout):
+        _assert_table_matches(mine, ref, dtype)
 
 
 @requires_numba
