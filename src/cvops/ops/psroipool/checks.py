@@ -5,6 +5,7 @@ logical NCHW: input ``[N, C, H, W]``, rois ``[R, 5]``, output / mapping_channel 
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -28,20 +29,23 @@ def check_pool_params(op: str, pooled_height, pooled_width, spatial_scale, outpu
     od = check_int(op, "output_dim", output_dim, min_value=1)
     if isinstance(spatial_scale, torch.Tensor) and spatial_scale.dim() == 0 and spatial_scale.is_floating_point():
         spatial_scale = float(spatial_scale)
-    require(isinstance(spatial_scale, numbers.Real) and not isinstance(spatial_scale, bool), op,
-            f"spatial_scale must be a float, got {spatial_scale!r}")
+    if type(spatial_scale) is not float and not (isinstance(spatial_scale, numbers.Real)
+                                                 and not isinstance(spatial_scale, bool)):
+        raise_bad(op, f"spatial_scale must be a float, got {spatial_scale!r}")
     scale = float(spatial_scale)
-    require(scale > 0 and scale != float("inf"), op, f"spatial_scale must be > 0 and finite, got {scale}")
+    if not (0 < scale < math.inf):
+        raise_bad(op, f"spatial_scale must be > 0 and finite, got {scale}")
     if group_size is not None:
         g = check_int(op, "group_size", group_size, min_value=1)
-        if ph == pw:
-            require(g == ph, op, f"group_size ({g}) must equal pooled_height == pooled_width ({ph})")
+        if ph == pw and g != ph:
+            raise_bad(op, f"group_size ({g}) must equal pooled_height == pooled_width ({ph})")
     return ph, pw, scale, od
 
 
 def check_rois(op: str, rois) -> None:
     check_tensor(op, "rois", rois, dim=2, dtypes=FLOAT_DTYPES)
-    require(rois.shape[1] == 5, op, f"rois must be [R, 5] (batch_index, x1, y1, x2, y2), got {tuple(rois.shape)}")
+    if rois.shape[1] != 5:
+        raise_bad(op, f"rois must be [R, 5] (batch_index, x1, y1, x2, y2), got {tuple(rois.shape)}")
 
 
 def check_forward(input_nchw: torch.Tensor, rois: torch.Tensor, pooled_height, pooled_width, spatial_scale,
@@ -51,36 +55,40 @@ def check_forward(input_nchw: torch.Tensor, rois: torch.Tensor, pooled_height, p
     check_tensor(OP, "input", input_nchw, dim=4, dtypes=FLOAT_DTYPES)
     check_rois(OP, rois)
     check_same_device(OP, input=input_nchw, rois=rois)
-    c = input_nchw.shape[1]
-    require(c == od * ph * pw, OP,
-            f"input channels ({c}) must equal pooled_height * pooled_width * output_dim ({ph}*{pw}*{od}={ph * pw * od})")
+    _check_channels(OP, input_nchw.shape[1], ph, pw, od)
     if input_nchw.numel() > 0:  # the doc: an empty input returns at once, before the rois check
         require(rois.shape[0] > 0, OP, "rois must not be empty (R = 0)")
     return ph, pw, scale, od
 
 
+def _check_channels(op: str, c: int, ph: int, pw: int, od: int) -> None:
+    if c != od * ph * pw:
+        raise_bad(op, f"input channels ({c}) must equal pooled_height * pooled_width * output_dim "
+                      f"({ph}*{pw}*{od}={ph * pw * od})")
+
+
 def check_backward(top_grad_nchw: torch.Tensor, rois: torch.Tensor, mapping_channel_nchw: torch.Tensor,
                    spatial_scale, output_dim, input_shape_nchw) -> tuple[int, int, float, int]:
     check_tensor(OP_BACKWARD, "top_grad", top_grad_nchw, dim=4, dtypes=FLOAT_DTYPES)
-    ph, pw = top_grad_nchw.shape[2], top_grad_nchw.shape[3]
-    require(ph >= 1 and pw >= 1, OP_BACKWARD, f"top_grad pooled sizes must be >= 1, got {tuple(top_grad_nchw.shape)}")
+    top_shape = tuple(top_grad_nchw.shape)
+    r, top_channels, ph, pw = top_shape
+    if ph < 1 or pw < 1:
+        raise_bad(OP_BACKWARD, f"top_grad pooled sizes must be >= 1, got {top_shape}")
     _, _, scale, od = check_pool_params(OP_BACKWARD, ph, pw, spatial_scale, output_dim)
     check_rois(OP_BACKWARD, rois)
     require(rois.shape[0] > 0, OP_BACKWARD, "rois must not be empty (R = 0)")
     check_tensor(OP_BACKWARD, "mapping_channel", mapping_channel_nchw, dim=4, dtypes=INDEX_DTYPES)
     check_same_device(OP_BACKWARD, top_grad=top_grad_nchw, rois=rois, mapping_channel=mapping_channel_nchw)
-    require(top_grad_nchw.shape[1] == od, OP_BACKWARD,
-            f"top_grad channels ({top_grad_nchw.shape[1]}) must equal output_dim ({od})")
-    require(top_grad_nchw.shape[0] == rois.shape[0], OP_BACKWARD,
-            f"top_grad rois ({top_grad_nchw.shape[0]}) must equal rois.shape[0] ({rois.shape[0]})")
-    require(tuple(mapping_channel_nchw.shape) == tuple(top_grad_nchw.shape), OP_BACKWARD,
-            f"mapping_channel shape {tuple(mapping_channel_nchw.shape)} must equal top_grad shape "
-            f"{tuple(top_grad_nchw.shape)}")
-    require(len(input_shape_nchw) == 4 and all(isinstance(s, int) and s >= 0 for s in input_shape_nchw),
-            OP_BACKWARD, f"input_shape must be 4 non-negative ints, got {input_shape_nchw!r}")
-    c = input_shape_nchw[1]
-    require(c == od * ph * pw, OP_BACKWARD,
-            f"input channels ({c}) must equal pooled_height * pooled_width * output_dim ({ph}*{pw}*{od}={ph * pw * od})")
+    if top_channels != od:
+        raise_bad(OP_BACKWARD, f"top_grad channels ({top_channels}) must equal output_dim ({od})")
+    if r != rois.shape[0]:
+        raise_bad(OP_BACKWARD, f"top_grad rois ({r}) must equal rois.shape[0] ({rois.shape[0]})")
+    if tuple(mapping_channel_nchw.shape) != top_shape:
+        raise_bad(OP_BACKWARD, f"mapping_channel shape {tuple(mapping_channel_nchw.shape)} must equal top_grad "
+                               f"shape {top_shape}")
+    if not (len(input_shape_nchw) == 4 and all(isinstance(s, int) and s >= 0 for s in input_shape_nchw)):
+        raise_bad(OP_BACKWARD, f"input_shape must be 4 non-negative ints, got {input_shape_nchw!r}")
+    _check_channels(OP_BACKWARD, input_shape_nchw[1], ph, pw, od)
     return ph, pw, scale, od
 
 

@@ -11,6 +11,10 @@ pixel in the same order. Results of these DIRECT kernels equal the reference's b
 included. The TABLE kernels (summed-area / difference tables, O(1) per bin, see below) agree within the
 accumulating-op contract instead; ``METHOD`` (AUTO by default) picks per call the cheaper of the two.
 
+* both directions first compute every bin edge in one vectorised pass (RoI-inner loops, int32 [4, P, R]) in a
+  "plan" call that also checks the batch indices and makes the AUTO choice from a cost model fitted to the
+  kernels (``_grouped_table_pays`` / ``_backward_table_pays``): few RoIs on a large image go DIRECT, the doc's
+  network cases go TABLE.
 * forward: one serial call. DIRECT is compiled per output_dim (first use of a new od compiles, ~1.5 s, then it
   is in numba's disk cache), so its od-long loops are fixed-length vector code; the used images are first
   regrouped to [N, H, W, K, od] (channel ctop*K + k at [k, ctop], 8 x 8 register transposes), so a bin pixel
@@ -19,12 +23,14 @@ accumulating-op contract instead; ``METHOD`` (AUTO by default) picks per call th
   reads each bin's 4 corners 8 channels at a time, compiled with the SLP vectoriser on (numba leaves it off;
   without it those runs stay scalar). Measured on a quiet machine, the 2-thread variants lose badly at this
   size (a pool wake-up cost milliseconds: R-FCN g3 forward 32 ms, backwards 8 ms, against 0.2-0.3 ms serial).
-* backward (the forward's mapping_channel): parallel over bands of rows; every element receives its
-  contributions in RoI order, the reference's, so there are no races and every run gives the same bits.
-  Any other mapping_channel: parallel over destination planes (batch, channel), same order.
+* backward, the forward's mapping_channel: TABLE (serial) adds each bin's ``top_grad / area`` at the 4 corners of
+  a float64 difference table, 8 channels at a time (SLP), and one prefix sum per image yields the gradient,
+  written out through register transposes. DIRECT scatters bin by bin, parallel over bands of rows; every
+  element receives its contributions in RoI order, the reference's, so there are no races and every run gives
+  the same bits. Any other mapping_channel: parallel over destination planes (batch, channel), same order.
 
 Tensors reach the kernels as flat storage plus element strides of their logical NCHW view (dense NCHW or
-NHWC storage), so each kernel compiles once per dtype whatever the layout; the hot loops use 2-D arrays.
+NHWC storage), so each kernel compiles once per dtype whatever the layout; the table kernels take NHWC rows.
 
 What costs time in numba on these small cases (measured, serial): a view or a slice per RoI (~0.1 us each),
 a scalar division (~0.6 ns, 10x a vectorised one), flat indexing with a computed offset (a negative-index
@@ -72,45 +78,50 @@ def _round_half_away(v, dt):
 
 
 @njit(error_model="numpy")
-def _floor_index(v, limit):
-    """``floor(v)`` clamped to [0, limit] (NaN gives 0), without a libm call: clamped first, truncation is
-    the floor. Written as selects, not branches: random RoIs make branches here mispredict."""
-    c = v if v > 0 else 0.0
-    c = c if c < limit else limit
-    return int(c)
+def _axis_edges(starts, a, bins, limit, edges, e):
+    """``edges[e, p, i] = floor(p*size + start)`` and ``edges[e+1, p, i] = ceil((p+1)*size + start)``, clamped to
+    [0, limit] (NaN gives 0), for every RoI i; start/size are ``starts[a, i]`` / ``starts[a+1, i]``. The clamps
+    are selects and truncation of the clamped value is the floor (no libm call, no branch), and the RoI loop is
+    innermost, so the whole pass is vector code (~1 us for the doc's cases; a RoI at a time took ~14 us)."""
+    dt = starts.dtype.type
+    zero = dt(0.0)
+    for p in range(bins):
+        lo, hi = dt(p), dt(p + 1)
+        for i in range(starts.shape[1]):
+            v = lo * starts[a + 1, i] + starts[a, i]
+            v = v if v > zero else zero
+            v = v if v < limit else limit
+            edges[e, p, i] = np.int32(v)
+            v = hi * starts[a + 1, i] + starts[a, i]
+            v = v if v > zero else zero
+            v = v if v < limit else limit
+            t = np.int32(v)
+            edges[e + 1, p, i] = t + np.int32(v > dt(t))
 
 
 @njit(error_model="numpy")
-def _ceil_index(v, limit):
-    """``ceil(v)`` clamped to [0, limit] (NaN gives 0), as :func:`_floor_index`."""
-    c = v if v > 0 else 0.0
-    c = c if c < limit else limit
-    t = int(c)
-    return t + 1 if c > t else t
-
-
-@njit(error_model="numpy")
-def _roi_edges(rois, i, ph_n, pw_n, scale, height, width, dt, edges):
-    """edges[i, 0|1, p]: hs/he of bin row p; edges[i, 2|3, p]: ws/we of bin column p (R-FCN arithmetic in
-    dt). Writes into the [R, 4, P] array itself: a view per RoI would cost more than the arithmetic."""
-    start_w = _round_half_away(dt(rois[i, 1]), dt) * scale
-    start_h = _round_half_away(dt(rois[i, 2]), dt) * scale
-    end_w = (_round_half_away(dt(rois[i, 3]), dt) + dt(1.0)) * scale
-    end_h = (_round_half_away(dt(rois[i, 4]), dt) + dt(1.0)) * scale
-    roi_w = end_w - start_w
-    roi_h = end_h - start_h
-    if dt(0.1) > roi_w:  # at least 0.1 (NaN stays NaN)
-        roi_w = dt(0.1)
-    if dt(0.1) > roi_h:
-        roi_h = dt(0.1)
-    bin_h = roi_h / dt(ph_n)
-    bin_w = roi_w / dt(pw_n)
-    for p in range(ph_n):
-        edges[i, 0, p] = _floor_index(dt(p) * bin_h + start_h, height)
-        edges[i, 1, p] = _ceil_index(dt(p + 1) * bin_h + start_h, height)
-    for p in range(pw_n):
-        edges[i, 2, p] = _floor_index(dt(p) * bin_w + start_w, width)
-        edges[i, 3, p] = _ceil_index(dt(p + 1) * bin_w + start_w, width)
+def _bin_edges(rois, ph_n, pw_n, scale, height, width, starts, edges):
+    """Bin edges of every RoI (R-FCN arithmetic in the dtype of ``starts``, one rounding per operation):
+    ``edges[0|1, p, i]`` = hs/he of bin row p of RoI i, ``edges[2|3, p, i]`` = ws/we of bin column p (int32
+    [4, max(PH, PW), R]). ``starts``: scratch [4, R] of the accumulation dtype (bin starts and sizes)."""
+    dt = starts.dtype.type
+    for i in range(rois.shape[0]):
+        start_w = _round_half_away(dt(rois[i, 1]), dt) * scale
+        start_h = _round_half_away(dt(rois[i, 2]), dt) * scale
+        end_w = (_round_half_away(dt(rois[i, 3]), dt) + dt(1.0)) * scale
+        end_h = (_round_half_away(dt(rois[i, 4]), dt) + dt(1.0)) * scale
+        roi_w = end_w - start_w
+        roi_h = end_h - start_h
+        if dt(0.1) > roi_w:  # at least 0.1 (NaN stays NaN)
+            roi_w = dt(0.1)
+        if dt(0.1) > roi_h:
+            roi_h = dt(0.1)
+        starts[0, i] = start_h
+        starts[1, i] = roi_h / dt(ph_n)
+        starts[2, i] = start_w
+        starts[3, i] = roi_w / dt(pw_n)
+    _axis_edges(starts, 0, ph_n, dt(height), edges, 0)
+    _axis_edges(starts, 2, pw_n, dt(width), edges, 2)
 
 
 @njit(error_model="numpy")
@@ -121,14 +132,6 @@ def _first_bad_batch(rois, batch):
         if not (b > -1 and b < batch):
             return i
     return -1
-
-
-@njit(error_model="numpy")
-def _all_edges(rois, ph_n, pw_n, scale, height, width, dt):
-    edges = np.empty((rois.shape[0], 4, max(ph_n, pw_n)), np.int64)
-    for i in range(rois.shape[0]):
-        _roi_edges(rois, i, ph_n, pw_n, scale, height, width, dt, edges)
-    return edges
 
 
 @njit(error_model="numpy")
@@ -164,15 +167,16 @@ def _zero_plane(bottom, plane, bs, height, width):
 
 
 @njit(error_model="numpy")
-def _bin_diffs(edges, ph_n, pw_n, dt, grad, diffs):
-    """``diffs[(i*PH + ph)*PW + pw, ctop] = grad[same] / area`` in dt (the reference's rounding) for every
-    non-empty bin; ``grad``: top_grad as [R*PH*PW, od] rows, ``edges`` from :func:`_all_edges`."""
+def _bin_diffs(edges, ph_n, pw_n, grad, diffs):
+    """``diffs[(i*PH + ph)*PW + pw, ctop] = grad[same] / area`` in diffs' dtype (the reference's rounding) for
+    every non-empty bin; ``grad``: top_grad as [R*PH*PW, od] rows, ``edges`` from :func:`_bin_edges`."""
+    dt = diffs.dtype.type
     od = grad.shape[1]
-    for i in range(edges.shape[0]):
+    for i in range(edges.shape[2]):
         for ph in range(ph_n):
-            dh = edges[i, 1, ph] - edges[i, 0, ph]
+            dh = edges[1, ph, i] - edges[0, ph, i]
             for pw in range(pw_n):
-                area = dh * (edges[i, 3, pw] - edges[i, 2, pw])
+                area = dh * (edges[3, pw, i] - edges[2, pw, i])
                 if area > 0:
                     a = dt(area)
                     row = (i * ph_n + ph) * pw_n + pw
@@ -180,7 +184,7 @@ def _bin_diffs(edges, ph_n, pw_n, dt, grad, diffs):
                         diffs[row, ctop] = grad[row, ctop] / a
 
 
-def _backward_canonical(edges, rois, ph_n, pw_n, grad, diffs, dt, bottom, bs, shape, acc, rows_nhwc):
+def _backward_canonical(edges, rois, ph_n, pw_n, grad, diffs, bottom, bs, shape, acc, rows_nhwc):
     """mapping_channel is the forward's: channel ctop*K + k of image b gets bin k of channel ctop of every
     RoI of that image. grad: top_grad as [R*K, od] rows; diffs: scratch [R*K, od] that receives
     ``top_grad / area`` (the reference's rounding, :func:`_bin_diffs`, here to spare a call); bottom: flat dense
@@ -193,12 +197,12 @@ def _backward_canonical(edges, rois, ph_n, pw_n, grad, diffs, dt, bottom, bs, sh
     checks and LLVM vectorise the short od loops (2-3x faster than flat indexing). Every element receives its
     contributions in RoI order, as in the reference, so the result is the reference's bit for bit. Tasks
     own disjoint bands of rows (each scans the RoIs in order), so results do not depend on the thread count.
-    Returns -1 (the caller checked the batch indices)."""
+    The caller checked the batch indices."""
     n, c, height, width = shape
     r = rois.shape[0]
     groups = ph_n * pw_n
     od = c // groups
-    _bin_diffs(edges, ph_n, pw_n, dt, grad, diffs)
+    _bin_diffs(edges, ph_n, pw_n, grad, diffs)
     nhwc = bs[1] == 1 and bs[3] == c
     per_image = _batch_counts(rois, n)
     acc_flat = acc.reshape(acc.shape[0] * od)
@@ -229,11 +233,11 @@ def _backward_canonical(edges, rois, ph_n, pw_n, grad, diffs, dt, bottom, bs, sh
             if int(rois[i, 0]) != b:
                 continue
             for ph in range(ph_n):
-                hs, he = max(edges[i, 0, ph], y0), min(edges[i, 1, ph], y1)
+                hs, he = max(edges[0, ph, i], y0), min(edges[1, ph, i], y1)
                 if he <= hs:
                     continue
                 for pw in range(pw_n):
-                    ws, we = edges[i, 2, pw], edges[i, 3, pw]
+                    ws, we = edges[2, pw, i], edges[3, pw, i]
                     k = ph * pw_n + pw
                     d = i * groups + k
                     for y in range(hs, he):
@@ -253,18 +257,15 @@ def _backward_canonical(edges, rois, ph_n, pw_n, grad, diffs, dt, bottom, bs, sh
                     for k in range(groups):
                         for ctop in range(od):
                             bottom[pixel + (ctop * groups + k) * bs[1]] = acc[p * groups + k, ctop]
-    return -1
 
 
-def _backward_any(g, gs, top_shape, rois, mapping, ms, scale, bottom, bs, shape, dt):
+def _backward_any(g, gs, top_shape, rois, edges, mapping, ms, bottom, bs, shape):
     """Any in-range mapping_channel: contributions bucketed by destination plane (batch, channel) in the
-    reference's order (RoI, ctop, ph, pw), then each plane sums its bucket."""
-    bad = _first_bad_batch(rois, shape[0])
-    if bad >= 0:
-        return bad
+    reference's order (RoI, ctop, ph, pw), then each plane sums its bucket (in bottom's dtype, the reference's
+    rounding). The caller checked the batch indices and the mapping values."""
+    dt = bottom.dtype.type
     r, od, ph_n, pw_n = top_shape
     n, c, height, width = shape
-    edges = _all_edges(rois, ph_n, pw_n, scale, height, width, dt)
     per_roi = od * ph_n * pw_n
     keys = np.empty(r * per_roi, np.int64)
     for i in prange(r):
@@ -283,18 +284,17 @@ def _backward_any(g, gs, top_shape, rois, mapping, ms, scale, bottom, bs, shape,
             i, rest = e // per_roi, e % per_roi
             ctop, k = rest // (ph_n * pw_n), rest % (ph_n * pw_n)
             ph, pw = k // pw_n, k % pw_n
-            hs, he, ws, we = edges[i, 0, ph], edges[i, 1, ph], edges[i, 2, pw], edges[i, 3, pw]
+            hs, he, ws, we = edges[0, ph, i], edges[1, ph, i], edges[2, pw, i], edges[3, pw, i]
             if he > hs and we > ws:
                 diff = g[i * gs[0] + ctop * gs[1] + ph * gs[2] + pw * gs[3]] / dt((he - hs) * (we - ws))
                 _add_bin(bottom, plane, bs, hs, he, ws, we, diff)
-    return -1
 
 
 @njit(error_model="numpy")
-def _count_foreign(mapping, ms, top_shape):
-    """How many mapping_channel entries differ from the forward's ``(ctop*PH + ph)*PW + pw``. ``mapping`` is
-    dense (NCHW or NHWC storage), so every RoI's block is one contiguous run: compared against a template in
-    storage order, in one long (vectorised) loop."""
+def _is_forward_mapping(mapping, ms, top_shape):
+    """Whether every mapping_channel entry is the forward's ``(ctop*PH + ph)*PW + pw``. ``mapping`` is dense
+    (NCHW or NHWC storage), so every RoI's block is one contiguous run: compared against a template in storage
+    order with an OR of XORs (unsigned indices, no early exit), which is vector code (~2x faster than counting)."""
     r, od, ph_n, pw_n = top_shape
     groups = ph_n * pw_n
     block = od * groups
@@ -302,11 +302,13 @@ def _count_foreign(mapping, ms, top_shape):
     for ctop in range(od):
         for k in range(groups):
             template[ctop * ms[1] + (k // pw_n) * ms[2] + (k % pw_n) * ms[3]] = ctop * groups + k
-    foreign = 0
+    differ = mapping.dtype.type(0)
+    u_block = np.uint64(block)
     for i in range(r):
+        base = np.uint64(i) * u_block
         for e in range(block):
-            foreign += mapping[i * block + e] != template[e]
-    return foreign
+            differ |= mapping[base + np.uint64(e)] ^ template[e]
+    return differ == 0
 
 
 # ------------------------------------------------------------------------ summed-area tables (O(1) per bin)
@@ -329,137 +331,44 @@ def _batch_counts(rois, n):
 
 
 @njit(error_model="numpy")
-def _summed_area(edges, r, ph_n, pw_n):
-    """Sum over RoIs of their bins' areas (the pixels direct summation visits per output channel)."""
-    total = 0
-    for i in range(r):
-        rows = 0
-        for p in range(ph_n):
-            rows += max(edges[i, 1, p] - edges[i, 0, p], 0)
-        cols = 0
-        for p in range(pw_n):
-            cols += max(edges[i, 3, p] - edges[i, 2, p], 0)
-        total += rows * cols
-    return total
+def _channel_blocks(od):
+    """8-channel vector steps per bin of the table kernels (od < 8 runs od scalar steps, counted as one)."""
+    return (od + _LANES - 1) // _LANES
 
 
 @njit(error_model="numpy")
-def _backward_table_pays(summed_area, bins, od, table_entries):
-    """Whether the difference tables beat the direct scatter (backward): three passes over the tables (zero,
-    corners, prefix) plus the corner updates, ~1.2 ns per unit, against ~0.5 ns per bin pixel and channel for
-    the direct scatter (measured on the doc's cases, serial)."""
-    return 2 * od * summed_area > 5 * (3 * table_entries + 2 * bins * od)
+def _backward_table_pays(pixel_channels, bins, od, entries):
+    """Whether the difference tables beat the direct scatter (backward). Costs in 0.1 ns, fitted to the
+    kernels on the doc's cases (serial; ``entries`` = pixels x channels of the images RoIs use): tables ~1 ns
+    per entry (zero, prefix sum, transposed write) and ~2.6 ns per bin and 8-channel block; direct ~0.3 ns per
+    bin pixel and channel, ~0.7 ns per entry and ~2 ns per bin. Measured: R-FCN g7 ~100 us vs ~165 us, g3
+    ~110 us vs ~180 us."""
+    return 10 * entries + 26 * bins * _channel_blocks(od) < 3 * pixel_channels + 7 * entries + 20 * bins
 
 
 @njit(error_model="numpy")
-def _backward_plan(rois, n, c, ph_n, pw_n, scale, height, width, dt):
-    """(bin edges, whether the difference tables pay) in one call: each numba call costs ~1-2 us."""
-    edges = _all_edges(rois, ph_n, pw_n, scale, height, width, dt)
-    counts = _batch_counts(rois, n)
-    used = 0
-    for b in range(n):
-        used += counts[b] > 0
-    r = rois.shape[0]
-    return edges, _backward_table_pays(_summed_area(edges, r, ph_n, pw_n), r * ph_n * pw_n, c // (ph_n * pw_n),
-                                       used * c * (height + 1) * (width + 1))
-
-
-def _backward_table_kernel(g, gs, top_shape, rois, scale, bottom, bs, shape, dt, method):
-    """Canonical mapping_channel (see :func:`_backward_canonical`). One task per (image, ctop) owns the K
-    channels ctop*K .. ctop*K+K-1 of that image: a float64 difference table (+v/-v at the 4 corners of every
-    bin, v = top_grad/area, the image's RoIs in index order), a 2-D prefix sum, and an int coverage count by
-    the same corner trick so pixels under no bin with a nonzero v stay exactly 0. Tasks own disjoint
-    channels: no races, fixed order, same bits every run. Returns the first bad RoI, -1 when done, or
-    USE_DIRECT (a non-finite top_grad, or direct is cheaper; what was written is to be overwritten)."""
-    bad = _first_bad_batch(rois, shape[0])
+def _backward_plan(rois, n, c, ph_n, pw_n, scale, height, width, method):
+    """(first bad RoI or -1, whether to use the difference tables, bin edges) in one call."""
+    starts, edges = _new_edges(rois.shape[0], ph_n, pw_n, scale)
+    bad = _first_bad_batch(rois, n)
     if bad >= 0:
-        return bad
-    r, od, ph_n, pw_n = top_shape
-    n, c, height, width = shape
-    groups = ph_n * pw_n
-    edges = _all_edges(rois, ph_n, pw_n, scale, height, width, dt)
-    keys = np.empty(r, np.int64)
-    for i in range(r):
-        keys[i] = int(rois[i, 0])
-    order, start = _bucket(keys, n)
-    used = 0
-    for b in range(n):
-        used += start[b + 1] > start[b]
-    if method == AUTO and not _backward_table_pays(_summed_area(edges, r, ph_n, pw_n), r * groups, od,
-                                                   used * c * (height + 1) * (width + 1)):
-        return USE_DIRECT
-    for i in range(r):  # NaN/inf gradients: the direct scatter propagates them as the reference does
-        for ctop in range(od):
-            for ph in range(ph_n):
-                for pw in range(pw_n):
-                    v = g[i * gs[0] + ctop * gs[1] + ph * gs[2] + pw * gs[3]]
-                    if not (v - v == 0):
-                        return USE_DIRECT
-    row = (width + 1) * groups
-    size = (height + 1) * row
-    failed = np.zeros(n * od, np.bool_)
-    for task in prange(n * od):
-        b, ctop = task // od, task % od
-        first = b * bs[0] + ctop * groups * bs[1]
-        if start[b + 1] == start[b]:
-            for k in range(groups):
-                _zero_plane(bottom, first + k * bs[1], bs, height, width)
-            continue
-        diffs = np.zeros(size, np.float64)
-        cover = np.zeros(size, np.int32)
-        for j in range(start[b], start[b + 1]):
-            i = order[j]
-            for ph in range(ph_n):
-                hs, he = edges[i, 0, ph], edges[i, 1, ph]
-                if he <= hs:
-                    continue
-                for pw in range(pw_n):
-                    ws, we = edges[i, 2, pw], edges[i, 3, pw]
-                    if we <= ws:
-                        continue
-                    v = np.float64(g[i * gs[0] + ctop * gs[1] + ph * gs[2] + pw * gs[3]]) \
-                        / np.float64((he - hs) * (we - ws))
-                    if v == 0:
-                        continue
-                    k = ph * pw_n + pw
-                    diffs[hs * row + ws * groups + k] += v
-                    diffs[hs * row + we * groups + k] -= v
-                    diffs[he * row + ws * groups + k] -= v
-                    diffs[he * row + we * groups + k] += v
-                    cover[hs * row + ws * groups + k] += 1
-                    cover[hs * row + we * groups + k] -= 1
-                    cover[he * row + ws * groups + k] -= 1
-                    cover[he * row + we * groups + k] += 1
-        running = np.empty(groups, np.float64)
-        running_cover = np.empty(groups, np.int32)
-        for y in range(height):
-            running[:] = 0
-            running_cover[:] = 0
-            for xx in range(width):
-                at = y * row + xx * groups
-                pixel = first + y * bs[2] + xx * bs[3]
-                for k in range(groups):
-                    running[k] += diffs[at + k]
-                    running_cover[k] += cover[at + k]
-                    total = running[k] + (diffs[at - row + k] if y > 0 else 0.0)
-                    covered = running_cover[k] + (cover[at - row + k] if y > 0 else 0)
-                    diffs[at + k] = total
-                    cover[at + k] = covered
-                    bottom[pixel + k * bs[1]] = total if covered > 0 else 0.0
-                    if covered > 0 and not (total - total == 0):
-                        failed[task] = True  # float64 overflow (float64 gradients near the limit)
-    for task in range(n * od):
-        if failed[task]:
-            return USE_DIRECT
-    return -1
+        return bad, False, edges
+    _bin_edges(rois, ph_n, pw_n, scale, height, width, starts, edges)
+    if method != AUTO:
+        return -1, method == TABLE, edges
+    r, od = rois.shape[0], c // (ph_n * pw_n)
+    return -1, _backward_table_pays(_summed_area(edges, r, ph_n, pw_n) * od, r * ph_n * pw_n, od,
+                                    _images_used(rois, n) * c * height * width), edges
 
 
 @njit(error_model="numpy")
-def _grouped_table_pays(pixel_reads, table_entries):
-    """Whether the summed-area table beats the grouped direct forward: ~0.3 ns per bin pixel and channel
-    against ~1 ns per table entry (both pay the same per-output work). Measured on the doc's cases, serial,
-    whole ``forward`` call: R-FCN g7 direct 155 us vs table 165 us, g3 166 vs 145; the rule picks the faster."""
-    return 8 * pixel_reads > 25 * table_entries
+def _grouped_table_pays(pixel_channels, bins, od, entries):
+    """Whether the summed-area table beats the grouped direct forward. Costs in 0.05 ns, fitted to the kernels
+    on the doc's cases (serial; ``entries`` = pixels x channels of the images RoIs use): table ~0.25 ns per
+    entry (regroup and integrate) and ~3 ns per bin and 8-channel block; direct ~0.1 ns per entry (regroup),
+    ~4 ns per bin and ~0.25 ns per bin pixel and channel. Measured kernels: R-FCN g7 ~70 us vs ~105 us, g3
+    ~70 us vs ~125 us."""
+    return 5 * entries + 60 * bins * _channel_blocks(od) < 2 * entries + 80 * bins + 5 * pixel_channels
 
 
 _LANES = 8  # channels per vector step of the table kernels (transpose8's block, one 256-bit f32 / 2 f64 registers)
@@ -485,135 +394,349 @@ def _regroup_pixel(x, at, od, groups, line, line_at):
 
 
 @njit(error_model="numpy")
-def _bin_lanes(table, hi_e, hi_s, lo_e, lo_s, col, inv_area, out, top, c0):
-    """``out[top, c0 + j] = ((T[hi_e] - T[hi_s]) - (T[lo_e] - T[lo_s]))[col + j] * inv_area`` for j < 8.
+def _corner_lanes(table, hi_e, hi_s, lo_e, lo_s, inv_area, out, at):
+    """``out[at + j] = ((T[hi_e + j] - T[hi_s + j]) - (T[lo_e + j] - T[lo_s + j])) * inv_area`` for j < 8.
 
     Written out lane by lane, every load before the first store, so the SLP vectoriser (``compile_slp``)
     emits vector code; indices are unsigned so numba adds no negative-index fix-ups that would stop it.
     The row differences are exactly +0 for an empty bin (both corners the same), so empty bins give +0."""
-    t0 = (table[hi_e, col] - table[hi_s, col]) - (table[lo_e, col] - table[lo_s, col])
-    t1 = (table[hi_e, col + _U1] - table[hi_s, col + _U1]) - (table[lo_e, col + _U1] - table[lo_s, col + _U1])
-    t2 = (table[hi_e, col + _U2] - table[hi_s, col + _U2]) - (table[lo_e, col + _U2] - table[lo_s, col + _U2])
-    t3 = (table[hi_e, col + _U3] - table[hi_s, col + _U3]) - (table[lo_e, col + _U3] - table[lo_s, col + _U3])
-    t4 = (table[hi_e, col + _U4] - table[hi_s, col + _U4]) - (table[lo_e, col + _U4] - table[lo_s, col + _U4])
-    t5 = (table[hi_e, col + _U5] - table[hi_s, col + _U5]) - (table[lo_e, col + _U5] - table[lo_s, col + _U5])
-    t6 = (table[hi_e, col + _U6] - table[hi_s, col + _U6]) - (table[lo_e, col + _U6] - table[lo_s, col + _U6])
-    t7 = (table[hi_e, col + _U7] - table[hi_s, col + _U7]) - (table[lo_e, col + _U7] - table[lo_s, col + _U7])
-    out[top, c0] = t0 * inv_area
-    out[top, c0 + _U1] = t1 * inv_area
-    out[top, c0 + _U2] = t2 * inv_area
-    out[top, c0 + _U3] = t3 * inv_area
-    out[top, c0 + _U4] = t4 * inv_area
-    out[top, c0 + _U5] = t5 * inv_area
-    out[top, c0 + _U6] = t6 * inv_area
-    out[top, c0 + _U7] = t7 * inv_area
+    t0 = (table[hi_e] - table[hi_s]) - (table[lo_e] - table[lo_s])
+    t1 = (table[hi_e + _U1] - table[hi_s + _U1]) - (table[lo_e + _U1] - table[lo_s + _U1])
+    t2 = (table[hi_e + _U2] - table[hi_s + _U2]) - (table[lo_e + _U2] - table[lo_s + _U2])
+    t3 = (table[hi_e + _U3] - table[hi_s + _U3]) - (table[lo_e + _U3] - table[lo_s + _U3])
+    t4 = (table[hi_e + _U4] - table[hi_s + _U4]) - (table[lo_e + _U4] - table[lo_s + _U4])
+    t5 = (table[hi_e + _U5] - table[hi_s + _U5]) - (table[lo_e + _U5] - table[lo_s + _U5])
+    t6 = (table[hi_e + _U6] - table[hi_s + _U6]) - (table[lo_e + _U6] - table[lo_s + _U6])
+    t7 = (table[hi_e + _U7] - table[hi_s + _U7]) - (table[lo_e + _U7] - table[lo_s + _U7])
+    out[at] = t0 * inv_area
+    out[at + _U1] = t1 * inv_area
+    out[at + _U2] = t2 * inv_area
+    out[at + _U3] = t3 * inv_area
+    out[at + _U4] = t4 * inv_area
+    out[at + _U5] = t5 * inv_area
+    out[at + _U6] = t6 * inv_area
+    out[at + _U7] = t7 * inv_area
 
 
-def _table_forward(x, rois, edges, per_image, ph_n, pw_n, height, width, out, mapping, template, table, line, dt):
-    """The summed-area-table forward for any output_dim (one compilation per dtype).
+@njit(error_model="numpy")
+def _summed_area_table(x, b, height, width, od, groups, table):
+    """Image b's summed-area table, float64 [(H+1)*(W+1), K*od] flat with a zero top row and left column:
+    entry (y, x, k*od + ctop) is the sum of input channel ``ctop*K + k`` over rows < y and columns < x.
+    Each pixel is regrouped into a line (:func:`_regroup_pixel`) and added to the running row sum; unsigned
+    indices keep the K*od-long loops vector code. Returns whether some plane's total is not finite."""
+    kod = od * groups
+    wide = width + 1
+    line = np.empty(kod, np.float64)
+    running = np.empty(kod, np.float64)
+    u_kod = np.uint64(kod)
+    for j in range(wide * kod):  # top row
+        table[np.uint64(j)] = 0
+    for y in range(height):
+        running[:] = 0
+        above = np.uint64(y * wide) * u_kod
+        here = above + np.uint64(wide) * u_kod
+        for j in range(kod):  # left column
+            table[here + np.uint64(j)] = 0
+        for xx in range(width):
+            _regroup_pixel(x, ((b * height + y) * width + xx) * kod, od, groups, line, 0)
+            up = above + np.uint64(xx + 1) * u_kod
+            at = here + np.uint64(xx + 1) * u_kod
+            for j in range(kod):
+                running[j] += line[j]
+                table[at + np.uint64(j)] = table[up + np.uint64(j)] + running[j]
+    corner = np.uint64(height * wide + width) * u_kod
+    for j in range(kod):
+        v = table[corner + np.uint64(j)]
+        if not (v - v == 0):  # NaN or inf somewhere in the plane (or a float64 overflow)
+            return True
+    return False
 
-    x: input storage as flat NHWC [N*H*W*C] (acc dtype); out: [R*K, od] NHWC rows (acc dtype); mapping: [R, K*od]
-    rows (storage order) filled from ``template``; table: float64 scratch [N*(H+1)*(W+1), K*od]; line: float64
-    scratch [K*od]. Per used image, each pixel is regrouped (:func:`_regroup_pixel`) and integrated into the
-    table; each bin is then 4 corner rows (:func:`_bin_lanes`; od < 8 takes a scalar loop). Planes whose table
-    is not finite (NaN/inf inputs, float64 overflow) are summed directly in the reference's order.
-    ``edges``/``per_image`` come from :func:`_forward_plan` (batch indices already checked)."""
+
+@njit(error_model="numpy")
+def _fill_mapping(mapping, template):
+    """mapping [R, K*od] rows (storage order): every RoI's row is ``template``. An element loop: numba's
+    array-to-slice assignment is ~9x slower here (31 us against 3.6 us for R-FCN g7)."""
+    for i in range(mapping.shape[0]):
+        for e in range(template.shape[0]):
+            mapping[i, e] = template[e]
+
+
+def _table_forward(x, rois, edges, n, ph_n, pw_n, height, width, out, mapping, template, table):
+    """The summed-area-table forward for any output_dim (one compilation per dtype, with SLP).
+
+    x: input storage as flat NHWC [N*H*W*C] (acc dtype); out: flat [R*K*od] NHWC output rows (acc dtype);
+    mapping: [R, K*od] rows (storage order) filled from ``template``; table: float64 scratch
+    [N*(H+1)*(W+1)*K*od]; ``edges`` from :func:`_forward_plan` (batch indices already checked). Each used
+    image gets a summed-area table (:func:`_summed_area_table`); a bin is then its 4 corner rows
+    (:func:`_corner_lanes`, od < 8 a scalar loop). Planes whose table is not finite (NaN/inf inputs, float64
+    overflow) are summed again directly, in the reference's order, so NaN/inf land where the reference puts
+    them."""
+    dt = out.dtype.type
     groups = ph_n * pw_n
     kod = template.shape[0]
     od = kod // groups
-    n = per_image.shape[0]
     r = rois.shape[0]
-    wide = width + 1
+    plane = (height + 1) * (width + 1) * kod
+    per_image = _batch_counts(rois, n)
     image_bad = np.zeros(n, np.bool_)
-    plane_bad = np.zeros((n, kod), np.bool_)
-    running = np.empty(kod, np.float64)
+    any_bad = False
     for b in range(n):
-        if per_image[b] == 0:
-            continue
-        img = b * (height + 1) * wide
-        for at in range(img, img + wide):  # top border
-            for j in range(kod):
-                table[at, j] = 0
-        for y in range(height):
-            running[:] = 0
-            above = img + y * wide
-            here = above + wide
-            for j in range(kod):  # left border
-                table[here, j] = 0
-            for xx in range(width):
-                _regroup_pixel(x, ((b * height + y) * width + xx) * kod, od, groups, line, 0)
-                for j in range(kod):
-                    running[j] += line[j]
-                    table[here + xx + 1, j] = table[above + xx + 1, j] + running[j]
-        corner = img + height * wide + width
-        for j in range(kod):
-            v = table[corner, j]
-            if not (v - v == 0):  # NaN or inf somewhere in the plane
-                plane_bad[b, j] = True
-                image_bad[b] = True
+        if per_image[b] > 0:
+            image_bad[b] = _summed_area_table(x, b, height, width, od, groups, table[b * plane:(b + 1) * plane])
+            any_bad |= image_bad[b]
+    _fill_mapping(mapping, template)
     inverse = np.empty(height * width + 1, np.float64)  # 1/area by lookup: a division per bin is slow
     inverse[0] = 0.0
     for a in range(1, height * width + 1):
         inverse[a] = 1.0 / np.float64(a)
-    u_od = np.uint64(od)
+    u_kod, u_od, u_wide = np.uint64(kod), np.uint64(od), np.uint64(width + 1)
     last = np.uint64(od - _LANES) if od >= _LANES else np.uint64(0)
+    at = np.uint64(0)  # out offset of the current bin
     for i in range(r):
-        for e in range(kod):
-            mapping[i, e] = template[e]
-        b = int(rois[i, 0])
-        img = b * (height + 1) * wide
+        img = np.uint64(int(rois[i, 0])) * np.uint64(height + 1)
         for ph in range(ph_n):
-            hs, he = edges[i, 0, ph], edges[i, 1, ph]
-            lo, hi = img + hs * wide, img + he * wide
+            hs, he = edges[0, ph, i], edges[1, ph, i]
+            lo = (img + np.uint64(hs)) * u_wide * u_kod
+            hi = (img + np.uint64(he)) * u_wide * u_kod
             for pw in range(pw_n):
-                ws, we = edges[i, 2, pw], edges[i, 3, pw]
-                k = ph * pw_n + pw
-                top = np.uint64(i * groups + k)
-                inv_area = inverse[np.uint64((he - hs) * (we - ws))]
-                hi_e, hi_s, lo_e, lo_s = np.uint64(hi + we), np.uint64(hi + ws), np.uint64(lo + we), np.uint64(lo + ws)
-                col = np.uint64(k) * u_od
+                ws, we = edges[2, pw, i], edges[3, pw, i]
+                col = np.uint64(ph * pw_n + pw) * u_od
+                inv_area = inverse[(he - hs) * (we - ws)]
+                c_s, c_e = np.uint64(ws) * u_kod + col, np.uint64(we) * u_kod + col
                 if od == _LANES:  # one block: no loop (the common R-FCN g7 shape)
-                    _bin_lanes(table, hi_e, hi_s, lo_e, lo_s, col, inv_area, out, top, np.uint64(0))
+                    _corner_lanes(table, hi + c_e, hi + c_s, lo + c_e, lo + c_s, inv_area, out, at)
                 elif od > _LANES:
                     for c0 in range(0, od, _LANES):
                         u0 = min(np.uint64(c0), last)
-                        _bin_lanes(table, hi_e, hi_s, lo_e, lo_s, col + u0, inv_area, out, top, u0)
+                        _corner_lanes(table, hi + c_e + u0, hi + c_s + u0, lo + c_e + u0, lo + c_s + u0, inv_area,
+                                      out, at + u0)
                 else:
                     for ctop in range(od):
-                        j = col + np.uint64(ctop)
-                        out[top, ctop] = ((table[hi_e, j] - table[hi_s, j])
-                                          - (table[lo_e, j] - table[lo_s, j])) * inv_area
-                if image_bad[b]:
-                    for ctop in range(od):
-                        if plane_bad[b, k * od + ctop]:  # the reference's own loop and rounding
-                            acc = dt(0.0)
-                            for y in range(hs, he):
-                                for xx in range(ws, we):
-                                    acc += x[((b * height + y) * width + xx) * kod + ctop * groups + k]
-                            area = (he - hs) * (we - ws)
-                            out[top, ctop] = acc / dt(area) if area > 0 else dt(0.0)
+                        j = np.uint64(ctop)
+                        out[at + j] = ((table[hi + c_e + j] - table[hi + c_s + j])
+                                       - (table[lo + c_e + j] - table[lo + c_s + j])) * inv_area
+                at += u_od
+    if any_bad:
+        _redo_bad_planes(x, rois, edges, ph_n, pw_n, height, width, table, image_bad, out, dt)
+
+
+@njit(error_model="numpy")
+def _redo_bad_planes(x, rois, edges, ph_n, pw_n, height, width, table, image_bad, out, dt):
+    """The bins of planes whose summed-area table is not finite, summed as the reference does (same loop, same
+    rounding). A plane is bad when its table's last entry is not finite."""
+    groups = ph_n * pw_n
+    od = out.shape[0] // (rois.shape[0] * groups)
+    kod = groups * od
+    plane = (height + 1) * (width + 1) * kod
+    corner = ((height + 1) * (width + 1) - 1) * kod
+    for i in range(rois.shape[0]):
+        b = int(rois[i, 0])
+        if not image_bad[b]:
+            continue
+        for ph in range(ph_n):
+            hs, he = edges[0, ph, i], edges[1, ph, i]
+            for pw in range(pw_n):
+                ws, we = edges[2, pw, i], edges[3, pw, i]
+                k = ph * pw_n + pw
+                for ctop in range(od):
+                    v = table[b * plane + corner + k * od + ctop]
+                    if v - v == 0:
+                        continue
+                    acc = dt(0.0)
+                    for y in range(hs, he):
+                        for xx in range(ws, we):
+                            acc += x[((b * height + y) * width + xx) * kod + ctop * groups + k]
+                    area = (he - hs) * (we - ws)
+                    out[(i * groups + k) * od + ctop] = acc / dt(area) if area > 0 else dt(0.0)
 
 
 _TABLE_FORWARD = njit(_table_forward, error_model="numpy")
 
 
 @njit(error_model="numpy")
-def _forward_plan(rois, n, od, ph_n, pw_n, scale, height, width, dt, method):
-    """(first bad RoI or -1, bin edges, RoIs per image, whether to use the table) in one call: each numba call
-    costs microseconds, a visible share of the doc's cases."""
+def _summed_area(edges, r, ph_n, pw_n):
+    """Sum over RoIs of their bins' areas (the pixels direct summation visits per output channel)."""
+    total = 0
+    for i in range(r):
+        rows = 0
+        for p in range(ph_n):
+            rows += max(edges[1, p, i] - edges[0, p, i], 0)
+        cols = 0
+        for p in range(pw_n):
+            cols += max(edges[3, p, i] - edges[2, p, i], 0)
+        total += rows * cols
+    return total
+
+
+@njit(error_model="numpy")
+def _images_used(rois, n):
+    counts = _batch_counts(rois, n)
+    used = 0
+    for b in range(n):
+        used += counts[b] > 0
+    return used
+
+
+@njit(error_model="numpy")
+def _new_edges(r, ph_n, pw_n, scale):
+    """Empty bin-edge buffers for :func:`_bin_edges`: starts/sizes [4, R] in scale's dtype, edges int32."""
+    return np.empty((4, r), type(scale)), np.empty((4, max(ph_n, pw_n), r), np.int32)
+
+
+@njit(error_model="numpy")
+def _forward_plan(rois, n, od, ph_n, pw_n, scale, height, width, method):
+    """(first bad RoI or -1, whether to use the table, bin edges) in one call (:func:`_bin_edges`, in the
+    dtype of ``scale``): each numba call costs a microsecond or more, a visible share of the doc's cases."""
+    starts, edges = _new_edges(rois.shape[0], ph_n, pw_n, scale)
     bad = _first_bad_batch(rois, n)
-    edges = _all_edges(rois, ph_n, pw_n, scale, height, width, dt)
     if bad >= 0:
-        return bad, edges, np.zeros(n, np.int64), False
+        return bad, False, edges
+    _bin_edges(rois, ph_n, pw_n, scale, height, width, starts, edges)
+    if method != AUTO:
+        return -1, method == TABLE, edges
+    r = rois.shape[0]
+    entries = _images_used(rois, n) * od * ph_n * pw_n * height * width
+    return -1, _grouped_table_pays(_summed_area(edges, r, ph_n, pw_n) * od, r * ph_n * pw_n, od, entries), edges
+
+
+@njit(error_model="numpy")
+def _add_lanes(table, at, v0, v1, v2, v3, v4, v5, v6, v7):
+    """``table[at + j] += v_j`` for j < 8: all loads, then all stores, so SLP makes it one vector update."""
+    t0, t1, t2, t3 = table[at], table[at + _U1], table[at + _U2], table[at + _U3]
+    t4, t5, t6, t7 = table[at + _U4], table[at + _U5], table[at + _U6], table[at + _U7]
+    table[at] = t0 + v0
+    table[at + _U1] = t1 + v1
+    table[at + _U2] = t2 + v2
+    table[at + _U3] = t3 + v3
+    table[at + _U4] = t4 + v4
+    table[at + _U5] = t5 + v5
+    table[at + _U6] = t6 + v6
+    table[at + _U7] = t7 + v7
+
+
+@njit(error_model="numpy")
+def _scatter_corners(table, hs_s, hs_e, he_s, he_e, grad, g_at, inv_area, skip):
+    """Adds ``v = grad[g_at + j] * inv_area`` (``skip <= j < 8``; lanes below skip add 0) at the corners of a bin
+    of a difference table: +v at (hs, ws) and (he, we), -v at (hs, we) and (he, ws); the 2-D prefix sum of the
+    table then holds v on every pixel of the bin. The corner offsets are distinct for a non-empty bin."""
+    zero = 0.0
+    v0 = grad[g_at] * inv_area if skip <= 0 else zero
+    v1 = grad[g_at + _U1] * inv_area if skip <= 1 else zero
+    v2 = grad[g_at + _U2] * inv_area if skip <= 2 else zero
+    v3 = grad[g_at + _U3] * inv_area if skip <= 3 else zero
+    v4 = grad[g_at + _U4] * inv_area if skip <= 4 else zero
+    v5 = grad[g_at + _U5] * inv_area if skip <= 5 else zero
+    v6 = grad[g_at + _U6] * inv_area if skip <= 6 else zero
+    v7 = grad[g_at + _U7] * inv_area
+    _add_lanes(table, hs_s, v0, v1, v2, v3, v4, v5, v6, v7)
+    _add_lanes(table, hs_e, -v0, -v1, -v2, -v3, -v4, -v5, -v6, -v7)
+    _add_lanes(table, he_s, -v0, -v1, -v2, -v3, -v4, -v5, -v6, -v7)
+    _add_lanes(table, he_e, v0, v1, v2, v3, v4, v5, v6, v7)
+
+
+def _table_backward(grad, rois, edges, ph_n, pw_n, height, width, rows, table, cover):
+    """The difference-table backward for the forward's mapping_channel (one compilation per dtype, with SLP).
+
+    grad: top_grad as flat [R*K*od] NHWC rows (acc dtype); rows: bottom_grad as [N*H*W, C] NHWC rows (acc
+    dtype); table: float64 scratch [(H+2)*(W+1)*K*od]; cover: int32 scratch [(H+2)*(W+1)*K]. Per used image,
+    every bin adds ``top_grad / area`` (8 channels at a time) at its 4 corners of the table and +-1 at the
+    corners of ``cover``; one 2-D prefix sum then gives each pixel its summed gradient, and the coverage count
+    makes pixels under no bin exactly 0. Each pixel's [K, od] values are written out in the input's channel
+    order (ctop*K + k, register transposes). Row 0 of the tables is a zero row above the image, so the prefix
+    needs no test for the first row. Returns -1, or USE_DIRECT when a table is not finite (NaN/inf gradients,
+    float64 overflow): the direct scatter then reproduces the reference's NaN/inf, overwriting everything."""
+    n = rows.shape[0] // (height * width)
+    c = rows.shape[1]
+    groups = ph_n * pw_n
+    od = c // groups
+    r = rois.shape[0]
     per_image = _batch_counts(rois, n)
-    use_table = method == TABLE
-    if method == AUTO:
-        used = 0
-        for b in range(n):
-            used += per_image[b] > 0
-        use_table = _grouped_table_pays(_summed_area(edges, rois.shape[0], ph_n, pw_n) * od,
-                                        used * od * ph_n * pw_n * (height + 1) * (width + 1))
-    return -1, edges, per_image, use_table
+    inverse = np.empty(height * width + 1, np.float64)
+    inverse[0] = 0.0
+    for a in range(1, height * width + 1):
+        inverse[a] = 1.0 / np.float64(a)
+    wide = width + 1
+    u_c, u_od, u_k, u_wide = np.uint64(c), np.uint64(od), np.uint64(groups), np.uint64(wide)
+    last_block = np.uint64(od - _LANES) if od >= _LANES else np.uint64(0)
+    running = np.empty(c, np.float64)
+    running_cover = np.empty(groups, np.int32)
+    line = np.empty(c, np.float64)
+    flat = rows.reshape(rows.shape[0] * c)
+    for b in range(n):
+        first = b * height * width
+        if per_image[b] == 0:
+            rows[first:first + height * width, :] = 0
+            continue
+        table[:] = 0
+        cover[:] = 0
+        for i in range(r):
+            if int(rois[i, 0]) != b:
+                continue
+            for ph in range(ph_n):
+                hs, he = edges[0, ph, i], edges[1, ph, i]
+                top_row, bottom_row = np.uint64(hs + 1) * u_wide, np.uint64(he + 1) * u_wide
+                for pw in range(pw_n):
+                    ws, we = edges[2, pw, i], edges[3, pw, i]
+                    if he <= hs or we <= ws:
+                        continue
+                    inv_area = inverse[(he - hs) * (we - ws)]
+                    k = np.uint64(ph * pw_n + pw)
+                    corners = (top_row + np.uint64(ws), top_row + np.uint64(we),
+                               bottom_row + np.uint64(ws), bottom_row + np.uint64(we))
+                    cover[corners[0] * u_k + k] += 1
+                    cover[corners[1] * u_k + k] -= 1
+                    cover[corners[2] * u_k + k] -= 1
+                    cover[corners[3] * u_k + k] += 1
+                    g_at = (np.uint64(i * groups) + k) * u_od
+                    c_hs_s, c_hs_e = corners[0] * u_c + k * u_od, corners[1] * u_c + k * u_od
+                    c_he_s, c_he_e = corners[2] * u_c + k * u_od, corners[3] * u_c + k * u_od
+                    if od == _LANES:  # one block, no loop: a loop here is rerolled into scalar code by LLVM
+                        _scatter_corners(table, c_hs_s, c_hs_e, c_he_s, c_he_e, grad, g_at, inv_area, 0)
+                    elif od > _LANES:  # the last block overlaps the one before; its first lanes add 0
+                        for c0 in range(0, od, _LANES):
+                            u0 = min(np.uint64(c0), last_block)
+                            _scatter_corners(table, c_hs_s + u0, c_hs_e + u0, c_he_s + u0, c_he_e + u0, grad,
+                                             g_at + u0, inv_area, c0 - int(u0))
+                    else:
+                        for ctop in range(od):
+                            u0 = np.uint64(ctop)
+                            v = grad[g_at + u0] * inv_area
+                            table[c_hs_s + u0] += v
+                            table[c_hs_e + u0] -= v
+                            table[c_he_s + u0] -= v
+                            table[c_he_e + u0] += v
+        for y in range(height):
+            running[:] = 0
+            running_cover[:] = 0
+            for xx in range(width):
+                at = np.uint64((y + 1) * wide + xx)
+                up = at - u_wide
+                for j in range(c):
+                    running[j] += table[at * u_c + np.uint64(j)]
+                    table[at * u_c + np.uint64(j)] = table[up * u_c + np.uint64(j)] + running[j]
+                covered = True
+                for k in range(groups):
+                    running_cover[k] += cover[at * u_k + np.uint64(k)]
+                    cover[at * u_k + np.uint64(k)] = cover[up * u_k + np.uint64(k)] + running_cover[k]
+                    covered &= cover[at * u_k + np.uint64(k)] > 0
+                pixel = (first + y * width + xx) * c
+                if covered:
+                    _regroup_pixel(table, int(at) * c, groups, od, flat, pixel)
+                else:  # groups no bin covers get exactly 0, not the table's rounding residue
+                    for k in range(groups):
+                        keep = cover[at * u_k + np.uint64(k)] > 0
+                        for ctop in range(od):
+                            line[k * od + ctop] = table[at * u_c + np.uint64(k * od + ctop)] if keep else 0.0
+                    _regroup_pixel(line, 0, groups, od, flat, pixel)
+        last = np.uint64(height * wide + width - 1) * u_c  # the last pixel: every bin's first corner reaches it
+        for j in range(c):
+            v = table[last + np.uint64(j)]
+            if not (v - v == 0):
+                return USE_DIRECT
+    return -1
+
+
+_TABLE_BACKWARD = njit(_table_backward, error_model="numpy")
 
 
 _GROUPED = {}  # output_dim -> compiled grouped forward
@@ -628,14 +751,15 @@ def _grouped_forward(od: int):
         return kernel
     OD = od
 
-    def grouped_forward(x, xr, rois, edges, per_image, ph_n, pw_n, height, width, out, mapping, template, dt):
+    def grouped_forward(x, xr, rois, edges, n, ph_n, pw_n, height, width, out, mapping, template):
         """x: input storage as flat NHWC [N*H*W*C]; xr: scratch [N*H*W*K*OD] (acc dtype) that receives the
         input regrouped so that channel ctop*K + k sits at [.., k*OD + ctop] (one contiguous run of OD per
         pixel and bin); out: [R*K, OD] NHWC rows; mapping: [R, K*OD] rows (storage order); template: one
-        RoI's mapping row; edges/per_image from :func:`_forward_plan`.
+        RoI's mapping row; edges from :func:`_forward_plan`.
 
         Sums every bin pixel by pixel, rows then columns, from 0, as the reference: the same bits."""
-        n = per_image.shape[0]
+        dt = out.dtype.type
+        per_image = _batch_counts(rois, n)
         groups = ph_n * pw_n
         kod = groups * OD
         for b in range(n):  # images no RoI reads are not regrouped
@@ -644,16 +768,13 @@ def _grouped_forward(od: int):
             for p in range(b * height * width, (b + 1) * height * width):
                 _regroup_pixel(x, p * kod, OD, groups, xr, p * kod)
         cells = xr.reshape(n * height * width * groups, OD)
-        r = rois.shape[0]
-        for i in range(r):
-            for e in range(kod):
-                mapping[i, e] = template[e]
-        for i in range(r):
+        _fill_mapping(mapping, template)
+        for i in range(rois.shape[0]):
             b = int(rois[i, 0])
             for ph in range(ph_n):
-                hs, he = edges[i, 0, ph], edges[i, 1, ph]
+                hs, he = edges[0, ph, i], edges[1, ph, i]
                 for pw in range(pw_n):
-                    ws, we = edges[i, 2, pw], edges[i, 3, pw]
+                    ws, we = edges[2, pw, i], edges[3, pw, i]
                     k = ph * pw_n + pw
                     top = i * groups + k
                     for ctop in range(OD):
@@ -675,7 +796,6 @@ def _grouped_forward(od: int):
     return kernel
 
 
-_BACKWARD_TABLE = njit_variants(_backward_table_kernel, error_model="numpy")
 _BACKWARD_CANONICAL = njit_variants(_backward_canonical, error_model="numpy")
 _BACKWARD_ANY = njit_variants(_backward_any, error_model="numpy")
 
@@ -731,72 +851,80 @@ def _acc_target(out: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
     return out if out.dtype == acc else torch.empty_like(out, dtype=acc)
 
 
-def _rois64(rois: torch.Tensor) -> np.ndarray:
-    return rois.detach().to(torch.float64).contiguous().numpy()
-
-
 @functools.lru_cache(maxsize=64)
-def _mapping_template(od: int, ph_n: int, pw_n: int, ms) -> np.ndarray:
-    """One RoI's mapping_channel (channel ``ctop*K + k``) in the storage order given by the strides ``ms``."""
+def _mapping_template(od: int, ph_n: int, pw_n: int, nhwc: bool) -> np.ndarray:
+    """One RoI's mapping_channel (channel ``ctop*K + k``) in storage order: [PH, PW, od] (NHWC) or [od, PH, PW]."""
     groups = ph_n * pw_n
-    template = np.empty(od * groups, np.int32)
-    for ctop in range(od):
-        for k in range(groups):
-            template[ctop * ms[1] + (k // pw_n) * ms[2] + (k % pw_n) * ms[3]] = ctop * groups + k
-    return template
+    channels = np.arange(od * groups, dtype=np.int32)
+    return np.ascontiguousarray(channels.reshape(od, groups).T).reshape(-1) if nhwc else channels
 
 
-def _call_table_forward(args, dt) -> None:
-    """The table kernel, compiled with the SLP vectoriser on (:func:`compile_slp`) on first use per
-    accumulation dtype: :func:`forward` builds every other argument the same way (C-contiguous arrays,
-    ints), so ``dt`` alone tells the signatures apart, and the per-call check stays one set lookup."""
-    if dt not in _SLP_COMPILED:
+def _call_table_forward(args) -> None:
+    """The table kernel, compiled with the SLP vectoriser on (:func:`compile_slp`) on first use per (accumulation
+    dtype, rois dtype): :func:`forward` builds every other argument the same way (C-contiguous arrays, ints),
+    so those two tell the signatures apart, and the per-call check stays one set lookup."""
+    key = (args[8].dtype, args[1].dtype)
+    if key not in _SLP_COMPILED:
         import numba
         compile_slp(_TABLE_FORWARD, tuple(numba.typeof(a) for a in args))
-        _SLP_COMPILED.add(dt)
+        _SLP_COMPILED.add(key)
     _TABLE_FORWARD(*args)
 
 
-_SLP_COMPILED = set()  # accumulation dtypes whose table kernel was compiled with SLP
+_SLP_COMPILED = set()  # (accumulation dtype, rois dtype) pairs whose table kernel was compiled with SLP
+
+
+def _rois_array(rois: torch.Tensor) -> np.ndarray:
+    """rois as a C-contiguous float32/float64 numpy array (no copy when it already is one; float16/bfloat16
+    widen to float32 exactly)."""
+    rois = rois.detach()
+    if rois.dtype not in (torch.float32, torch.float64):
+        rois = rois.to(torch.float32)
+    return (rois if rois.is_contiguous() else rois.contiguous()).numpy()
+
+
+def _nhwc_flat(x: torch.Tensor) -> np.ndarray:
+    """The elements of a logical-NCHW tensor in NHWC order, as a flat numpy array (a copy unless NHWC-dense)."""
+    x = x.permute(0, 2, 3, 1)
+    return (x if x.is_contiguous() else x.contiguous()).numpy().reshape(-1)
 
 
 def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout="NCHW"):
     """As :func:`cpu.forward`; the caller checked ``supports`` and non-empty tensors."""
     n, c, h, w = input.shape
-    r = rois.shape[0]
-    groups = pooled_height * pooled_width
+    r, ph_n, pw_n, od = rois.shape[0], pooled_height, pooled_width, output_dim
     acc = torch.float64 if input.dtype == torch.float64 else torch.float32
     dt = _np_dtype(acc)
     x = input.detach()
-    x = x if x.dtype == acc else x.to(acc)
-    x_flat = x.permute(0, 2, 3, 1).reshape(n * h * w * c).numpy()  # NHWC storage (a copy for NCHW input)
-    shape = (r, output_dim, pooled_height, pooled_width)
-    output = empty_nchw(shape, out_layout, like=input)
-    mapping = empty_nchw(shape, out_layout, like=input.new_empty(0, dtype=torch.int32))
-    # the kernels write [R*PH*PW, od] rows: the output's own storage when it is NHWC in the acc dtype
+    x_flat = _nhwc_flat(x if x.dtype == acc else x.to(acc))
     nhwc = out_layout == "NHWC"
+    stored = (r, ph_n, pw_n, od) if nhwc else (r, od, ph_n, pw_n)
+    output = torch.empty(stored, dtype=input.dtype, device=input.device)
+    mapping = torch.empty(stored, dtype=torch.int32, device=input.device)
+    # the kernels write [R*PH*PW, od] rows: the output's own storage when it is NHWC in the acc dtype
     in_place = nhwc and output.dtype == acc
-    rows = output.permute(0, 2, 3, 1).numpy().reshape(r * groups, output_dim) if in_place \
-        else _scratch("rows", (r * groups, output_dim), dt)
-    map_rows = (mapping.permute(0, 2, 3, 1) if nhwc else mapping).numpy().reshape(r, output_dim * groups)
-    template = _mapping_template(output_dim, pooled_height, pooled_width, tuple(mapping.stride()))
-    rois64 = _rois64(rois)
-    bad, edges, per_image, use_table = _forward_plan(rois64, n, output_dim, pooled_height, pooled_width,
-                                                     dt(spatial_scale), h, w, dt, METHOD)
+    rows = output.numpy().reshape(-1) if in_place else _scratch("rows", (r * ph_n * pw_n * od,), dt)
+    map_rows = mapping.numpy().reshape(r, od * ph_n * pw_n)
+    template = _mapping_template(od, ph_n, pw_n, nhwc)
+    rois_np = _rois_array(rois)
+    bad, use_table, edges = _forward_plan(rois_np, n, od, ph_n, pw_n, dt(spatial_scale), h, w, METHOD)
     if bad >= 0:
         checks.check_batch_indices(checks.OP, rois, n)  # raises, naming the RoI
     if use_table:
-        _call_table_forward((x_flat, rois64, edges, per_image, pooled_height, pooled_width, h, w, rows, map_rows,
-                             template, _scratch("table", (n * (h + 1) * (w + 1), c)), _scratch("line", (c,)), dt), dt)
+        _call_table_forward((x_flat, rois_np, edges, n, ph_n, pw_n, h, w, rows, map_rows, template,
+                             _scratch("table", ((h + 1) * (w + 1) * n * c,))))
     else:
-        _grouped_forward(output_dim)(x_flat, _scratch("grouped", (n * h * w * c,), dt), rois64, edges, per_image,
-                                     pooled_height, pooled_width, h, w, rows, map_rows, template, dt)
+        _grouped_forward(od)(x_flat, _scratch("grouped", (n * h * w * c,), dt), rois_np, edges, n, ph_n, pw_n, h, w,
+                             rows.reshape(r * ph_n * pw_n, od), map_rows, template)
     if not in_place:  # one rounding to the output dtype, as the reference
-        output.copy_(torch.from_numpy(rows).view(r, pooled_height, pooled_width, output_dim).permute(0, 3, 1, 2))
+        rows_nchw = torch.from_numpy(rows).view(r, ph_n, pw_n, od).permute(0, 3, 1, 2)
+        (output.permute(0, 3, 1, 2) if nhwc else output).copy_(rows_nchw)
+    if nhwc:
+        return output.permute(0, 3, 1, 2), mapping.permute(0, 3, 1, 2)
     return output, mapping
 
 
-def _backward_direct(top_grad, edges, rois64, scale, b_flat, b_strides, shape, dt, work):
+def _backward_direct(top_grad, edges, rois_np, b_flat, b_strides, shape, dt, work):
     """The direct backward for the forward's mapping_channel: ``top_grad / area`` per bin, then the scatter."""
     r, od, ph_n, pw_n = top_grad.shape
     n, c, h, w = shape
@@ -805,47 +933,65 @@ def _backward_direct(top_grad, edges, rois64, scale, b_flat, b_strides, shape, d
         grad = grad.contiguous()
     diffs = _scratch("diffs", (r * ph_n * pw_n, od), dt)
     acc = _scratch("acc", (n * h * w * ph_n * pw_n, od), dt)
-    return _variant(_BACKWARD_CANONICAL, work)(edges, rois64, ph_n, pw_n, grad.numpy().reshape(r * ph_n * pw_n, od),
-                                               diffs, dt, b_flat, b_strides, shape, acc, b_flat.reshape(n * h * w, c))
+    _variant(_BACKWARD_CANONICAL, work)(edges, rois_np, ph_n, pw_n, grad.numpy().reshape(r * ph_n * pw_n, od), diffs,
+                                        b_flat, b_strides, shape, acc, b_flat.reshape(n * h * w, c))
+
+
+def _call_table_backward(args) -> None:
+    """The difference-table kernel, compiled with SLP on first use per (acc dtype, rois dtype), as
+    :func:`_call_table_forward`."""
+    key = (args[0].dtype, args[1].dtype)
+    if key not in _SLP_COMPILED_BACKWARD:
+        import numba
+        compile_slp(_TABLE_BACKWARD, tuple(numba.typeof(a) for a in args))
+        _SLP_COMPILED_BACKWARD.add(key)
+    return _TABLE_BACKWARD(*args)
+
+
+_SLP_COMPILED_BACKWARD = set()
 
 
 def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, out_layout="NCHW",
              trusted_mapping=False):
     """As :func:`cpu.backward`; the caller checked ``supports`` and non-empty tensors."""
     n, c, h, w = input_shape
+    r, od, ph_n, pw_n = top_shape = tuple(top_grad.shape)
     acc = torch.float64 if top_grad.dtype == torch.float64 else torch.float32
     dt = _np_dtype(acc)
-    g, g_flat, g_strides = _flat(top_grad if top_grad.dtype == acc else top_grad.to(acc))
+    g = top_grad if top_grad.dtype == acc else top_grad.to(acc)
     bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad)
     target = _acc_target(bottom, acc)
     _, b_flat, b_strides = _flat(target)
-    rois64 = _rois64(rois)
-    top_shape = tuple(top_grad.shape)
-    work = top_grad.numel() // (top_shape[2] * top_shape[3]) * h * w + bottom.numel()  # as forward + zeroing
     canonical = trusted_mapping
     if not canonical:
         _, m_flat, m_strides = _flat(mapping_channel)
-        canonical = _count_foreign(m_flat, m_strides, top_shape) == 0
-    scale = dt(spatial_scale)
-    if canonical:
-        bad = _first_bad_batch(rois64, n)
-        if bad < 0:
-            r, od, ph_n, pw_n = top_shape
-            edges, table_pays = _backward_plan(rois64, n, c, ph_n, pw_n, scale, h, w, dt)
-            use_table = METHOD == TABLE or (METHOD == AUTO and table_pays)
-            bad = USE_DIRECT
-            if use_table:  # still USE_DIRECT for non-finite gradients
-                bad = _variant(_BACKWARD_TABLE, 3 * bottom.numel() + 8 * top_grad.numel())(
-                    g_flat, g_strides, top_shape, rois64, scale, b_flat, b_strides, (n, c, h, w), dt, TABLE)
-            if bad == USE_DIRECT:
-                bad = _backward_direct(g, edges, rois64, scale, b_flat, b_strides, (n, c, h, w), dt, work)
-    else:
-        checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
-        kernel = _variant(_BACKWARD_ANY, work)
-        bad = kernel(g_flat, g_strides, top_shape, rois64, m_flat, m_strides, scale, b_flat, b_strides, (n, c, h, w),
-                     dt)
+        canonical = _is_forward_mapping(m_flat, m_strides, top_shape)
+        if not canonical:
+            checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
+    rois_np = _rois_array(rois)
+    bad, use_table, edges = _backward_plan(rois_np, n, c, ph_n, pw_n, dt(spatial_scale), h, w,
+                                           METHOD if canonical else DIRECT)
     if bad >= 0:
         checks.check_batch_indices(checks.OP_BACKWARD, rois, n)  # raises, naming the RoI
+    work = r * od * h * w + bottom.numel()  # as forward + zeroing
+    if not canonical:
+        _, g_flat, g_strides = _flat(g)
+        _variant(_BACKWARD_ANY, work)(g_flat, g_strides, top_shape, rois_np, edges, m_flat, m_strides, b_flat,
+                                      b_strides, (n, c, h, w))
+    else:
+        status = USE_DIRECT
+        if use_table:  # the kernel writes NHWC rows: the target's own storage when it is NHWC
+            in_place = target.is_contiguous(memory_format=torch.channels_last)
+            rows = b_flat.reshape(n * h * w, c) if in_place else _scratch("bottom_rows", (n * h * w, c), dt)
+            grad_rows = g.permute(0, 2, 3, 1)
+            grad_rows = (grad_rows if grad_rows.is_contiguous() else grad_rows.contiguous()).numpy().reshape(-1)
+            status = _call_table_backward((grad_rows, rois_np, edges, ph_n, pw_n, h, w, rows,
+                                           _scratch("table", ((h + 2) * (w + 1) * c,)),
+                                           _scratch("cover", ((h + 2) * (w + 1) * ph_n * pw_n,), np.int32)))
+            if status != USE_DIRECT and not in_place:
+                target.copy_(torch.from_numpy(rows).view(n, h, w, c).permute(0, 3, 1, 2))
+        if status == USE_DIRECT:
+            _backward_direct(g, edges, rois_np, b_flat, b_strides, (n, c, h, w), dt, work)
     if target is not bottom:
         bottom.copy_(target)
     return bottom
