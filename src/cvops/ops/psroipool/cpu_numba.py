@@ -347,18 +347,17 @@ def _backward_table_pays(pixel_channels, bins, od, entries):
 
 
 @njit(error_model="numpy")
-def _backward_plan(rois, n, c, ph_n, pw_n, scale, height, width, method):
-    """(first bad RoI or -1, whether to use the difference tables, bin edges) in one call."""
-    starts, edges = _new_edges(rois.shape[0], ph_n, pw_n, scale)
+def _backward_plan(rois, n, c, ph_n, pw_n, scale, height, width, method, edges):
+    """(first bad RoI or -1, whether to use the difference tables) in one call, filling ``edges``."""
     bad = _first_bad_batch(rois, n)
     if bad >= 0:
-        return bad, False, edges
-    _bin_edges(rois, ph_n, pw_n, scale, height, width, starts, edges)
+        return bad, False
+    _bin_edges(rois, ph_n, pw_n, scale, height, width, np.empty((4, rois.shape[0]), type(scale)), edges)
     if method != AUTO:
-        return -1, method == TABLE, edges
+        return -1, method == TABLE
     r, od = rois.shape[0], c // (ph_n * pw_n)
     return -1, _backward_table_pays(_summed_area(edges, r, ph_n, pw_n) * od, r * ph_n * pw_n, od,
-                                    _images_used(rois, n) * c * height * width), edges
+                                    _images_used(rois, n) * c * height * width)
 
 
 @njit(error_model="numpy")
@@ -555,16 +554,19 @@ _TABLE_FORWARD = njit(_table_forward, error_model="numpy")
 
 @njit(error_model="numpy")
 def _summed_area(edges, r, ph_n, pw_n):
-    """Sum over RoIs of their bins' areas (the pixels direct summation visits per output channel)."""
+    """Sum over RoIs of their bins' areas (the pixels direct summation visits per output channel). RoI-inner
+    loops, as in :func:`_axis_edges`, so it is vector code."""
+    rows = np.zeros(r, np.int64)
+    cols = np.zeros(r, np.int64)
+    for p in range(ph_n):
+        for i in range(r):
+            rows[i] += max(edges[1, p, i] - edges[0, p, i], 0)
+    for p in range(pw_n):
+        for i in range(r):
+            cols[i] += max(edges[3, p, i] - edges[2, p, i], 0)
     total = 0
     for i in range(r):
-        rows = 0
-        for p in range(ph_n):
-            rows += max(edges[1, p, i] - edges[0, p, i], 0)
-        cols = 0
-        for p in range(pw_n):
-            cols += max(edges[3, p, i] - edges[2, p, i], 0)
-        total += rows * cols
+        total += rows[i] * cols[i]
     return total
 
 
@@ -578,25 +580,19 @@ def _images_used(rois, n):
 
 
 @njit(error_model="numpy")
-def _new_edges(r, ph_n, pw_n, scale):
-    """Empty bin-edge buffers for :func:`_bin_edges`: starts/sizes [4, R] in scale's dtype, edges int32."""
-    return np.empty((4, r), type(scale)), np.empty((4, max(ph_n, pw_n), r), np.int32)
-
-
-@njit(error_model="numpy")
-def _forward_plan(rois, n, od, ph_n, pw_n, scale, height, width, method):
-    """(first bad RoI or -1, whether to use the table, bin edges) in one call (:func:`_bin_edges`, in the
-    dtype of ``scale``): each numba call costs a microsecond or more, a visible share of the doc's cases."""
-    starts, edges = _new_edges(rois.shape[0], ph_n, pw_n, scale)
+def _forward_plan(rois, n, od, ph_n, pw_n, scale, height, width, method, edges):
+    """(first bad RoI or -1, whether to use the table) in one call, filling ``edges`` (:func:`_bin_edges`, in the
+    dtype of ``scale``): each numba call costs a microsecond or more, a visible share of the doc's cases, and
+    returning a new array from one costs a few more (so ``edges`` is the caller's scratch)."""
     bad = _first_bad_batch(rois, n)
     if bad >= 0:
-        return bad, False, edges
-    _bin_edges(rois, ph_n, pw_n, scale, height, width, starts, edges)
+        return bad, False
+    _bin_edges(rois, ph_n, pw_n, scale, height, width, np.empty((4, rois.shape[0]), type(scale)), edges)
     if method != AUTO:
-        return -1, method == TABLE, edges
+        return -1, method == TABLE
     r = rois.shape[0]
     entries = _images_used(rois, n) * od * ph_n * pw_n * height * width
-    return -1, _grouped_table_pays(_summed_area(edges, r, ph_n, pw_n) * od, r * ph_n * pw_n, od, entries), edges
+    return -1, _grouped_table_pays(_summed_area(edges, r, ph_n, pw_n) * od, r * ph_n * pw_n, od, entries)
 
 
 @njit(error_model="numpy")
@@ -883,6 +879,11 @@ def _rois_array(rois: torch.Tensor) -> np.ndarray:
     return (rois if rois.is_contiguous() else rois.contiguous()).numpy()
 
 
+def _edges_scratch(r: int, ph_n: int, pw_n: int) -> np.ndarray:
+    """Scratch for the bin edges (int32 [4, max(PH, PW), R], see :func:`_bin_edges`)."""
+    return _scratch("edges", (4, max(ph_n, pw_n), r), np.int32)
+
+
 def _nhwc_flat(x: torch.Tensor) -> np.ndarray:
     """The elements of a logical-NCHW tensor in NHWC order, as a flat numpy array (a copy unless NHWC-dense)."""
     x = x.permute(0, 2, 3, 1)
@@ -907,7 +908,8 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     map_rows = mapping.numpy().reshape(r, od * ph_n * pw_n)
     template = _mapping_template(od, ph_n, pw_n, nhwc)
     rois_np = _rois_array(rois)
-    bad, use_table, edges = _forward_plan(rois_np, n, od, ph_n, pw_n, dt(spatial_scale), h, w, METHOD)
+    edges = _edges_scratch(r, ph_n, pw_n)
+    bad, use_table = _forward_plan(rois_np, n, od, ph_n, pw_n, dt(spatial_scale), h, w, METHOD, edges)
     if bad >= 0:
         checks.check_batch_indices(checks.OP, rois, n)  # raises, naming the RoI
     if use_table:
@@ -969,8 +971,9 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
         if not canonical:
             checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
     rois_np = _rois_array(rois)
-    bad, use_table, edges = _backward_plan(rois_np, n, c, ph_n, pw_n, dt(spatial_scale), h, w,
-                                           METHOD if canonical else DIRECT)
+    edges = _edges_scratch(r, ph_n, pw_n)
+    bad, use_table = _backward_plan(rois_np, n, c, ph_n, pw_n, dt(spatial_scale), h, w,
+                                    METHOD if canonical else DIRECT, edges)
     if bad >= 0:
         checks.check_batch_indices(checks.OP_BACKWARD, rois, n)  # raises, naming the RoI
     work = r * od * h * w + bottom.numel()  # as forward + zeroing
