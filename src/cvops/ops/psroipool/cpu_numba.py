@@ -347,20 +347,6 @@ def _backward_table_pays(pixel_channels, bins, od, entries):
 
 
 @njit(error_model="numpy")
-def _backward_plan(rois, n, c, ph_n, pw_n, scale, height, width, method, edges):
-    """(first bad RoI or -1, whether to use the difference tables) in one call, filling ``edges``."""
-    bad = _first_bad_batch(rois, n)
-    if bad >= 0:
-        return bad, False
-    _bin_edges(rois, ph_n, pw_n, scale, height, width, np.empty((4, rois.shape[0]), type(scale)), edges)
-    if method != AUTO:
-        return -1, method == TABLE
-    r, od = rois.shape[0], c // (ph_n * pw_n)
-    return -1, _backward_table_pays(_summed_area(edges, r, ph_n, pw_n) * od, r * ph_n * pw_n, od,
-                                    _images_used(rois, n) * c * height * width)
-
-
-@njit(error_model="numpy")
 def _grouped_table_pays(pixel_channels, bins, od, entries):
     """Whether the summed-area table beats the grouped direct forward. Costs in 0.05 ns, fitted to the kernels
     on the doc's cases (serial; ``entries`` = pixels x channels of the images RoIs use): table ~0.25 ns per
@@ -452,6 +438,16 @@ def _summed_area_table(x, b, height, width, od, groups, table):
 
 
 @njit(error_model="numpy")
+def _inverse_areas(largest):
+    """``1/area`` (float64) for areas 0..largest, 0 for an empty bin: a lookup, as a division per bin is slow."""
+    inverse = np.empty(largest + 1, np.float64)
+    inverse[0] = 0.0
+    for a in range(1, largest + 1):
+        inverse[a] = 1.0 / np.float64(a)
+    return inverse
+
+
+@njit(error_model="numpy")
 def _fill_mapping(mapping, template):
     """mapping [R, K*od] rows (storage order): every RoI's row is ``template``. An element loop: numba's
     array-to-slice assignment is ~9x slower here (31 us against 3.6 us for R-FCN g7)."""
@@ -465,7 +461,7 @@ def _table_forward(x, rois, edges, n, ph_n, pw_n, height, width, out, mapping, t
 
     x: input storage as flat NHWC [N*H*W*C] (acc dtype); out: flat [R*K*od] NHWC output rows (acc dtype);
     mapping: [R, K*od] rows (storage order) filled from ``template``; table: float64 scratch
-    [N*(H+1)*(W+1)*K*od]; ``edges`` from :func:`_forward_plan` (batch indices already checked). Each used
+    [N*(H+1)*(W+1)*K*od]; ``edges`` from :func:`_plan` (batch indices already checked). Each used
     image gets a summed-area table (:func:`_summed_area_table`); a bin is then its 4 corner rows
     (:func:`_corner_lanes`, od < 8 a scalar loop). Planes whose table is not finite (NaN/inf inputs, float64
     overflow) are summed again directly, in the reference's order, so NaN/inf land where the reference puts
@@ -484,10 +480,7 @@ def _table_forward(x, rois, edges, n, ph_n, pw_n, height, width, out, mapping, t
             image_bad[b] = _summed_area_table(x, b, height, width, od, groups, table[b * plane:(b + 1) * plane])
             any_bad |= image_bad[b]
     _fill_mapping(mapping, template)
-    inverse = np.empty(height * width + 1, np.float64)  # 1/area by lookup: a division per bin is slow
-    inverse[0] = 0.0
-    for a in range(1, height * width + 1):
-        inverse[a] = 1.0 / np.float64(a)
+    inverse = _inverse_areas(height * width)
     u_kod, u_od, u_wide = np.uint64(kod), np.uint64(od), np.uint64(width + 1)
     last = np.uint64(od - _LANES) if od >= _LANES else np.uint64(0)
     at = np.uint64(0)  # out offset of the current bin
@@ -580,10 +573,11 @@ def _images_used(rois, n):
 
 
 @njit(error_model="numpy")
-def _forward_plan(rois, n, od, ph_n, pw_n, scale, height, width, method, edges):
-    """(first bad RoI or -1, whether to use the table) in one call, filling ``edges`` (:func:`_bin_edges`, in the
-    dtype of ``scale``): each numba call costs a microsecond or more, a visible share of the doc's cases, and
-    returning a new array from one costs a few more (so ``edges`` is the caller's scratch)."""
+def _plan(rois, n, od, ph_n, pw_n, scale, height, width, method, edges, backward):
+    """(first bad RoI or -1, whether to use the tables) for the forward or the backward, in one call, filling
+    ``edges`` (:func:`_bin_edges`, in the dtype of ``scale``): each numba call costs a microsecond or more, a
+    visible share of the doc's cases, and returning a new array from one costs a few more (so ``edges`` is
+    the caller's scratch)."""
     bad = _first_bad_batch(rois, n)
     if bad >= 0:
         return bad, False
@@ -591,8 +585,11 @@ def _forward_plan(rois, n, od, ph_n, pw_n, scale, height, width, method, edges):
     if method != AUTO:
         return -1, method == TABLE
     r = rois.shape[0]
+    pixel_channels = _summed_area(edges, r, ph_n, pw_n) * od
     entries = _images_used(rois, n) * od * ph_n * pw_n * height * width
-    return -1, _grouped_table_pays(_summed_area(edges, r, ph_n, pw_n) * od, r * ph_n * pw_n, od, entries)
+    if backward:
+        return -1, _backward_table_pays(pixel_channels, r * ph_n * pw_n, od, entries)
+    return -1, _grouped_table_pays(pixel_channels, r * ph_n * pw_n, od, entries)
 
 
 @njit(error_model="numpy")
@@ -647,10 +644,7 @@ def _table_backward(grad, rois, edges, ph_n, pw_n, height, width, rows, table, c
     od = c // groups
     r = rois.shape[0]
     per_image = _batch_counts(rois, n)
-    inverse = np.empty(height * width + 1, np.float64)
-    inverse[0] = 0.0
-    for a in range(1, height * width + 1):
-        inverse[a] = 1.0 / np.float64(a)
+    inverse = _inverse_areas(height * width)
     wide = width + 1
     u_c, u_od, u_k, u_wide = np.uint64(c), np.uint64(od), np.uint64(groups), np.uint64(wide)
     last_block = np.uint64(od - _LANES) if od >= _LANES else np.uint64(0)
@@ -751,7 +745,7 @@ def _grouped_forward(od: int):
         """x: input storage as flat NHWC [N*H*W*C]; xr: scratch [N*H*W*K*OD] (acc dtype) that receives the
         input regrouped so that channel ctop*K + k sits at [.., k*OD + ctop] (one contiguous run of OD per
         pixel and bin); out: [R*K, OD] NHWC rows; mapping: [R, K*OD] rows (storage order); template: one
-        RoI's mapping row; edges from :func:`_forward_plan`.
+        RoI's mapping row; edges from :func:`_plan`.
 
         Sums every bin pixel by pixel, rows then columns, from 0, as the reference: the same bits."""
         dt = out.dtype.type
@@ -855,19 +849,20 @@ def _mapping_template(od: int, ph_n: int, pw_n: int, nhwc: bool) -> np.ndarray:
     return np.ascontiguousarray(channels.reshape(od, groups).T).reshape(-1) if nhwc else channels
 
 
-def _call_table_forward(args) -> None:
-    """The table kernel, compiled with the SLP vectoriser on (:func:`compile_slp`) on first use per (accumulation
-    dtype, rois dtype): :func:`forward` builds every other argument the same way (C-contiguous arrays, ints),
-    so those two tell the signatures apart, and the per-call check stays one set lookup."""
-    key = (args[8].dtype, args[1].dtype)
+def _call_slp(kernel, args):
+    """Runs a table kernel, compiled with the SLP vectoriser on (:func:`compile_slp`) on first use per
+    (accumulation dtype, rois dtype): the wrappers build every other argument the same way (C-contiguous
+    arrays, ints), so those two tell the signatures apart, and the per-call check stays one set lookup. The
+    kernels' first argument has the accumulation dtype and the second is rois."""
+    key = (kernel, args[0].dtype, args[1].dtype)
     if key not in _SLP_COMPILED:
         import numba
-        compile_slp(_TABLE_FORWARD, tuple(numba.typeof(a) for a in args))
+        compile_slp(kernel, tuple(numba.typeof(a) for a in args))
         _SLP_COMPILED.add(key)
-    _TABLE_FORWARD(*args)
+    return kernel(*args)
 
 
-_SLP_COMPILED = set()  # (accumulation dtype, rois dtype) pairs whose table kernel was compiled with SLP
+_SLP_COMPILED = set()  # (kernel, accumulation dtype, rois dtype) compiled with SLP
 
 
 def _rois_array(rois: torch.Tensor) -> np.ndarray:
@@ -909,12 +904,12 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     template = _mapping_template(od, ph_n, pw_n, nhwc)
     rois_np = _rois_array(rois)
     edges = _edges_scratch(r, ph_n, pw_n)
-    bad, use_table = _forward_plan(rois_np, n, od, ph_n, pw_n, dt(spatial_scale), h, w, METHOD, edges)
+    bad, use_table = _plan(rois_np, n, od, ph_n, pw_n, dt(spatial_scale), h, w, METHOD, edges, False)
     if bad >= 0:
         checks.check_batch_indices(checks.OP, rois, n)  # raises, naming the RoI
     if use_table:
-        _call_table_forward((x_flat, rois_np, edges, n, ph_n, pw_n, h, w, rows, map_rows, template,
-                             _scratch("table", ((h + 1) * (w + 1) * n * c,))))
+        _call_slp(_TABLE_FORWARD, (x_flat, rois_np, edges, n, ph_n, pw_n, h, w, rows, map_rows, template,
+                                   _scratch("table", ((h + 1) * (w + 1) * n * c,))))
     else:
         _grouped_forward(od)(x_flat, _scratch("grouped", (n * h * w * c,), dt), rois_np, edges, n, ph_n, pw_n, h, w,
                              rows.reshape(r * ph_n * pw_n, od), map_rows, template)
@@ -939,20 +934,6 @@ def _backward_direct(top_grad, edges, rois_np, b_flat, b_strides, shape, dt, wor
                                         b_flat, b_strides, shape, acc, b_flat.reshape(n * h * w, c))
 
 
-def _call_table_backward(args) -> None:
-    """The difference-table kernel, compiled with SLP on first use per (acc dtype, rois dtype), as
-    :func:`_call_table_forward`."""
-    key = (args[0].dtype, args[1].dtype)
-    if key not in _SLP_COMPILED_BACKWARD:
-        import numba
-        compile_slp(_TABLE_BACKWARD, tuple(numba.typeof(a) for a in args))
-        _SLP_COMPILED_BACKWARD.add(key)
-    return _TABLE_BACKWARD(*args)
-
-
-_SLP_COMPILED_BACKWARD = set()
-
-
 def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, out_layout="NCHW",
              trusted_mapping=False):
     """As :func:`cpu.backward`; the caller checked ``supports`` and non-empty tensors."""
@@ -972,8 +953,8 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
             checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
     rois_np = _rois_array(rois)
     edges = _edges_scratch(r, ph_n, pw_n)
-    bad, use_table = _backward_plan(rois_np, n, c, ph_n, pw_n, dt(spatial_scale), h, w,
-                                    METHOD if canonical else DIRECT, edges)
+    bad, use_table = _plan(rois_np, n, od, ph_n, pw_n, dt(spatial_scale), h, w, METHOD if canonical else DIRECT,
+                           edges, True)
     if bad >= 0:
         checks.check_batch_indices(checks.OP_BACKWARD, rois, n)  # raises, naming the RoI
     work = r * od * h * w + bottom.numel()  # as forward + zeroing
@@ -988,9 +969,9 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
             rows = b_flat.reshape(n * h * w, c) if in_place else _scratch("bottom_rows", (n * h * w, c), dt)
             grad_rows = g.permute(0, 2, 3, 1)
             grad_rows = (grad_rows if grad_rows.is_contiguous() else grad_rows.contiguous()).numpy().reshape(-1)
-            status = _call_table_backward((grad_rows, rois_np, edges, ph_n, pw_n, h, w, rows,
-                                           _scratch("table", ((h + 2) * (w + 1) * c,)),
-                                           _scratch("cover", ((h + 2) * (w + 1) * ph_n * pw_n,), np.int32)))
+            status = _call_slp(_TABLE_BACKWARD, (grad_rows, rois_np, edges, ph_n, pw_n, h, w, rows,
+                                                 _scratch("table", ((h + 2) * (w + 1) * c,)),
+                                                 _scratch("cover", ((h + 2) * (w + 1) * ph_n * pw_n,), np.int32)))
             if status != USE_DIRECT and not in_place:
                 target.copy_(torch.from_numpy(rows).view(n, h, w, c).permute(0, 3, 1, 2))
         if status == USE_DIRECT:
