@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..._core.jit import numba_enabled
-from ..._core.layout import empty_nchw
+from ..._core.layout import as_nchw, empty_nchw
 from . import checks
 
 _SIGNS = (1.0, -1.0, -1.0, 1.0)  # corners (hs,ws), (hs,we), (he,ws), (he,we)
@@ -36,6 +36,20 @@ def _numba_path(*tensors: torch.Tensor):
         return None
     from . import cpu_numba
     return cpu_numba if cpu_numba.supports(*tensors) else None
+
+
+def fused_forward(input: torch.Tensor, rois: torch.Tensor):
+    """``cpu_numba`` when it takes this forward (see :func:`forward`), else None. Its ``forward`` returns the
+    tensors as stored (the shape of ``out_layout``), so callers that want the stored layout skip two views."""
+    fused = _numba_path(input, rois)
+    return fused if fused is not None and input.numel() > 0 and rois.shape[0] > 0 else None
+
+
+def fused_backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor, input_shape):
+    """``cpu_numba`` when it takes this backward (see :func:`backward`), else None; its ``backward`` returns
+    bottom_grad as stored (the shape of ``out_layout``)."""
+    fused = _numba_path(top_grad, rois, mapping_channel)
+    return fused if fused is not None and top_grad.numel() > 0 and all(input_shape) else None
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -135,9 +149,11 @@ def _integral_table(values: torch.Tensor, dtype: torch.dtype, centre: bool):
 def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
             spatial_scale: float, output_dim: int, out_layout: str = "NCHW"):
     """(output, mapping_channel int32) as logical NCHW views of tensors stored in ``out_layout``."""
-    fused = _numba_path(input, rois)
-    if fused is not None and input.numel() > 0 and rois.shape[0] > 0:
-        return fused.forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout)
+    fused = fused_forward(input, rois)
+    if fused is not None:
+        output, mapping = fused.forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
+                                        out_layout)
+        return as_nchw(output, out_layout), as_nchw(mapping, out_layout)
     n, c, h, w = input.shape
     r = rois.shape[0]
     ph_n, pw_n, od = pooled_height, pooled_width, output_dim
@@ -220,10 +236,10 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
     ``trusted_mapping``: mapping_channel comes from this library's forward (autograd), so its range and
     canonical form need no check.
     """
-    fused = _numba_path(top_grad, rois, mapping_channel)
-    if fused is not None and top_grad.numel() > 0 and all(input_shape):
-        return fused.backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, out_layout,
-                              trusted_mapping)
+    fused = fused_backward(top_grad, rois, mapping_channel, input_shape)
+    if fused is not None:
+        return as_nchw(fused.backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape,
+                                      out_layout, trusted_mapping), out_layout)
     n, c, h, w = input_shape
     r, od, ph_n, pw_n = top_grad.shape
     groups = ph_n * pw_n

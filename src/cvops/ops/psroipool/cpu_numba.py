@@ -18,14 +18,14 @@ accumulating-op contract instead; ``METHOD`` (AUTO by default) picks per call th
 * forward: one serial call. DIRECT is compiled per output_dim (first use of a new od compiles, ~1.5 s, then it
   is in numba's disk cache), so its od-long loops are fixed-length vector code; the used images are first
   regrouped to [N, H, W, K, od] (channel ctop*K + k at [k, ctop], 8 x 8 register transposes), so a bin pixel
-  is one contiguous run of od values and the [R, PH, PW, od] output is written as runs of od. TABLE is one
-  compilation per dtype: it regroups each pixel the same way straight into a float64 summed-area table and
+  is one contiguous run of od values and the [R, PH, PW, od] output is written as runs of od. TABLE regroups
+  each pixel the same way straight into a float64 summed-area table, its runs padded to whole cache lines, and
   reads each bin's 4 corners 8 channels at a time, compiled with the SLP vectoriser on (numba leaves it off;
-  without it those runs stay scalar). Measured on a quiet machine, the 2-thread variants lose badly at this
+  without it those runs stay scalar); it is compiled per padded od (see :func:`_table_forward_for`). Measured on a quiet machine, the 2-thread variants lose badly at this
   size (a pool wake-up cost milliseconds: R-FCN g3 forward 32 ms, backwards 8 ms, against 0.2-0.3 ms serial).
-* backward, the forward's mapping_channel: TABLE (serial) adds each bin's ``top_grad / area`` at the 4 corners of
-  a float64 difference table, 8 channels at a time (SLP), and one prefix sum per image yields the gradient,
-  written out through register transposes. DIRECT scatters bin by bin, parallel over bands of rows; every
+* backward, the forward's mapping_channel: TABLE (serial, compiled per od) adds each bin's ``top_grad / area`` at
+  the 4 corners of a float64 difference table, 8 channels at a time (SLP), and one prefix sum per image yields the
+  gradient, written out through register transposes. DIRECT scatters bin by bin, parallel over bands of rows; every
   element receives its contributions in RoI order, the reference's, so there are no races and every run gives
   the same bits. Any other mapping_channel: parallel over destination planes (batch, channel), same order.
 
@@ -51,7 +51,7 @@ from numba import prange
 
 from ..._core.jit import match_torch_threads, njit, njit_variants, use_parallel
 from ..._core.jit_intrinsics import compile_slp, transpose8
-from ..._core.layout import empty_nchw
+from ..._core.layout import as_nchw
 from ..._core.memory import new_empty
 from . import checks
 
@@ -64,7 +64,10 @@ SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def supports(*tensors: torch.Tensor) -> bool:
     """CPU tensors of a dtype this path handles (floating inputs; index tensors are checked elsewhere)."""
-    return all(t.device.type == "cpu" for t in tensors) and tensors[0].dtype in SUPPORTED
+    for t in tensors:
+        if not t.is_cpu:
+            return False
+    return tensors[0].dtype in SUPPORTED
 
 
 # ------------------------------------------------------------------------------------------- kernels
@@ -361,21 +364,32 @@ _U1, _U2, _U3, _U4, _U5, _U6, _U7 = (np.uint64(j) for j in range(1, _LANES))  # 
 
 
 @njit(error_model="numpy")
-def _regroup_pixel(x, at, od, groups, line, line_at):
-    """``line[line_at + k*od + ctop] = x[at + ctop*groups + k]`` (in line's dtype): one pixel's channels
-    regrouped so each bin's od values are one run. 8 x 8 register transposes; the last block of each axis
-    overlaps the one before instead of needing a remainder loop (it rewrites the same values). Short axes
-    take the scalar loop."""
-    if od >= _LANES and groups >= _LANES:
-        for a in range(0, od, _LANES):
-            a0 = min(a, od - _LANES)
-            for kb in range(0, groups, _LANES):
-                k0 = min(kb, groups - _LANES)
-                transpose8(x, at + a0 * groups + k0, groups, line, line_at + k0 * od + a0, od)
+def _transpose(src, src_at, src_stride, rows, cols, dst, dst_at, dst_stride):
+    """``dst[dst_at + j*dst_stride + i] = src[src_at + i*src_stride + j]`` for i < rows, j < cols (in dst's
+    dtype): one pixel's channels regrouped between the input's order (ctop*K + k) and the tables' (a run of od
+    per bin). 8 x 8 register transposes; the last block of each axis overlaps the one before instead of
+    needing a remainder loop (it rewrites the same values). Short axes take the scalar loop."""
+    if rows >= _LANES and cols >= _LANES:
+        for i in range(0, rows, _LANES):
+            i0 = min(i, rows - _LANES)
+            for j in range(0, cols, _LANES):
+                j0 = min(j, cols - _LANES)
+                transpose8(src, src_at + i0 * src_stride + j0, src_stride, dst, dst_at + j0 * dst_stride + i0,
+                           dst_stride)
     else:
-        for ctop in range(od):
-            for k in range(groups):
-                line[line_at + k * od + ctop] = x[at + ctop * groups + k]
+        for i in range(rows):
+            for j in range(cols):
+                dst[dst_at + j * dst_stride + i] = src[src_at + i * src_stride + j]
+
+
+def _stride_of(od):
+    """Entries per bin run in the tables: od rounded up to whole 8-lane blocks (od < 8 stays as is), so that
+    every block of a float64 table starts on a cache line (the runs of R-FCN g3, od = 21, were split over
+    two lines each). Also compiled, as :func:`_run_stride`."""
+    return od if od < _LANES else (od + _LANES - 1) // _LANES * _LANES
+
+
+_run_stride = njit(_stride_of, error_model="numpy")
 
 
 @njit(error_model="numpy")
@@ -405,13 +419,16 @@ def _corner_lanes(table, hi_e, hi_s, lo_e, lo_s, inv_area, out, at):
 
 @njit(error_model="numpy")
 def _summed_area_table(x, b, height, width, od, groups, table):
-    """Image b's summed-area table, float64 [(H+1)*(W+1), K*od] flat with a zero top row and left column:
-    entry (y, x, k*od + ctop) is the sum of input channel ``ctop*K + k`` over rows < y and columns < x.
-    Each pixel is regrouped into a line (:func:`_regroup_pixel`) and added to the running row sum; unsigned
-    indices keep the K*od-long loops vector code. Returns whether some plane's total is not finite."""
-    kod = od * groups
+    """Image b's summed-area table, float64 [(H+1)*(W+1), K*S] flat (S = :func:`_run_stride`) with a zero top
+    row and left column: entry (y, x, k*S + ctop) is the sum of input channel ``ctop*K + k`` over rows < y and
+    columns < x; the S - od padding entries of each run are 0. Each pixel is regrouped into a line
+    (:func:`_transpose`) and added to the running row sum; unsigned indices keep the K*S-long loops vector
+    code. Returns whether some plane's total is not finite."""
+    stride = _run_stride(od)
+    kod = stride * groups
+    x_kod = od * groups
     wide = width + 1
-    line = np.empty(kod, np.float64)
+    line = np.zeros(kod, np.float64)
     running = np.empty(kod, np.float64)
     u_kod = np.uint64(kod)
     for j in range(wide * kod):  # top row
@@ -423,7 +440,7 @@ def _summed_area_table(x, b, height, width, od, groups, table):
         for j in range(kod):  # left column
             table[here + np.uint64(j)] = 0
         for xx in range(width):
-            _regroup_pixel(x, ((b * height + y) * width + xx) * kod, od, groups, line, 0)
+            _transpose(x, ((b * height + y) * width + xx) * x_kod, groups, od, groups, line, 0, stride)
             up = above + np.uint64(xx + 1) * u_kod
             at = here + np.uint64(xx + 1) * u_kod
             for j in range(kod):
@@ -456,60 +473,85 @@ def _fill_mapping(mapping, template):
             mapping[i, e] = template[e]
 
 
-def _table_forward(x, rois, edges, n, ph_n, pw_n, height, width, out, mapping, template, table):
-    """The summed-area-table forward for any output_dim (one compilation per dtype, with SLP).
+_TABLE_FORWARD = {}  # output_dim (0: any od that needs no padding) -> compiled table forward
 
-    x: input storage as flat NHWC [N*H*W*C] (acc dtype); out: flat [R*K*od] NHWC output rows (acc dtype);
-    mapping: [R, K*od] rows (storage order) filled from ``template``; table: float64 scratch
-    [N*(H+1)*(W+1)*K*od]; ``edges`` from :func:`_plan` (batch indices already checked). Each used
-    image gets a summed-area table (:func:`_summed_area_table`); a bin is then its 4 corner rows
-    (:func:`_corner_lanes`, od < 8 a scalar loop). Planes whose table is not finite (NaN/inf inputs, float64
-    overflow) are summed again directly, in the reference's order, so NaN/inf land where the reference puts
-    them."""
-    dt = out.dtype.type
-    groups = ph_n * pw_n
-    kod = template.shape[0]
-    od = kod // groups
-    r = rois.shape[0]
-    plane = (height + 1) * (width + 1) * kod
-    per_image = _batch_counts(rois, n)
-    image_bad = np.zeros(n, np.bool_)
-    any_bad = False
-    for b in range(n):
-        if per_image[b] > 0:
-            image_bad[b] = _summed_area_table(x, b, height, width, od, groups, table[b * plane:(b + 1) * plane])
-            any_bad |= image_bad[b]
-    _fill_mapping(mapping, template)
-    inverse = _inverse_areas(height * width)
-    u_kod, u_od, u_wide = np.uint64(kod), np.uint64(od), np.uint64(width + 1)
-    last = np.uint64(od - _LANES) if od >= _LANES else np.uint64(0)
-    at = np.uint64(0)  # out offset of the current bin
-    for i in range(r):
-        img = np.uint64(int(rois[i, 0])) * np.uint64(height + 1)
-        for ph in range(ph_n):
-            hs, he = edges[0, ph, i], edges[1, ph, i]
-            lo = (img + np.uint64(hs)) * u_wide * u_kod
-            hi = (img + np.uint64(he)) * u_wide * u_kod
-            for pw in range(pw_n):
-                ws, we = edges[2, pw, i], edges[3, pw, i]
-                col = np.uint64(ph * pw_n + pw) * u_od
-                inv_area = inverse[(he - hs) * (we - ws)]
-                c_s, c_e = np.uint64(ws) * u_kod + col, np.uint64(we) * u_kod + col
-                if od == _LANES:  # one block: no loop (the common R-FCN g7 shape)
-                    _corner_lanes(table, hi + c_e, hi + c_s, lo + c_e, lo + c_s, inv_area, out, at)
-                elif od > _LANES:
-                    for c0 in range(0, od, _LANES):
-                        u0 = min(np.uint64(c0), last)
+
+def _table_forward_for(od: int):
+    """The table forward compiled for one padded ``output_dim`` (R-FCN g3, od = 21: ~63 us against ~70 us with
+    a run-time od), or one compilation for every od that needs no padding: measured on R-FCN g7 (od = 8), a
+    compile-time od made the kernel slower (~76 against ~69 us), unlike the backward."""
+    key = od if _stride_of(od) != od else 0
+    kernel = _TABLE_FORWARD.get(key)
+    if kernel is not None:
+        return kernel
+    OD, STRIDE = key, _stride_of(key)
+
+    def table_forward(x, rois, edges, n, ph_n, pw_n, height, width, out, mapping, template, table):
+        """The summed-area-table forward (one compilation per dtype, with SLP).
+
+        x: input storage as flat NHWC [N*H*W*C] (acc dtype); out: flat [R*K*od] NHWC output rows (acc dtype);
+        mapping: [R, K*od] rows (storage order) filled from ``template``; table: float64 scratch
+        [N*(H+1)*(W+1)*K*S] (S = :func:`_run_stride`); ``edges`` from :func:`_plan` (batch indices already checked).
+        Each used image gets a summed-area table (:func:`_summed_area_table`); a bin is then its 4 corner rows
+        (:func:`_corner_lanes`, od < 8 a scalar loop). Planes whose table is not finite (NaN/inf inputs, float64
+        overflow) are summed again directly, in the reference's order, so NaN/inf land where the reference puts
+        them."""
+        dt = out.dtype.type
+        groups = ph_n * pw_n
+        od = OD if OD > 0 else template.shape[0] // groups
+        stride = STRIDE if OD > 0 else od
+        kod = groups * stride
+        r = rois.shape[0]
+        plane = (height + 1) * (width + 1) * kod
+        per_image = _batch_counts(rois, n)
+        image_bad = np.zeros(n, np.bool_)
+        any_bad = False
+        for b in range(n):
+            if per_image[b] > 0:
+                image_bad[b] = _summed_area_table(x, b, height, width, od, groups, table[b * plane:(b + 1) * plane])
+                any_bad |= image_bad[b]
+        _fill_mapping(mapping, template)
+        inverse = _inverse_areas(height * width)
+        u_kod, u_od, u_stride, u_wide = np.uint64(kod), np.uint64(od), np.uint64(stride), np.uint64(width + 1)
+        tail = np.uint64(stride - _LANES) if od >= _LANES else np.uint64(0)  # the last block of a run
+        last = np.uint64(od - _LANES) if od >= _LANES else np.uint64(0)  # the block that ends at od
+        size = np.uint64(out.shape[0])
+        at = np.uint64(0)  # out offset of the current bin
+        for i in range(r):
+            img = np.uint64(int(rois[i, 0])) * np.uint64(height + 1)
+            for ph in range(ph_n):
+                hs, he = edges[0, ph, i], edges[1, ph, i]
+                lo = (img + np.uint64(hs)) * u_wide * u_kod
+                hi = (img + np.uint64(he)) * u_wide * u_kod
+                for pw in range(pw_n):
+                    ws, we = edges[2, pw, i], edges[3, pw, i]
+                    col = np.uint64(ph * pw_n + pw) * u_stride
+                    inv_area = inverse[(he - hs) * (we - ws)]
+                    c_s, c_e = np.uint64(ws) * u_kod + col, np.uint64(we) * u_kod + col
+                    if od == _LANES:  # one block: no loop (the common R-FCN g7 shape)
+                        _corner_lanes(table, hi + c_e, hi + c_s, lo + c_e, lo + c_s, inv_area, out, at)
+                    elif od > _LANES:
+                        for c0 in range(0, stride - _LANES, _LANES):
+                            u0 = np.uint64(c0)
+                            _corner_lanes(table, hi + c_e + u0, hi + c_s + u0, lo + c_e + u0, lo + c_s + u0, inv_area,
+                                          out, at + u0)
+                        # the run's last block: its lanes past od spill into the next bin's first entries, which
+                        # that bin overwrites; the final bin has no next one and takes the block ending at od
+                        u0 = tail if at + u_stride <= size else last
                         _corner_lanes(table, hi + c_e + u0, hi + c_s + u0, lo + c_e + u0, lo + c_s + u0, inv_area,
                                       out, at + u0)
-                else:
-                    for ctop in range(od):
-                        j = np.uint64(ctop)
-                        out[at + j] = ((table[hi + c_e + j] - table[hi + c_s + j])
-                                       - (table[lo + c_e + j] - table[lo + c_s + j])) * inv_area
-                at += u_od
-    if any_bad:
-        _redo_bad_planes(x, rois, edges, ph_n, pw_n, height, width, table, image_bad, out, dt)
+                    else:
+                        for ctop in range(od):
+                            j = np.uint64(ctop)
+                            out[at + j] = ((table[hi + c_e + j] - table[hi + c_s + j])
+                                           - (table[lo + c_e + j] - table[lo + c_s + j])) * inv_area
+                    at += u_od
+        if any_bad:
+            _redo_bad_planes(x, rois, edges, ph_n, pw_n, height, width, table, image_bad, out, dt)
+
+    table_forward.__qualname__ = f"table_forward_od{key}"
+    kernel = _TABLE_FORWARD[key] = njit(table_forward, error_model="numpy")
+    return kernel
 
 
 @njit(error_model="numpy")
@@ -518,9 +560,10 @@ def _redo_bad_planes(x, rois, edges, ph_n, pw_n, height, width, table, image_bad
     rounding). A plane is bad when its table's last entry is not finite."""
     groups = ph_n * pw_n
     od = out.shape[0] // (rois.shape[0] * groups)
-    kod = groups * od
-    plane = (height + 1) * (width + 1) * kod
-    corner = ((height + 1) * (width + 1) - 1) * kod
+    stride = _run_stride(od)
+    x_kod = groups * od
+    plane = (height + 1) * (width + 1) * groups * stride
+    corner = ((height + 1) * (width + 1) - 1) * groups * stride
     for i in range(rois.shape[0]):
         b = int(rois[i, 0])
         if not image_bad[b]:
@@ -531,18 +574,15 @@ def _redo_bad_planes(x, rois, edges, ph_n, pw_n, height, width, table, image_bad
                 ws, we = edges[2, pw, i], edges[3, pw, i]
                 k = ph * pw_n + pw
                 for ctop in range(od):
-                    v = table[b * plane + corner + k * od + ctop]
+                    v = table[b * plane + corner + k * stride + ctop]
                     if v - v == 0:
                         continue
                     acc = dt(0.0)
                     for y in range(hs, he):
                         for xx in range(ws, we):
-                            acc += x[((b * height + y) * width + xx) * kod + ctop * groups + k]
+                            acc += x[((b * height + y) * width + xx) * x_kod + ctop * groups + k]
                     area = (he - hs) * (we - ws)
                     out[(i * groups + k) * od + ctop] = acc / dt(area) if area > 0 else dt(0.0)
-
-
-_TABLE_FORWARD = njit(_table_forward, error_model="numpy")
 
 
 @njit(error_model="numpy")
@@ -608,18 +648,18 @@ def _add_lanes(table, at, v0, v1, v2, v3, v4, v5, v6, v7):
 
 
 @njit(error_model="numpy")
-def _scatter_corners(table, hs_s, hs_e, he_s, he_e, grad, g_at, inv_area, skip):
-    """Adds ``v = grad[g_at + j] * inv_area`` (``skip <= j < 8``; lanes below skip add 0) at the corners of a bin
-    of a difference table: +v at (hs, ws) and (he, we), -v at (hs, we) and (he, ws); the 2-D prefix sum of the
-    table then holds v on every pixel of the bin. The corner offsets are distinct for a non-empty bin."""
-    zero = 0.0
-    v0 = grad[g_at] * inv_area if skip <= 0 else zero
-    v1 = grad[g_at + _U1] * inv_area if skip <= 1 else zero
-    v2 = grad[g_at + _U2] * inv_area if skip <= 2 else zero
-    v3 = grad[g_at + _U3] * inv_area if skip <= 3 else zero
-    v4 = grad[g_at + _U4] * inv_area if skip <= 4 else zero
-    v5 = grad[g_at + _U5] * inv_area if skip <= 5 else zero
-    v6 = grad[g_at + _U6] * inv_area if skip <= 6 else zero
+def _scatter_corners(table, hs_s, hs_e, he_s, he_e, grad, g_at, inv_area):
+    """Adds ``v = grad[g_at + j] * inv_area`` (j < 8) at the corners of a bin of a difference table: +v at (hs, ws)
+    and (he, we), -v at (hs, we) and (he, ws); the 2-D prefix sum of the table then holds v on every pixel of the
+    bin. The corner offsets are distinct for a non-empty bin. (Masking lanes here, even with a mask that is all
+    ones at run time, made LLVM give up the vector code: R-FCN g3 backward took ~5x longer.)"""
+    v0 = grad[g_at] * inv_area
+    v1 = grad[g_at + _U1] * inv_area
+    v2 = grad[g_at + _U2] * inv_area
+    v3 = grad[g_at + _U3] * inv_area
+    v4 = grad[g_at + _U4] * inv_area
+    v5 = grad[g_at + _U5] * inv_area
+    v6 = grad[g_at + _U6] * inv_area
     v7 = grad[g_at + _U7] * inv_area
     _add_lanes(table, hs_s, v0, v1, v2, v3, v4, v5, v6, v7)
     _add_lanes(table, hs_e, -v0, -v1, -v2, -v3, -v4, -v5, -v6, -v7)
@@ -627,106 +667,128 @@ def _scatter_corners(table, hs_s, hs_e, he_s, he_e, grad, g_at, inv_area, skip):
     _add_lanes(table, he_e, v0, v1, v2, v3, v4, v5, v6, v7)
 
 
-def _table_backward(grad, rois, edges, ph_n, pw_n, height, width, rows, table, cover):
-    """The difference-table backward for the forward's mapping_channel (one compilation per dtype, with SLP).
+_TABLE_BACKWARD = {}  # output_dim -> compiled table backward
 
-    grad: top_grad as flat [R*K*od] NHWC rows (acc dtype); rows: bottom_grad as [N*H*W, C] NHWC rows (acc
-    dtype); table: float64 scratch [(H+2)*(W+1)*K*od]; cover: int32 scratch [(H+2)*(W+1)*K]. Per used image,
-    every bin adds ``top_grad / area`` (8 channels at a time) at its 4 corners of the table and +-1 at the
-    corners of ``cover``; one 2-D prefix sum then gives each pixel its summed gradient, and the coverage count
-    makes pixels under no bin exactly 0. Each pixel's [K, od] values are written out in the input's channel
-    order (ctop*K + k, register transposes). Row 0 of the tables is a zero row above the image, so the prefix
-    needs no test for the first row. Returns -1, or USE_DIRECT when a table is not finite (NaN/inf gradients,
-    float64 overflow): the direct scatter then reproduces the reference's NaN/inf, overwriting everything."""
-    n = rows.shape[0] // (height * width)
-    c = rows.shape[1]
-    groups = ph_n * pw_n
-    od = c // groups
-    r = rois.shape[0]
-    per_image = _batch_counts(rois, n)
-    inverse = _inverse_areas(height * width)
-    wide = width + 1
-    u_c, u_od, u_k, u_wide = np.uint64(c), np.uint64(od), np.uint64(groups), np.uint64(wide)
-    last_block = np.uint64(od - _LANES) if od >= _LANES else np.uint64(0)
-    running = np.empty(c, np.float64)
-    running_cover = np.empty(groups, np.int32)
-    line = np.empty(c, np.float64)
-    flat = rows.reshape(rows.shape[0] * c)
-    for b in range(n):
-        first = b * height * width
-        if per_image[b] == 0:
-            rows[first:first + height * width, :] = 0
-            continue
-        table[:] = 0
-        cover[:] = 0
-        for i in range(r):
-            if int(rois[i, 0]) != b:
+
+def _table_backward_for(od: int):
+    """The table backward compiled for one ``output_dim`` (as :func:`_grouped_forward`): with od and the run
+    stride known at compile time, R-FCN g7 (od = 8) takes ~85 us against ~110 us with a run-time od. The
+    stride pads runs to whole cache lines when od is not a multiple of 8 (R-FCN g3, od = 21: ~80 us, against
+    ~100 us with runs split over two lines)."""
+    kernel = _TABLE_BACKWARD.get(od)
+    if kernel is not None:
+        return kernel
+    OD, STRIDE = od, _stride_of(od)
+
+    def table_backward(grad, rois, edges, ph_n, pw_n, height, width, rows, table, cover):
+        """The difference-table backward for the forward's mapping_channel (one compilation per dtype, with SLP).
+
+        grad: top_grad as flat [R*K*od] NHWC rows (acc dtype); rows: bottom_grad as [N*H*W, C] NHWC rows (acc
+        dtype); table: float64 scratch [(H+2)*(W+1)*K*S] (S = :func:`_run_stride`; entry k*S + ctop of a pixel,
+        padding entries unused); cover: int32 scratch [(H+2)*(W+1)*K]. Per used image,
+        every bin adds ``top_grad / area`` (8 channels at a time) at its 4 corners of the table and +-1 at the
+        corners of ``cover``; one 2-D prefix sum then gives each pixel its summed gradient, and the coverage count
+        makes pixels under no bin exactly 0. Each pixel's [K, od] values are written out in the input's channel
+        order (ctop*K + k, register transposes). Row 0 of the tables is a zero row above the image, so the prefix
+        needs no test for the first row. Returns -1, or USE_DIRECT when a table is not finite (NaN/inf gradients,
+        float64 overflow): the direct scatter then reproduces the reference's NaN/inf, overwriting everything."""
+        n = rows.shape[0] // (height * width)
+        c = rows.shape[1]
+        groups = ph_n * pw_n
+        od, stride = OD, STRIDE
+        kod = groups * stride
+        r = rois.shape[0]
+        per_image = _batch_counts(rois, n)
+        inverse = _inverse_areas(height * width)
+        wide = width + 1
+        u_kod, u_od, u_stride = np.uint64(kod), np.uint64(od), np.uint64(stride)
+        u_k, u_wide = np.uint64(groups), np.uint64(wide)
+        g_size = np.uint64(grad.shape[0])
+        running = np.empty(kod, np.float64)
+        running_cover = np.empty(groups, np.int32)
+        line = np.zeros(kod, np.float64)
+        flat = rows.reshape(rows.shape[0] * c)
+        for b in range(n):
+            first = b * height * width
+            if per_image[b] == 0:
+                rows[first:first + height * width, :] = 0
                 continue
-            for ph in range(ph_n):
-                hs, he = edges[0, ph, i], edges[1, ph, i]
-                top_row, bottom_row = np.uint64(hs + 1) * u_wide, np.uint64(he + 1) * u_wide
-                for pw in range(pw_n):
-                    ws, we = edges[2, pw, i], edges[3, pw, i]
-                    if he <= hs or we <= ws:
-                        continue
-                    inv_area = inverse[(he - hs) * (we - ws)]
-                    k = np.uint64(ph * pw_n + pw)
-                    corners = (top_row + np.uint64(ws), top_row + np.uint64(we),
-                               bottom_row + np.uint64(ws), bottom_row + np.uint64(we))
-                    cover[corners[0] * u_k + k] += 1
-                    cover[corners[1] * u_k + k] -= 1
-                    cover[corners[2] * u_k + k] -= 1
-                    cover[corners[3] * u_k + k] += 1
-                    g_at = (np.uint64(i * groups) + k) * u_od
-                    c_hs_s, c_hs_e = corners[0] * u_c + k * u_od, corners[1] * u_c + k * u_od
-                    c_he_s, c_he_e = corners[2] * u_c + k * u_od, corners[3] * u_c + k * u_od
-                    if od == _LANES:  # one block, no loop: a loop here is rerolled into scalar code by LLVM
-                        _scatter_corners(table, c_hs_s, c_hs_e, c_he_s, c_he_e, grad, g_at, inv_area, 0)
-                    elif od > _LANES:  # the last block overlaps the one before; its first lanes add 0
-                        for c0 in range(0, od, _LANES):
-                            u0 = min(np.uint64(c0), last_block)
-                            _scatter_corners(table, c_hs_s + u0, c_hs_e + u0, c_he_s + u0, c_he_e + u0, grad,
-                                             g_at + u0, inv_area, c0 - int(u0))
-                    else:
-                        for ctop in range(od):
-                            u0 = np.uint64(ctop)
-                            v = grad[g_at + u0] * inv_area
-                            table[c_hs_s + u0] += v
-                            table[c_hs_e + u0] -= v
-                            table[c_he_s + u0] -= v
-                            table[c_he_e + u0] += v
-        for y in range(height):
-            running[:] = 0
-            running_cover[:] = 0
-            for xx in range(width):
-                at = np.uint64((y + 1) * wide + xx)
-                up = at - u_wide
-                for j in range(c):
-                    running[j] += table[at * u_c + np.uint64(j)]
-                    table[at * u_c + np.uint64(j)] = table[up * u_c + np.uint64(j)] + running[j]
-                covered = True
-                for k in range(groups):
-                    running_cover[k] += cover[at * u_k + np.uint64(k)]
-                    cover[at * u_k + np.uint64(k)] = cover[up * u_k + np.uint64(k)] + running_cover[k]
-                    covered &= cover[at * u_k + np.uint64(k)] > 0
-                pixel = (first + y * width + xx) * c
-                if covered:
-                    _regroup_pixel(table, int(at) * c, groups, od, flat, pixel)
-                else:  # groups no bin covers get exactly 0, not the table's rounding residue
+            table[:] = 0
+            cover[:] = 0
+            for i in range(r):
+                if int(rois[i, 0]) != b:
+                    continue
+                for ph in range(ph_n):
+                    hs, he = edges[0, ph, i], edges[1, ph, i]
+                    top_row, bottom_row = np.uint64(hs + 1) * u_wide, np.uint64(he + 1) * u_wide
+                    for pw in range(pw_n):
+                        ws, we = edges[2, pw, i], edges[3, pw, i]
+                        if he <= hs or we <= ws:
+                            continue
+                        inv_area = inverse[(he - hs) * (we - ws)]
+                        k = np.uint64(ph * pw_n + pw)
+                        corners = (top_row + np.uint64(ws), top_row + np.uint64(we),
+                                   bottom_row + np.uint64(ws), bottom_row + np.uint64(we))
+                        cover[corners[0] * u_k + k] += 1
+                        cover[corners[1] * u_k + k] -= 1
+                        cover[corners[2] * u_k + k] -= 1
+                        cover[corners[3] * u_k + k] += 1
+                        g_at = (np.uint64(i * groups) + k) * u_od
+                        run = k * u_stride
+                        c_hs_s, c_hs_e = corners[0] * u_kod + run, corners[1] * u_kod + run
+                        c_he_s, c_he_e = corners[2] * u_kod + run, corners[3] * u_kod + run
+                        if od == _LANES:  # one block, no loop: a loop here is rerolled into scalar code by LLVM
+                            _scatter_corners(table, c_hs_s, c_hs_e, c_he_s, c_he_e, grad, g_at, inv_area)
+                        elif od > _LANES and g_at + u_stride <= g_size:
+                            # whole blocks: the last one's lanes past od add the next bin's gradient to padding
+                            # entries, which nothing reads (the final bin has no next one: the scalar loop below)
+                            for c0 in range(0, stride, _LANES):
+                                u0 = np.uint64(c0)
+                                _scatter_corners(table, c_hs_s + u0, c_hs_e + u0, c_he_s + u0, c_he_e + u0, grad,
+                                                 g_at + u0, inv_area)
+                        else:
+                            for ctop in range(od):
+                                u0 = np.uint64(ctop)
+                                v = grad[g_at + u0] * inv_area
+                                table[c_hs_s + u0] += v
+                                table[c_hs_e + u0] -= v
+                                table[c_he_s + u0] -= v
+                                table[c_he_e + u0] += v
+            for y in range(height):
+                running[:] = 0
+                running_cover[:] = 0
+                for xx in range(width):
+                    at = np.uint64((y + 1) * wide + xx)
+                    up = at - u_wide
+                    for j in range(kod):
+                        running[j] += table[at * u_kod + np.uint64(j)]
+                        table[at * u_kod + np.uint64(j)] = table[up * u_kod + np.uint64(j)] + running[j]
+                    covered = True
                     for k in range(groups):
-                        keep = cover[at * u_k + np.uint64(k)] > 0
-                        for ctop in range(od):
-                            line[k * od + ctop] = table[at * u_c + np.uint64(k * od + ctop)] if keep else 0.0
-                    _regroup_pixel(line, 0, groups, od, flat, pixel)
-        last = np.uint64(height * wide + width - 1) * u_c  # the last pixel: every bin's first corner reaches it
-        for j in range(c):
-            v = table[last + np.uint64(j)]
-            if not (v - v == 0):
-                return USE_DIRECT
-    return -1
+                        running_cover[k] += cover[at * u_k + np.uint64(k)]
+                        cover[at * u_k + np.uint64(k)] = cover[up * u_k + np.uint64(k)] + running_cover[k]
+                        covered &= cover[at * u_k + np.uint64(k)] > 0
+                    pixel = (first + y * width + xx) * c
+                    if covered:
+                        _transpose(table, int(at) * kod, stride, groups, od, flat, pixel, groups)
+                    else:  # groups no bin covers get exactly 0, not the table's rounding residue
+                        for k in range(groups):
+                            keep = cover[at * u_k + np.uint64(k)] > 0
+                            for ctop in range(od):
+                                j = k * stride + ctop
+                                line[j] = table[at * u_kod + np.uint64(j)] if keep else 0.0
+                        _transpose(line, 0, stride, groups, od, flat, pixel, groups)
+            last = np.uint64(height * wide + width - 1) * u_kod  # the last pixel: every bin's first corner reaches it
+            for k in range(groups):
+                for ctop in range(od):
+                    v = table[last + np.uint64(k * stride + ctop)]
+                    if not (v - v == 0):
+                        return USE_DIRECT
+        return -1
 
-
-_TABLE_BACKWARD = njit(_table_backward, error_model="numpy")
+    table_backward.__qualname__ = f"table_backward_od{od}"
+    kernel = _TABLE_BACKWARD[od] = njit(table_backward, error_model="numpy")
+    return kernel
 
 
 _GROUPED = {}  # output_dim -> compiled grouped forward
@@ -756,7 +818,7 @@ def _grouped_forward(od: int):
             if per_image[b] == 0:
                 continue
             for p in range(b * height * width, (b + 1) * height * width):
-                _regroup_pixel(x, p * kod, OD, groups, xr, p * kod)
+                _transpose(x, p * kod, groups, OD, groups, xr, p * kod, OD)
         cells = xr.reshape(n * height * width * groups, OD)
         _fill_mapping(mapping, template)
         for i in range(rois.shape[0]):
@@ -827,18 +889,25 @@ def _scratch(name: str, shape, dtype=np.float64) -> np.ndarray:
         buffers = _SCRATCH.buffers = {}
     buf = buffers.get((name, dtype))
     if buf is None or buf.shape[0] < size:
-        buf = buffers[(name, dtype)] = np.empty(max(size, 1), dtype)
+        buf = buffers[(name, dtype)] = _cache_aligned(max(size, 1), dtype)
     return buf[:size].reshape(shape)
+
+
+def _cache_aligned(size: int, dtype) -> np.ndarray:
+    """``np.empty(size, dtype)`` starting on a 64-byte cache line (numpy's own buffers are 16-byte aligned): the
+    table kernels load 8-double runs, which then span one line instead of two (R-FCN g7 table forward ~84 ->
+    ~67 us, backward ~115 -> ~98 us)."""
+    itemsize = np.dtype(dtype).itemsize
+    raw = np.empty(size + _LINE // itemsize, dtype)
+    skip = (-raw.ctypes.data % _LINE) // itemsize
+    return raw[skip:skip + size]
+
+
+_LINE = 64  # bytes per cache line
 
 
 def _np_dtype(acc: torch.dtype):
     return np.float64 if acc == torch.float64 else np.float32
-
-
-def _acc_target(out: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
-    """Where the kernel writes: ``out`` itself when it has the accumulation dtype, else an acc twin (same
-    layout); the caller copies back (one rounding, as the reference)."""
-    return out if out.dtype == acc else torch.empty_like(out, dtype=acc)
 
 
 @functools.lru_cache(maxsize=64)
@@ -881,26 +950,30 @@ def _edges_scratch(r: int, ph_n: int, pw_n: int) -> np.ndarray:
 
 def _nhwc_flat(x: torch.Tensor) -> np.ndarray:
     """The elements of a logical-NCHW tensor in NHWC order, as a flat numpy array (a copy unless NHWC-dense)."""
-    x = x.permute(0, 2, 3, 1)
-    return (x if x.is_contiguous() else x.contiguous()).numpy().reshape(-1)
+    if x.requires_grad:
+        x = x.detach()
+    if x.is_contiguous(memory_format=torch.channels_last):  # numpy views cost less than torch ones
+        return x.numpy().transpose(0, 2, 3, 1).reshape(-1)
+    return x.permute(0, 2, 3, 1).contiguous().numpy().reshape(-1)
 
 
 def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout="NCHW"):
-    """As :func:`cpu.forward`; the caller checked ``supports`` and non-empty tensors."""
+    """As :func:`cpu.forward` but (output, mapping_channel) as stored: [R, od, PH, PW] (NCHW) or [R, PH, PW, od]
+    (NHWC). The caller checked ``supports`` and non-empty tensors (:func:`cpu.fused_forward`)."""
     n, c, h, w = input.shape
     r, ph_n, pw_n, od = rois.shape[0], pooled_height, pooled_width, output_dim
     acc = torch.float64 if input.dtype == torch.float64 else torch.float32
     dt = _np_dtype(acc)
-    x = input.detach()
-    x_flat = _nhwc_flat(x if x.dtype == acc else x.to(acc))
+    x_flat = _nhwc_flat(input if input.dtype == acc else input.to(acc))
     nhwc = out_layout == "NHWC"
     stored = (r, ph_n, pw_n, od) if nhwc else (r, od, ph_n, pw_n)
-    output = torch.empty(stored, dtype=input.dtype, device=input.device)
-    mapping = torch.empty(stored, dtype=torch.int32, device=input.device)
+    # numpy allocations wrapped as tensors: ~1 us less per tensor than torch.empty(...).numpy()
+    map_rows = np.empty((r, od * ph_n * pw_n), np.int32)
+    mapping = torch.from_numpy(map_rows).view(stored)
     # the kernels write [R*PH*PW, od] rows: the output's own storage when it is NHWC in the acc dtype
-    in_place = nhwc and output.dtype == acc
-    rows = output.numpy().reshape(-1) if in_place else _scratch("rows", (r * ph_n * pw_n * od,), dt)
-    map_rows = mapping.numpy().reshape(r, od * ph_n * pw_n)
+    in_place = nhwc and input.dtype == acc
+    rows = np.empty(r * ph_n * pw_n * od, dt) if in_place else _scratch("rows", (r * ph_n * pw_n * od,), dt)
+    output = torch.from_numpy(rows).view(stored) if in_place else torch.empty(stored, dtype=input.dtype)
     template = _mapping_template(od, ph_n, pw_n, nhwc)
     rois_np = _rois_array(rois)
     edges = _edges_scratch(r, ph_n, pw_n)
@@ -908,16 +981,14 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     if bad >= 0:
         checks.check_batch_indices(checks.OP, rois, n)  # raises, naming the RoI
     if use_table:
-        _call_slp(_TABLE_FORWARD, (x_flat, rois_np, edges, n, ph_n, pw_n, h, w, rows, map_rows, template,
-                                   _scratch("table", ((h + 1) * (w + 1) * n * c,))))
+        _call_slp(_table_forward_for(od), (x_flat, rois_np, edges, n, ph_n, pw_n, h, w, rows, map_rows, template,
+                                   _scratch("table", ((h + 1) * (w + 1) * n * ph_n * pw_n * _stride_of(od),))))
     else:
         _grouped_forward(od)(x_flat, _scratch("grouped", (n * h * w * c,), dt), rois_np, edges, n, ph_n, pw_n, h, w,
                              rows.reshape(r * ph_n * pw_n, od), map_rows, template)
     if not in_place:  # one rounding to the output dtype, as the reference
-        rows_nchw = torch.from_numpy(rows).view(r, ph_n, pw_n, od).permute(0, 3, 1, 2)
-        (output.permute(0, 3, 1, 2) if nhwc else output).copy_(rows_nchw)
-    if nhwc:
-        return output.permute(0, 3, 1, 2), mapping.permute(0, 3, 1, 2)
+        result = torch.from_numpy(rows).view(r, ph_n, pw_n, od)
+        output.copy_(result if nhwc else result.permute(0, 3, 1, 2))
     return output, mapping
 
 
@@ -936,15 +1007,16 @@ def _backward_direct(top_grad, edges, rois_np, b_flat, b_strides, shape, dt, wor
 
 def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, out_layout="NCHW",
              trusted_mapping=False):
-    """As :func:`cpu.backward`; the caller checked ``supports`` and non-empty tensors."""
+    """As :func:`cpu.backward` but bottom_grad as stored: [N, C, H, W] (NCHW) or [N, H, W, C] (NHWC). The caller
+    checked ``supports`` and non-empty tensors (:func:`cpu.fused_backward`)."""
     n, c, h, w = input_shape
     r, od, ph_n, pw_n = top_shape = tuple(top_grad.shape)
     acc = torch.float64 if top_grad.dtype == torch.float64 else torch.float32
     dt = _np_dtype(acc)
     g = top_grad if top_grad.dtype == acc else top_grad.to(acc)
-    bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad)
-    target = _acc_target(bottom, acc)
-    _, b_flat, b_strides = _flat(target)
+    nhwc = out_layout == "NHWC"
+    bottom = torch.empty((n, h, w, c) if nhwc else (n, c, h, w), dtype=top_grad.dtype)
+    target = bottom if bottom.dtype == acc else torch.empty_like(bottom, dtype=acc)  # copied back at the end
     canonical = trusted_mapping
     if not canonical:
         _, m_flat, m_strides = _flat(mapping_channel)
@@ -957,25 +1029,27 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
                            edges, True)
     if bad >= 0:
         checks.check_batch_indices(checks.OP_BACKWARD, rois, n)  # raises, naming the RoI
-    work = r * od * h * w + bottom.numel()  # as forward + zeroing
-    if not canonical:
-        _, g_flat, g_strides = _flat(g)
-        _variant(_BACKWARD_ANY, work)(g_flat, g_strides, top_shape, rois_np, edges, m_flat, m_strides, b_flat,
-                                      b_strides, (n, c, h, w))
-    else:
-        status = USE_DIRECT
-        if use_table:  # the kernel writes NHWC rows: the target's own storage when it is NHWC
-            in_place = target.is_contiguous(memory_format=torch.channels_last)
-            rows = b_flat.reshape(n * h * w, c) if in_place else _scratch("bottom_rows", (n * h * w, c), dt)
-            grad_rows = g.permute(0, 2, 3, 1)
-            grad_rows = (grad_rows if grad_rows.is_contiguous() else grad_rows.contiguous()).numpy().reshape(-1)
-            status = _call_slp(_TABLE_BACKWARD, (grad_rows, rois_np, edges, ph_n, pw_n, h, w, rows,
-                                                 _scratch("table", ((h + 2) * (w + 1) * c,)),
-                                                 _scratch("cover", ((h + 2) * (w + 1) * ph_n * pw_n,), np.int32)))
-            if status != USE_DIRECT and not in_place:
-                target.copy_(torch.from_numpy(rows).view(n, h, w, c).permute(0, 3, 1, 2))
-        if status == USE_DIRECT:
+    status = USE_DIRECT
+    if canonical and use_table:  # the kernel writes NHWC rows: the target's own storage when it is NHWC
+        rows = target.numpy().reshape(n * h * w, c) if nhwc else _scratch("bottom_rows", (n * h * w, c), dt)
+        grad_rows = g.permute(0, 2, 3, 1)
+        grad_rows = (grad_rows if grad_rows.is_contiguous() else grad_rows.contiguous()).numpy().reshape(-1)
+        stride = _stride_of(od)
+        status = _call_slp(_table_backward_for(od), (
+            grad_rows, rois_np, edges, ph_n, pw_n, h, w, rows, _scratch("table", ((h + 2) * (w + 1) * ph_n * pw_n
+                                                                                  * stride,)),
+            _scratch("cover", ((h + 2) * (w + 1) * ph_n * pw_n,), np.int32)))
+        if status != USE_DIRECT and not nhwc:
+            target.copy_(torch.from_numpy(rows).view(n, h, w, c).permute(0, 3, 1, 2))
+    if status == USE_DIRECT:  # the direct kernels address the logical NCHW view through its strides
+        _, b_flat, b_strides = _flat(as_nchw(target, out_layout))
+        work = r * od * h * w + target.numel()  # as forward + zeroing
+        if canonical:
             _backward_direct(g, edges, rois_np, b_flat, b_strides, (n, c, h, w), dt, work)
+        else:
+            _, g_flat, g_strides = _flat(g)
+            _variant(_BACKWARD_ANY, work)(g_flat, g_strides, top_shape, rois_np, edges, m_flat, m_strides, b_flat,
+                                          b_strides, (n, c, h, w))
     if target is not bottom:
         bottom.copy_(target)
     return bottom
