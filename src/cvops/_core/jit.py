@@ -36,8 +36,13 @@ def numba_available() -> bool:
 
 
 def numba_enabled() -> bool:
-    """numba is installed and not switched off with ``CVOPS_NUMBA=0``."""
-    return os.environ.get(ENV_SWITCH, "1").strip() not in ("0", "false", "False", "no", "off") and numba_available()
+    """numba is installed and not switched off with ``CVOPS_NUMBA=0`` (read on every call: tests flip it)."""
+    return _enabled_by(os.environ.get(ENV_SWITCH))
+
+
+@lru_cache(maxsize=16)
+def _enabled_by(switch: Optional[str]) -> bool:
+    return (switch is None or switch.strip() not in ("0", "false", "False", "no", "off")) and numba_available()
 
 
 def njit(fn: Optional[Callable] = None, *, parallel: bool = False, error_model: str = "python"):

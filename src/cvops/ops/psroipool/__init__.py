@@ -32,11 +32,17 @@ def _pooled_shape(layout: str, r: int, od: int, ph: int, pw: int) -> tuple[int, 
 def _forward_impl(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
                   spatial_scale: float, output_dim: int, layout: str,
                   backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    x = as_nchw(input, layout)
+    return _forward_nchw(as_nchw(input, layout), rois, pooled_height, pooled_width, spatial_scale, output_dim, layout,
+                         backend)
+
+
+def _forward_nchw(x: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int, spatial_scale: float,
+                  output_dim: int, layout: str, backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward from the logical NCHW view ``x`` of the input; results in ``layout``."""
     fused = cpu.fused_forward(x, rois) if backend is None or backend == "cpu" else None
     if fused is not None:  # returns the stored tensors: no views to undo (the doc's cases take ~0.1 ms)
         return fused.forward(x, rois, pooled_height, pooled_width, spatial_scale, output_dim, layout)
-    impl = _impl(backend, input.device, checks.OP)
+    impl = _impl(backend, x.device, checks.OP)
     output, mapping = impl.forward(x, rois, pooled_height, pooled_width, spatial_scale, output_dim, layout)
     return from_nchw(output, layout), from_nchw(mapping, layout)
 
@@ -53,12 +59,18 @@ def _(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, layou
 def _backward_impl(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor,
                    spatial_scale: float, output_dim: int, input_shape: Sequence[int], layout: str,
                    backend: Optional[str], trusted_mapping: bool = False) -> torch.Tensor:
-    shape_nchw = _nchw_shape(tuple(input_shape), layout)
-    top, mapping = as_nchw(top_grad, layout), as_nchw(mapping_channel, layout)
+    return _backward_nchw(as_nchw(top_grad, layout), rois, as_nchw(mapping_channel, layout), spatial_scale,
+                          output_dim, _nchw_shape(tuple(input_shape), layout), layout, backend, trusted_mapping)
+
+
+def _backward_nchw(top: torch.Tensor, rois: torch.Tensor, mapping: torch.Tensor, spatial_scale: float,
+                   output_dim: int, shape_nchw: tuple[int, ...], layout: str, backend: Optional[str],
+                   trusted_mapping: bool) -> torch.Tensor:
+    """The backward from logical NCHW views of top_grad and mapping_channel; bottom_grad in ``layout``."""
     fused = cpu.fused_backward(top, rois, mapping, shape_nchw) if backend is None or backend == "cpu" else None
     if fused is not None:  # returns the stored tensor
         return fused.backward(top, rois, mapping, spatial_scale, output_dim, shape_nchw, layout, trusted_mapping)
-    impl = _impl(backend, top_grad.device, checks.OP_BACKWARD)
+    impl = _impl(backend, top.device, checks.OP_BACKWARD)
     bottom = impl.backward(top, rois, mapping, spatial_scale, output_dim, shape_nchw, layout, trusted_mapping)
     return from_nchw(bottom, layout)
 
@@ -170,9 +182,10 @@ def psroi_pool(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pool
     is_4d = isinstance(input, torch.Tensor) and input.dim() == 4  # otherwise the checks name the problem
     x_nchw = as_nchw(input, layout) if is_4d else input
     checks.check_forward(x_nchw, rois, pooled_height, pooled_width, spatial_scale, group_size, output_dim)
-    call = _forward_impl if _eager_call_ok(input, rois) else _forward_op
-    return call(input, rois, int(pooled_height), int(pooled_width), float(spatial_scale), int(output_dim),
-                layout, backend)
+    args = (rois, int(pooled_height), int(pooled_width), float(spatial_scale), int(output_dim), layout, backend)
+    if _eager_call_ok(input, rois):
+        return _forward_nchw(x_nchw, *args)
+    return _forward_op(input, *args)
 
 
 def psroi_pool_backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor,
@@ -200,6 +213,10 @@ def psroi_pool_backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_chan
     dims_ok = all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (top_grad, mapping_channel))
     top_nchw = as_nchw(top_grad, layout) if dims_ok else top_grad
     map_nchw = as_nchw(mapping_channel, layout) if dims_ok else mapping_channel
-    checks.check_backward(top_nchw, rois, map_nchw, spatial_scale, output_dim, _nchw_shape(shape, layout))
-    call = _backward_impl if _eager_call_ok(top_grad, rois, mapping_channel) else _backward_op
-    return call(top_grad, rois, mapping_channel, float(spatial_scale), int(output_dim), list(shape), layout, backend)
+    shape_nchw = _nchw_shape(shape, layout)
+    checks.check_backward(top_nchw, rois, map_nchw, spatial_scale, output_dim, shape_nchw)
+    if _eager_call_ok(top_grad, rois, mapping_channel):
+        return _backward_nchw(top_nchw, rois, map_nchw, float(spatial_scale), int(output_dim), shape_nchw, layout,
+                              backend, False)
+    return _backward_op(top_grad, rois, mapping_channel, float(spatial_scale), int(output_dim), list(shape), layout,
+                        backend)

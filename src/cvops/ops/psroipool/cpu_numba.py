@@ -428,7 +428,7 @@ def _summed_area_table(x, b, height, width, od, groups, table):
     kod = stride * groups
     x_kod = od * groups
     wide = width + 1
-    line = np.zeros(kod, np.float64)
+    line = np.zeros(kod, x.dtype)  # the input dtype: a float32 transpose costs ~25% less than one to float64
     running = np.empty(kod, np.float64)
     u_kod = np.uint64(kod)
     for j in range(wide * kod):  # top row
@@ -510,7 +510,6 @@ def _table_forward_for(od: int):
             if per_image[b] > 0:
                 image_bad[b] = _summed_area_table(x, b, height, width, od, groups, table[b * plane:(b + 1) * plane])
                 any_bad |= image_bad[b]
-        _fill_mapping(mapping, template)
         inverse = _inverse_areas(height * width)
         u_kod, u_od, u_stride, u_wide = np.uint64(kod), np.uint64(od), np.uint64(stride), np.uint64(width + 1)
         tail = np.uint64(stride - _LANES) if od >= _LANES else np.uint64(0)  # the last block of a run
@@ -546,6 +545,7 @@ def _table_forward_for(od: int):
                             out[at + j] = ((table[hi + c_e + j] - table[hi + c_s + j])
                                            - (table[lo + c_e + j] - table[lo + c_s + j])) * inv_area
                     at += u_od
+        _fill_mapping(mapping, template)  # after the bins: its writes would evict the table from L2
         if any_bad:
             _redo_bad_planes(x, rois, edges, ph_n, pw_n, height, width, table, image_bad, out, dt)
 
@@ -943,9 +943,23 @@ def _rois_array(rois: torch.Tensor) -> np.ndarray:
     return (rois if rois.is_contiguous() else rois.contiguous()).numpy()
 
 
-def _edges_scratch(r: int, ph_n: int, pw_n: int) -> np.ndarray:
-    """Scratch for the bin edges (int32 [4, max(PH, PW), R], see :func:`_bin_edges`)."""
-    return _scratch("edges", (4, max(ph_n, pw_n), r), np.int32)
+def _new_edges(r: int, ph_n: int, pw_n: int) -> np.ndarray:
+    """Room for the bin edges (int32 [4, max(PH, PW), R], see :func:`_bin_edges`): small enough for a plain
+    allocation, which costs less than a scratch lookup."""
+    return np.empty((4, max(ph_n, pw_n), r), np.int32)
+
+
+def _dense_flat(t: torch.Tensor):
+    """(flat numpy view of the storage, element strides) of a logical-NCHW view of a dense NCHW or NHWC tensor,
+    as :func:`_flat` without its torch views (~1 us less); other layouts go through :func:`_flat`."""
+    if t.requires_grad:
+        t = t.detach()
+    if t.is_contiguous():
+        return t.numpy().reshape(-1), tuple(t.stride())
+    if t.is_contiguous(memory_format=torch.channels_last):
+        return t.numpy().transpose(0, 2, 3, 1).reshape(-1), tuple(t.stride())
+    _, flat, strides = _flat(t)
+    return flat, strides
 
 
 def _nhwc_flat(x: torch.Tensor) -> np.ndarray:
@@ -967,16 +981,20 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     x_flat = _nhwc_flat(input if input.dtype == acc else input.to(acc))
     nhwc = out_layout == "NHWC"
     stored = (r, ph_n, pw_n, od) if nhwc else (r, od, ph_n, pw_n)
-    # numpy allocations wrapped as tensors: ~1 us less per tensor than torch.empty(...).numpy()
-    map_rows = np.empty((r, od * ph_n * pw_n), np.int32)
-    mapping = torch.from_numpy(map_rows).view(stored)
+    # numpy allocations wrapped as tensors, reshaped by numpy: ~2 us less per tensor than torch.empty, .numpy()
+    # and torch views
+    mapping_np = np.empty(stored, np.int32)
+    mapping, map_rows = torch.from_numpy(mapping_np), mapping_np.reshape(r, od * ph_n * pw_n)
     # the kernels write [R*PH*PW, od] rows: the output's own storage when it is NHWC in the acc dtype
     in_place = nhwc and input.dtype == acc
-    rows = np.empty(r * ph_n * pw_n * od, dt) if in_place else _scratch("rows", (r * ph_n * pw_n * od,), dt)
-    output = torch.from_numpy(rows).view(stored) if in_place else torch.empty(stored, dtype=input.dtype)
+    if in_place:
+        output_np = np.empty(stored, dt)
+        output, rows = torch.from_numpy(output_np), output_np.reshape(-1)
+    else:
+        output, rows = torch.empty(stored, dtype=input.dtype), _scratch("rows", (r * ph_n * pw_n * od,), dt)
     template = _mapping_template(od, ph_n, pw_n, nhwc)
     rois_np = _rois_array(rois)
-    edges = _edges_scratch(r, ph_n, pw_n)
+    edges = _new_edges(r, ph_n, pw_n)
     bad, use_table = _plan(rois_np, n, od, ph_n, pw_n, dt(spatial_scale), h, w, METHOD, edges, False)
     if bad >= 0:
         checks.check_batch_indices(checks.OP, rois, n)  # raises, naming the RoI
@@ -1015,25 +1033,26 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
     dt = _np_dtype(acc)
     g = top_grad if top_grad.dtype == acc else top_grad.to(acc)
     nhwc = out_layout == "NHWC"
-    bottom = torch.empty((n, h, w, c) if nhwc else (n, c, h, w), dtype=top_grad.dtype)
-    target = bottom if bottom.dtype == acc else torch.empty_like(bottom, dtype=acc)  # copied back at the end
+    stored = (n, h, w, c) if nhwc else (n, c, h, w)
+    target_np = np.empty(stored, dt)  # as in forward: a numpy allocation costs less than torch.empty
+    target = torch.from_numpy(target_np)
+    bottom = target if top_grad.dtype == acc else torch.empty(stored, dtype=top_grad.dtype)  # copied at the end
     canonical = trusted_mapping
     if not canonical:
-        _, m_flat, m_strides = _flat(mapping_channel)
+        m_flat, m_strides = _dense_flat(mapping_channel)
         canonical = _is_forward_mapping(m_flat, m_strides, top_shape)
         if not canonical:
             checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
     rois_np = _rois_array(rois)
-    edges = _edges_scratch(r, ph_n, pw_n)
+    edges = _new_edges(r, ph_n, pw_n)
     bad, use_table = _plan(rois_np, n, od, ph_n, pw_n, dt(spatial_scale), h, w, METHOD if canonical else DIRECT,
                            edges, True)
     if bad >= 0:
         checks.check_batch_indices(checks.OP_BACKWARD, rois, n)  # raises, naming the RoI
     status = USE_DIRECT
     if canonical and use_table:  # the kernel writes NHWC rows: the target's own storage when it is NHWC
-        rows = target.numpy().reshape(n * h * w, c) if nhwc else _scratch("bottom_rows", (n * h * w, c), dt)
-        grad_rows = g.permute(0, 2, 3, 1)
-        grad_rows = (grad_rows if grad_rows.is_contiguous() else grad_rows.contiguous()).numpy().reshape(-1)
+        rows = target_np.reshape(n * h * w, c) if nhwc else _scratch("bottom_rows", (n * h * w, c), dt)
+        grad_rows = _nhwc_flat(g)
         stride = _stride_of(od)
         status = _call_slp(_table_backward_for(od), (
             grad_rows, rois_np, edges, ph_n, pw_n, h, w, rows, _scratch("table", ((h + 2) * (w + 1) * ph_n * pw_n
