@@ -21,8 +21,9 @@ accumulating-op contract instead; ``METHOD`` (AUTO by default) picks per call th
   is one contiguous run of od values and the [R, PH, PW, od] output is written as runs of od. TABLE regroups
   each pixel the same way straight into a float64 summed-area table, its runs padded to whole cache lines, and
   reads each bin's 4 corners 8 channels at a time, compiled with the SLP vectoriser on (numba leaves it off;
-  without it those runs stay scalar); it is compiled per padded od (see :func:`_table_forward_for`). Measured on a quiet machine, the 2-thread variants lose badly at this
-  size (a pool wake-up cost milliseconds: R-FCN g3 forward 32 ms, backwards 8 ms, against 0.2-0.3 ms serial).
+  without it those runs stay scalar); it is compiled per padded od (see :func:`_table_forward_for`). Two threads
+  do not pay at this size on the 2-core CI machine: waking numba's pool costs ~1 us, but a 0.8 MB streaming loop
+  took 30 us on two threads against 16 us on one (an earlier measurement saw millisecond wake-ups).
 * backward, the forward's mapping_channel: TABLE (serial, compiled per od) adds each bin's ``top_grad / area`` at
   the 4 corners of a float64 difference table, 8 channels at a time (SLP), and one prefix sum per image yields the
   gradient, written out through register transposes. DIRECT scatters bin by bin, parallel over bands of rows; every
@@ -490,9 +491,9 @@ def _table_forward_for(od: int):
         """The summed-area-table forward (one compilation per dtype, with SLP).
 
         x: input storage as flat NHWC [N*H*W*C] (acc dtype); out: flat [R*K*od] NHWC output rows (acc dtype);
-        mapping: [R, K*od] rows (storage order) filled from ``template``; table: float64 scratch
-        [N*(H+1)*(W+1)*K*S] (S = :func:`_run_stride`); ``edges`` from :func:`_plan` (batch indices already checked).
-        Each used image gets a summed-area table (:func:`_summed_area_table`); a bin is then its 4 corner rows
+        mapping: [R, K*od] rows (storage order) filled from ``template``; table: float64 scratch [(H+1)*(W+1)*K*S]
+        (S = :func:`_run_stride`); ``edges`` from :func:`_plan` (batch indices already checked). Each used image in
+        turn gets a summed-area table (:func:`_summed_area_table`) and its RoIs' bins are read from it, 4 corner rows
         (:func:`_corner_lanes`, od < 8 a scalar loop). Planes whose table is not finite (NaN/inf inputs, float64
         overflow) are summed again directly, in the reference's order, so NaN/inf land where the reference puts
         them."""
@@ -502,52 +503,52 @@ def _table_forward_for(od: int):
         stride = STRIDE if OD > 0 else od
         kod = groups * stride
         r = rois.shape[0]
-        plane = (height + 1) * (width + 1) * kod
         per_image = _batch_counts(rois, n)
-        image_bad = np.zeros(n, np.bool_)
-        any_bad = False
-        for b in range(n):
-            if per_image[b] > 0:
-                image_bad[b] = _summed_area_table(x, b, height, width, od, groups, table[b * plane:(b + 1) * plane])
-                any_bad |= image_bad[b]
         inverse = _inverse_areas(height * width)
         u_kod, u_od, u_stride, u_wide = np.uint64(kod), np.uint64(od), np.uint64(stride), np.uint64(width + 1)
         tail = np.uint64(stride - _LANES) if od >= _LANES else np.uint64(0)  # the last block of a run
         last = np.uint64(od - _LANES) if od >= _LANES else np.uint64(0)  # the block that ends at od
-        size = np.uint64(out.shape[0])
-        at = np.uint64(0)  # out offset of the current bin
-        for i in range(r):
-            img = np.uint64(int(rois[i, 0])) * np.uint64(height + 1)
-            for ph in range(ph_n):
-                hs, he = edges[0, ph, i], edges[1, ph, i]
-                lo = (img + np.uint64(hs)) * u_wide * u_kod
-                hi = (img + np.uint64(he)) * u_wide * u_kod
-                for pw in range(pw_n):
-                    ws, we = edges[2, pw, i], edges[3, pw, i]
-                    col = np.uint64(ph * pw_n + pw) * u_stride
-                    inv_area = inverse[(he - hs) * (we - ws)]
-                    c_s, c_e = np.uint64(ws) * u_kod + col, np.uint64(we) * u_kod + col
-                    if od == _LANES:  # one block: no loop (the common R-FCN g7 shape)
-                        _corner_lanes(table, hi + c_e, hi + c_s, lo + c_e, lo + c_s, inv_area, out, at)
-                    elif od > _LANES:
-                        for c0 in range(0, stride - _LANES, _LANES):
-                            u0 = np.uint64(c0)
+        u_bins = np.uint64(groups) * u_od  # out entries per RoI
+        for b in range(n):  # one image at a time: its table stays in L2 while its RoIs read it
+            if per_image[b] == 0:
+                continue
+            bad = _summed_area_table(x, b, height, width, od, groups, table)
+            for i in range(r):
+                if int(rois[i, 0]) != b:
+                    continue
+                at = np.uint64(i) * u_bins  # out offset of the current bin
+                roi_end = at + u_bins
+                for ph in range(ph_n):
+                    hs, he = edges[0, ph, i], edges[1, ph, i]
+                    lo = np.uint64(hs) * u_wide * u_kod
+                    hi = np.uint64(he) * u_wide * u_kod
+                    for pw in range(pw_n):
+                        ws, we = edges[2, pw, i], edges[3, pw, i]
+                        col = np.uint64(ph * pw_n + pw) * u_stride
+                        inv_area = inverse[(he - hs) * (we - ws)]
+                        c_s, c_e = np.uint64(ws) * u_kod + col, np.uint64(we) * u_kod + col
+                        if od == _LANES:  # one block: no loop (the common R-FCN g7 shape)
+                            _corner_lanes(table, hi + c_e, hi + c_s, lo + c_e, lo + c_s, inv_area, out, at)
+                        elif od > _LANES:
+                            for c0 in range(0, stride - _LANES, _LANES):
+                                u0 = np.uint64(c0)
+                                _corner_lanes(table, hi + c_e + u0, hi + c_s + u0, lo + c_e + u0, lo + c_s + u0,
+                                              inv_area, out, at + u0)
+                            # the run's last block: its lanes past od spill into the next bin's first entries, which
+                            # that bin overwrites; a RoI's last bin (the next RoI may be done already) takes the block
+                            # ending at od
+                            u0 = tail if at + u_stride <= roi_end else last
                             _corner_lanes(table, hi + c_e + u0, hi + c_s + u0, lo + c_e + u0, lo + c_s + u0, inv_area,
                                           out, at + u0)
-                        # the run's last block: its lanes past od spill into the next bin's first entries, which
-                        # that bin overwrites; the final bin has no next one and takes the block ending at od
-                        u0 = tail if at + u_stride <= size else last
-                        _corner_lanes(table, hi + c_e + u0, hi + c_s + u0, lo + c_e + u0, lo + c_s + u0, inv_area,
-                                      out, at + u0)
-                    else:
-                        for ctop in range(od):
-                            j = np.uint64(ctop)
-                            out[at + j] = ((table[hi + c_e + j] - table[hi + c_s + j])
-                                           - (table[lo + c_e + j] - table[lo + c_s + j])) * inv_area
-                    at += u_od
-        _fill_mapping(mapping, template)  # after the bins: its writes would evict the table from L2
-        if any_bad:
-            _redo_bad_planes(x, rois, edges, ph_n, pw_n, height, width, table, image_bad, out, dt)
+                        else:
+                            for ctop in range(od):
+                                j = np.uint64(ctop)
+                                out[at + j] = ((table[hi + c_e + j] - table[hi + c_s + j])
+                                               - (table[lo + c_e + j] - table[lo + c_s + j])) * inv_area
+                        at += u_od
+            if bad:
+                _redo_bad_planes(x, rois, edges, ph_n, pw_n, height, width, table, b, out, dt)
+        _fill_mapping(mapping, template)
 
     table_forward.__qualname__ = f"table_forward_od{key}"
     kernel = _TABLE_FORWARD[key] = njit(table_forward, error_model="numpy")
@@ -555,18 +556,16 @@ def _table_forward_for(od: int):
 
 
 @njit(error_model="numpy")
-def _redo_bad_planes(x, rois, edges, ph_n, pw_n, height, width, table, image_bad, out, dt):
-    """The bins of planes whose summed-area table is not finite, summed as the reference does (same loop, same
-    rounding). A plane is bad when its table's last entry is not finite."""
+def _redo_bad_planes(x, rois, edges, ph_n, pw_n, height, width, table, b, out, dt):
+    """The bins of image b's planes whose summed-area table (``table``) is not finite, summed as the reference
+    does (same loop, same rounding). A plane is bad when its table's last entry is not finite."""
     groups = ph_n * pw_n
     od = out.shape[0] // (rois.shape[0] * groups)
     stride = _run_stride(od)
     x_kod = groups * od
-    plane = (height + 1) * (width + 1) * groups * stride
     corner = ((height + 1) * (width + 1) - 1) * groups * stride
     for i in range(rois.shape[0]):
-        b = int(rois[i, 0])
-        if not image_bad[b]:
+        if int(rois[i, 0]) != b:
             continue
         for ph in range(ph_n):
             hs, he = edges[0, ph, i], edges[1, ph, i]
@@ -574,7 +573,7 @@ def _redo_bad_planes(x, rois, edges, ph_n, pw_n, height, width, table, image_bad
                 ws, we = edges[2, pw, i], edges[3, pw, i]
                 k = ph * pw_n + pw
                 for ctop in range(od):
-                    v = table[b * plane + corner + k * stride + ctop]
+                    v = table[corner + k * stride + ctop]
                     if v - v == 0:
                         continue
                     acc = dt(0.0)
@@ -1000,7 +999,7 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
         checks.check_batch_indices(checks.OP, rois, n)  # raises, naming the RoI
     if use_table:
         _call_slp(_table_forward_for(od), (x_flat, rois_np, edges, n, ph_n, pw_n, h, w, rows, map_rows, template,
-                                   _scratch("table", ((h + 1) * (w + 1) * n * ph_n * pw_n * _stride_of(od),))))
+                                   _scratch("table", ((h + 1) * (w + 1) * ph_n * pw_n * _stride_of(od),))))
     else:
         _grouped_forward(od)(x_flat, _scratch("grouped", (n * h * w * c,), dt), rois_np, edges, n, ph_n, pw_n, h, w,
                              rows.reshape(r * ph_n * pw_n, od), map_rows, template)
