@@ -487,7 +487,7 @@ def _table_forward_for(od: int):
         return kernel
     OD, STRIDE = key, _stride_of(key)
 
-    def table_forward(x, rois, edges, n, ph_n, pw_n, height, width, out, mapping, template, table):
+    def table_forward(x, rois, edges, n, ph_n, pw_n, height, width, out, mapping, template, table, scale, method):
         """The summed-area-table forward (one compilation per dtype, with SLP).
 
         x: input storage as flat NHWC [N*H*W*C] (acc dtype); out: flat [R*K*od] NHWC output rows (acc dtype);
@@ -502,6 +502,11 @@ def _table_forward_for(od: int):
         od = OD if OD > 0 else template.shape[0] // groups
         stride = STRIDE if OD > 0 else od
         kod = groups * stride
+        bad, use_table = _plan(rois, n, od, ph_n, pw_n, scale, height, width, method, edges, False)
+        if bad >= 0 or not use_table:
+            return bad if bad >= 0 else USE_DIRECT
+        if table.shape[0] < (height + 1) * (width + 1) * kod:  # too large for the caller's kept scratch
+            table = np.empty((height + 1) * (width + 1) * kod, np.float64)
         r = rois.shape[0]
         per_image = _batch_counts(rois, n)
         inverse = _inverse_areas(height * width)
@@ -512,7 +517,7 @@ def _table_forward_for(od: int):
         for b in range(n):  # one image at a time: its table stays in L2 while its RoIs read it
             if per_image[b] == 0:
                 continue
-            bad = _summed_area_table(x, b, height, width, od, groups, table)
+            not_finite = _summed_area_table(x, b, height, width, od, groups, table)
             for i in range(r):
                 if int(rois[i, 0]) != b:
                     continue
@@ -546,9 +551,10 @@ def _table_forward_for(od: int):
                                 out[at + j] = ((table[hi + c_e + j] - table[hi + c_s + j])
                                                - (table[lo + c_e + j] - table[lo + c_s + j])) * inv_area
                         at += u_od
-            if bad:
+            if not_finite:
                 _redo_bad_planes(x, rois, edges, ph_n, pw_n, height, width, table, b, out, dt)
         _fill_mapping(mapping, template)
+        return -1
 
     table_forward.__qualname__ = f"table_forward_od{key}"
     kernel = _TABLE_FORWARD[key] = njit(table_forward, error_model="numpy")
@@ -679,7 +685,7 @@ def _table_backward_for(od: int):
         return kernel
     OD, STRIDE = od, _stride_of(od)
 
-    def table_backward(grad, rois, edges, ph_n, pw_n, height, width, rows, table, cover):
+    def table_backward(grad, rois, edges, ph_n, pw_n, height, width, rows, table, cover, scale, method):
         """The difference-table backward for the forward's mapping_channel (one compilation per dtype, with SLP).
 
         grad: top_grad as flat [R*K*od] NHWC rows (acc dtype); rows: bottom_grad as [N*H*W, C] NHWC rows (acc
@@ -696,10 +702,16 @@ def _table_backward_for(od: int):
         groups = ph_n * pw_n
         od, stride = OD, STRIDE
         kod = groups * stride
+        bad, use_table = _plan(rois, n, od, ph_n, pw_n, scale, height, width, method, edges, True)
+        if bad >= 0 or not use_table:
+            return bad if bad >= 0 else USE_DIRECT
+        wide = width + 1
+        if table.shape[0] < (height + 2) * wide * kod:  # too large for the caller's kept scratch
+            table = np.empty((height + 2) * wide * kod, np.float64)
+            cover = np.empty((height + 2) * wide * groups, np.int32)
         r = rois.shape[0]
         per_image = _batch_counts(rois, n)
         inverse = _inverse_areas(height * width)
-        wide = width + 1
         u_kod, u_od, u_stride = np.uint64(kod), np.uint64(od), np.uint64(stride)
         u_k, u_wide = np.uint64(groups), np.uint64(wide)
         g_size = np.uint64(grad.shape[0])
@@ -905,6 +917,15 @@ def _cache_aligned(size: int, dtype) -> np.ndarray:
 _LINE = 64  # bytes per cache line
 
 
+_NO_TABLE = np.empty(0, np.float64)
+
+
+def _table_scratch(size: int) -> np.ndarray:
+    """The table kernels' float64 scratch of ``size`` entries: the kept per-thread buffer, or an empty array when
+    that would exceed ``SCRATCH_KEEP_BYTES`` (the kernel then allocates one, and only if it picks the tables)."""
+    return _scratch("table", (size,)) if size * 8 <= SCRATCH_KEEP_BYTES else _NO_TABLE
+
+
 def _np_dtype(acc: torch.dtype):
     return np.float64 if acc == torch.float64 else np.float32
 
@@ -994,13 +1015,13 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     template = _mapping_template(od, ph_n, pw_n, nhwc)
     rois_np = _rois_array(rois)
     edges = _new_edges(r, ph_n, pw_n)
-    bad, use_table = _plan(rois_np, n, od, ph_n, pw_n, dt(spatial_scale), h, w, METHOD, edges, False)
-    if bad >= 0:
+    # the table kernel plans first (one numba call, not two) and returns USE_DIRECT when direct summation pays
+    table = _table_scratch((h + 1) * (w + 1) * ph_n * pw_n * _stride_of(od))
+    status = _call_slp(_table_forward_for(od), (x_flat, rois_np, edges, n, ph_n, pw_n, h, w, rows, map_rows,
+                                                template, table, dt(spatial_scale), METHOD))
+    if status >= 0:
         checks.check_batch_indices(checks.OP, rois, n)  # raises, naming the RoI
-    if use_table:
-        _call_slp(_table_forward_for(od), (x_flat, rois_np, edges, n, ph_n, pw_n, h, w, rows, map_rows, template,
-                                   _scratch("table", ((h + 1) * (w + 1) * ph_n * pw_n * _stride_of(od),))))
-    else:
+    if status == USE_DIRECT:
         _grouped_forward(od)(x_flat, _scratch("grouped", (n * h * w * c,), dt), rois_np, edges, n, ph_n, pw_n, h, w,
                              rows.reshape(r * ph_n * pw_n, od), map_rows, template)
     if not in_place:  # one rounding to the output dtype, as the reference
@@ -1044,21 +1065,21 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
             checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
     rois_np = _rois_array(rois)
     edges = _new_edges(r, ph_n, pw_n)
-    bad, use_table = _plan(rois_np, n, od, ph_n, pw_n, dt(spatial_scale), h, w, METHOD if canonical else DIRECT,
-                           edges, True)
-    if bad >= 0:
-        checks.check_batch_indices(checks.OP_BACKWARD, rois, n)  # raises, naming the RoI
-    status = USE_DIRECT
-    if canonical and use_table:  # the kernel writes NHWC rows: the target's own storage when it is NHWC
+    scale = dt(spatial_scale)
+    if canonical:  # the table kernel plans first and returns USE_DIRECT when the direct scatter pays
         rows = target_np.reshape(n * h * w, c) if nhwc else _scratch("bottom_rows", (n * h * w, c), dt)
-        grad_rows = _nhwc_flat(g)
-        stride = _stride_of(od)
-        status = _call_slp(_table_backward_for(od), (
-            grad_rows, rois_np, edges, ph_n, pw_n, h, w, rows, _scratch("table", ((h + 2) * (w + 1) * ph_n * pw_n
-                                                                                  * stride,)),
-            _scratch("cover", ((h + 2) * (w + 1) * ph_n * pw_n,), np.int32)))
-        if status != USE_DIRECT and not nhwc:
+        cells = (h + 2) * (w + 1) * ph_n * pw_n
+        table = _table_scratch(cells * _stride_of(od))
+        cover = _scratch("cover", (cells,), np.int32) if table.shape[0] else table.view(np.int32)
+        status = _call_slp(_table_backward_for(od), (_nhwc_flat(g), rois_np, edges, ph_n, pw_n, h, w, rows, table,
+                                                     cover, scale, METHOD))
+        if status == -1 and not nhwc:
             target.copy_(torch.from_numpy(rows).view(n, h, w, c).permute(0, 3, 1, 2))
+    else:
+        bad, _ = _plan(rois_np, n, od, ph_n, pw_n, scale, h, w, DIRECT, edges, True)
+        status = bad if bad >= 0 else USE_DIRECT
+    if status >= 0:
+        checks.check_batch_indices(checks.OP_BACKWARD, rois, n)  # raises, naming the RoI
     if status == USE_DIRECT:  # the direct kernels address the logical NCHW view through its strides
         _, b_flat, b_strides = _flat(as_nchw(target, out_layout))
         work = r * od * h * w + target.numel()  # as forward + zeroing
