@@ -505,8 +505,6 @@ def _table_forward_for(od: int):
         bad, use_table = _plan(rois, n, od, ph_n, pw_n, scale, height, width, method, edges, False)
         if bad >= 0 or not use_table:
             return bad if bad >= 0 else USE_DIRECT
-        if table.shape[0] < (height + 1) * (width + 1) * kod:  # too large for the caller's kept scratch
-            table = np.empty((height + 1) * (width + 1) * kod, np.float64)
         r = rois.shape[0]
         per_image = _batch_counts(rois, n)
         inverse = _inverse_areas(height * width)
@@ -706,9 +704,6 @@ def _table_backward_for(od: int):
         if bad >= 0 or not use_table:
             return bad if bad >= 0 else USE_DIRECT
         wide = width + 1
-        if table.shape[0] < (height + 2) * wide * kod:  # too large for the caller's kept scratch
-            table = np.empty((height + 2) * wide * kod, np.float64)
-            cover = np.empty((height + 2) * wide * groups, np.int32)
         r = rois.shape[0]
         per_image = _batch_counts(rois, n)
         inverse = _inverse_areas(height * width)
@@ -917,15 +912,6 @@ def _cache_aligned(size: int, dtype) -> np.ndarray:
 _LINE = 64  # bytes per cache line
 
 
-_NO_TABLE = np.empty(0, np.float64)
-
-
-def _table_scratch(size: int) -> np.ndarray:
-    """The table kernels' float64 scratch of ``size`` entries: the kept per-thread buffer, or an empty array when
-    that would exceed ``SCRATCH_KEEP_BYTES`` (the kernel then allocates one, and only if it picks the tables)."""
-    return _scratch("table", (size,)) if size * 8 <= SCRATCH_KEEP_BYTES else _NO_TABLE
-
-
 def _np_dtype(acc: torch.dtype):
     return np.float64 if acc == torch.float64 else np.float32
 
@@ -1015,8 +1001,9 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     template = _mapping_template(od, ph_n, pw_n, nhwc)
     rois_np = _rois_array(rois)
     edges = _new_edges(r, ph_n, pw_n)
-    # the table kernel plans first (one numba call, not two) and returns USE_DIRECT when direct summation pays
-    table = _table_scratch((h + 1) * (w + 1) * ph_n * pw_n * _stride_of(od))
+    # the table kernel plans first (one numba call, not two) and returns USE_DIRECT when direct summation pays;
+    # its scratch is then left untouched (a large one is only reserved: pages are mapped when first written)
+    table = _scratch("table", ((h + 1) * (w + 1) * ph_n * pw_n * _stride_of(od),))
     status = _call_slp(_table_forward_for(od), (x_flat, rois_np, edges, n, ph_n, pw_n, h, w, rows, map_rows,
                                                 template, table, dt(spatial_scale), METHOD))
     if status >= 0:
@@ -1069,8 +1056,7 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
     if canonical:  # the table kernel plans first and returns USE_DIRECT when the direct scatter pays
         rows = target_np.reshape(n * h * w, c) if nhwc else _scratch("bottom_rows", (n * h * w, c), dt)
         cells = (h + 2) * (w + 1) * ph_n * pw_n
-        table = _table_scratch(cells * _stride_of(od))
-        cover = _scratch("cover", (cells,), np.int32) if table.shape[0] else table.view(np.int32)
+        table, cover = _scratch("table", (cells * _stride_of(od),)), _scratch("cover", (cells,), np.int32)
         status = _call_slp(_table_backward_for(od), (_nhwc_flat(g), rois_np, edges, ph_n, pw_n, h, w, rows, table,
                                                      cover, scale, METHOD))
         if status == -1 and not nhwc:
