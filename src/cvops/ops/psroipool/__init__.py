@@ -207,8 +207,8 @@ def psroi_pool_backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_chan
         bottom_grad of ``input_shape``, dtype of ``top_grad``.
     """
     layout = parse_layout(checks.OP_BACKWARD, layout)
-    require(isinstance(input_shape, (list, tuple, torch.Size)), checks.OP_BACKWARD,
-            f"input_shape must be a sequence of 4 ints, got {input_shape!r}")
+    if not isinstance(input_shape, (list, tuple, torch.Size)):  # the message is built only on failure
+        require(False, checks.OP_BACKWARD, f"input_shape must be a sequence of 4 ints, got {input_shape!r}")
     shape = tuple(int(s) if isinstance(s, (torch.SymInt, torch.Tensor)) else s for s in input_shape)
     dims_ok = all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (top_grad, mapping_channel))
     top_nchw = as_nchw(top_grad, layout) if dims_ok else top_grad
