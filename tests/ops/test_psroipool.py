@@ -420,6 +420,27 @@ def test_numba_table_method_nan_inf(dtype, monkeypatch):
 
 
 @requires_numba
+@pytest.mark.parametrize("od", [3, 8, 21])
+def test_numba_table_backward_nan_inf_below_uncovered_groups(od, monkeypatch):
+    # few RoIs leave most (pixel, group) entries uncovered; the table backward zeroes those in place, which
+    # must not hide a non-finite gradient on its way to the final check (then the direct scatter runs)
+    pin_method(monkeypatch, "TABLE")
+    gen = torch.Generator().manual_seed(od)
+    n, h, w, p = 2, 9, 11, 3
+    for trial in range(12):
+        r = 1 + trial % 4
+        rois = torch.cat([torch.randint(0, n, (r, 1), generator=gen).float(),
+                          torch.rand(r, 4, generator=gen) * 100 - 10], 1)
+        x = torch.randn(n, h, w, od * p * p, generator=gen)
+        out, mapping = cvops.psroi_pool(x, rois, p, p, 0.1, p, od, "NHWC")
+        g = torch.randn(out.shape, generator=gen)
+        at = torch.randint(0, g.numel(), (2,), generator=gen)
+        g.view(-1)[at[0]], g.view(-1)[at[1]] = float("nan"), float("inf") if trial % 2 else float("-inf")
+        expected = cvops.psroi_pool_backward(g, rois, mapping, 0.1, od, tuple(x.shape), "NHWC", backend="reference")
+        assert_close(cvops.psroi_pool_backward(g, rois, mapping, 0.1, od, tuple(x.shape), "NHWC"), expected)
+
+
+@requires_numba
 def test_numba_table_method_zero_gradient_bins_and_uncovered_pixels_are_exact_zeros(monkeypatch):
     pin_method(monkeypatch, "TABLE")
     x = torch.randn(2, 9, 12, 12)

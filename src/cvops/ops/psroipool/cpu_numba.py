@@ -712,7 +712,7 @@ def _table_backward_for(od: int):
         g_size = np.uint64(grad.shape[0])
         running = np.empty(kod, np.float64)
         running_cover = np.empty(groups, np.int32)
-        line = np.zeros(kod, np.float64)
+        non_finite = False  # a non-finite table value (NaN/inf gradient, float64 overflow): use the direct scatter
         flat = rows.reshape(rows.shape[0] * c)
         for b in range(n):
             first = b * height * width
@@ -769,27 +769,29 @@ def _table_backward_for(od: int):
                     for j in range(kod):
                         running[j] += table[at * u_kod + np.uint64(j)]
                         table[at * u_kod + np.uint64(j)] = table[up * u_kod + np.uint64(j)] + running[j]
-                    covered = True
                     for k in range(groups):
                         running_cover[k] += cover[at * u_k + np.uint64(k)]
                         cover[at * u_k + np.uint64(k)] = cover[up * u_k + np.uint64(k)] + running_cover[k]
-                        covered &= cover[at * u_k + np.uint64(k)] > 0
-                    pixel = (first + y * width + xx) * c
-                    if covered:
-                        _transpose(table, int(at) * kod, stride, groups, od, flat, pixel, groups)
-                    else:  # groups no bin covers get exactly 0, not the table's rounding residue
-                        for k in range(groups):
-                            keep = cover[at * u_k + np.uint64(k)] > 0
+                    for k in range(groups):
+                        if cover[at * u_k + np.uint64(k)] <= 0:
+                            # a group no bin covers: exactly 0, not the table's rounding residue; 0 is also its
+                            # exact prefix, so the rows below build on it unchanged. A non-finite value there
+                            # would be hidden from the check below: remember it.
+                            run = at * u_kod + np.uint64(k) * u_stride
                             for ctop in range(od):
-                                j = k * stride + ctop
-                                line[j] = table[at * u_kod + np.uint64(j)] if keep else 0.0
-                        _transpose(line, 0, stride, groups, od, flat, pixel, groups)
-            last = np.uint64(height * wide + width - 1) * u_kod  # the last pixel: every bin's first corner reaches it
+                                v = table[run + np.uint64(ctop)]
+                                non_finite |= not (v - v == 0)
+                                table[run + np.uint64(ctop)] = 0.0
+                    _transpose(table, int(at) * kod, stride, groups, od, flat, (first + y * width + xx) * c, groups)
+            # non-finite gradients reach the last pixel (every bin's first corner is above-left of it) unless a
+            # zeroed group cut them off on the way down its column, which ``non_finite`` recorded
+            last = np.uint64(height * wide + width - 1) * u_kod
             for k in range(groups):
                 for ctop in range(od):
                     v = table[last + np.uint64(k * stride + ctop)]
-                    if not (v - v == 0):
-                        return USE_DIRECT
+                    non_finite |= not (v - v == 0)
+            if non_finite:
+                return USE_DIRECT
         return -1
 
     table_backward.__qualname__ = f"table_backward_od{od}"
