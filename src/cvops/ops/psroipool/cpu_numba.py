@@ -346,7 +346,9 @@ def _backward_table_pays(pixel_channels, bins, od, entries):
     kernels on the doc's cases (serial; ``entries`` = pixels x channels of the images RoIs use): tables ~1 ns
     per entry (zero, prefix sum, transposed write) and ~2.6 ns per bin and 8-channel block; direct ~0.3 ns per
     bin pixel and channel, ~0.7 ns per entry and ~2 ns per bin. Measured whole ``backward`` calls: R-FCN g7
-    ~120-135 us vs ~185-195 us, g3 ~130 us vs ~200 us."""
+    ~93 us vs ~194 us, g3 ~90 us vs ~214 us. The entry cost is the one of tables beyond the caches (a 64 x 64
+    image, 10 RoIs: tables 1.2 ms, direct 0.86 ms); tables that fit in L2 cost less per entry, so with 1 or 40
+    RoIs on the doc's 14 x 14 images the model picks direct where the tables are now faster (g7: ~59 vs ~43 us)."""
     return 10 * entries + 26 * bins * _channel_blocks(od) < 3 * pixel_channels + 7 * entries + 20 * bins
 
 
@@ -355,8 +357,8 @@ def _grouped_table_pays(pixel_channels, bins, od, entries):
     """Whether the summed-area table beats the grouped direct forward. Costs in 0.05 ns, fitted to the kernels
     on the doc's cases (serial; ``entries`` = pixels x channels of the images RoIs use): table ~0.25 ns per
     entry (regroup and integrate) and ~3 ns per bin and 8-channel block; direct ~0.1 ns per entry (regroup),
-    ~4 ns per bin and ~0.25 ns per bin pixel and channel. Measured kernels: R-FCN g7 ~70 us vs ~105 us, g3
-    ~70 us vs ~125 us."""
+    ~4 ns per bin and ~0.25 ns per bin pixel and channel. Measured whole ``forward`` calls: R-FCN g7 ~76 us vs
+    ~120 us, g3 ~69 us vs ~154 us."""
     return 5 * entries + 60 * bins * _channel_blocks(od) < 2 * entries + 80 * bins + 5 * pixel_channels
 
 
