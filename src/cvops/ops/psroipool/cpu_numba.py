@@ -490,7 +490,9 @@ def _table_forward_for(od: int):
     OD, STRIDE = key, _stride_of(key)
 
     def table_forward(x, rois, edges, n, ph_n, pw_n, height, width, out, mapping, template, table, scale, method):
-        """The summed-area-table forward (one compilation per dtype, with SLP).
+        """The summed-area-table forward (compiled with SLP). It first runs :func:`_plan` (``scale`` in the
+        accumulation dtype, ``method``: AUTO/DIRECT/TABLE) and returns the first RoI with a bad batch index, or
+        USE_DIRECT when direct summation pays (``edges`` then hold the bin edges for it), else -1 when done.
 
         x: input storage as flat NHWC [N*H*W*C] (acc dtype); out: flat [R*K*od] NHWC output rows (acc dtype);
         mapping: [R, K*od] rows (storage order) filled from ``template``; table: float64 scratch [(H+1)*(W+1)*K*S]
@@ -686,7 +688,8 @@ def _table_backward_for(od: int):
     OD, STRIDE = od, _stride_of(od)
 
     def table_backward(grad, rois, edges, ph_n, pw_n, height, width, rows, table, cover, scale, method):
-        """The difference-table backward for the forward's mapping_channel (one compilation per dtype, with SLP).
+        """The difference-table backward for the forward's mapping_channel (compiled with SLP). It first runs
+        :func:`_plan` as the table forward does, with the same return codes.
 
         grad: top_grad as flat [R*K*od] NHWC rows (acc dtype); rows: bottom_grad as [N*H*W, C] NHWC rows (acc
         dtype); table: float64 scratch [(H+2)*(W+1)*K*S] (S = :func:`_run_stride`; entry k*S + ctop of a pixel,
@@ -695,7 +698,7 @@ def _table_backward_for(od: int):
         corners of ``cover``; one 2-D prefix sum then gives each pixel its summed gradient, and the coverage count
         makes pixels under no bin exactly 0. Each pixel's [K, od] values are written out in the input's channel
         order (ctop*K + k, register transposes). Row 0 of the tables is a zero row above the image, so the prefix
-        needs no test for the first row. Returns -1, or USE_DIRECT when a table is not finite (NaN/inf gradients,
+        needs no test for the first row. Also returns USE_DIRECT when a table is not finite (NaN/inf gradients,
         float64 overflow): the direct scatter then reproduces the reference's NaN/inf, overwriting everything."""
         n = rows.shape[0] // (height * width)
         c = rows.shape[1]
