@@ -140,7 +140,7 @@ def _eager_call_ok(*tensors: torch.Tensor) -> bool:
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
-        if type(t) is not torch.Tensor or t.device.type != "cpu" or (grad and t.requires_grad):
+        if type(t) is not torch.Tensor or not t.is_cpu or (grad and t.requires_grad):  # is_cpu: no device object
             return False
     try:
         return torch._C._len_torch_dispatch_stack() == 0 and not torch._C._are_functorch_transforms_active()

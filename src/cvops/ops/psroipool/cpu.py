@@ -49,7 +49,7 @@ def fused_backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: 
     """``cpu_numba`` when it takes this backward (see :func:`backward`), else None; its ``backward`` returns
     bottom_grad as stored (the shape of ``out_layout``)."""
     fused = _numba_path(top_grad, rois, mapping_channel)
-    return fused if fused is not None and top_grad.numel() > 0 and all(input_shape) else None
+    return fused if fused is not None and top_grad.numel() > 0 and 0 not in input_shape else None
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
