@@ -34,8 +34,14 @@ def _numba_path(*tensors: torch.Tensor):
     suited to these tensors; None selects the torch code below."""
     if not numba_enabled():
         return None
-    from . import cpu_numba
-    return cpu_numba if cpu_numba.supports(*tensors) else None
+    fused = _FUSED.get("module")
+    if fused is None:  # imported on first use (it imports numba); a function-level import costs ~1 us a call
+        from . import cpu_numba as fused
+        _FUSED["module"] = fused
+    return fused if fused.supports(*tensors) else None
+
+
+_FUSED: dict = {}  # the cpu_numba module once imported
 
 
 def fused_forward(input: torch.Tensor, rois: torch.Tensor):

@@ -950,7 +950,8 @@ _SLP_COMPILED = set()  # (kernel, accumulation dtype, rois dtype) compiled with 
 def _rois_array(rois: torch.Tensor) -> np.ndarray:
     """rois as a C-contiguous float32/float64 numpy array (no copy when it already is one; float16/bfloat16
     widen to float32 exactly)."""
-    rois = rois.detach()
+    if rois.requires_grad:
+        rois = rois.detach()
     if rois.dtype not in (torch.float32, torch.float64):
         rois = rois.to(torch.float32)
     return (rois if rois.is_contiguous() else rois.contiguous()).numpy()
