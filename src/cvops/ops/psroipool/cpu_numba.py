@@ -341,15 +341,18 @@ def _channel_blocks(od):
 
 
 @njit(error_model="numpy")
-def _backward_table_pays(pixel_channels, bins, od, entries):
+def _backward_table_pays(pixel_channels, bins, od, entries, table_bytes):
     """Whether the difference tables beat the direct scatter (backward). Costs in 0.1 ns, fitted to the
-    kernels on the doc's cases (serial; ``entries`` = pixels x channels of the images RoIs use): tables ~1 ns
-    per entry (zero, prefix sum, transposed write) and ~2.6 ns per bin and 8-channel block; direct ~0.3 ns per
-    bin pixel and channel, ~0.7 ns per entry and ~2 ns per bin. Measured whole ``backward`` calls: R-FCN g7
-    ~93 us vs ~194 us, g3 ~90 us vs ~214 us. The entry cost is the one of tables beyond the caches (a 64 x 64
-    image, 10 RoIs: tables 1.2 ms, direct 0.86 ms); tables that fit in L2 cost less per entry, so with 1 or 40
-    RoIs on the doc's 14 x 14 images the model picks direct where the tables are now faster (g7: ~59 vs ~43 us)."""
-    return 10 * entries + 26 * bins * _channel_blocks(od) < 3 * pixel_channels + 7 * entries + 20 * bins
+    kernels (serial; ``entries`` = pixels x channels of the images RoIs use): tables ~0.4 ns per entry (zero,
+    prefix sum, transposed write) while one image's table fits in L2, ~1 ns beyond, and ~2.6 ns per bin and
+    8-channel block; direct ~0.3 ns per bin pixel and channel, ~0.7 ns per entry and ~2 ns per bin. Measured
+    whole ``backward`` calls: R-FCN g7 ~93 us vs ~194 us (g3 ~90 vs ~214); its 14 x 14 image with 1 or 40 RoIs
+    ~43 vs ~59 us and ~50 vs ~77 us; a 64 x 64 image (13 MB table), 10 RoIs: 1.2 ms vs 0.86 ms."""
+    per_entry = 4 if table_bytes <= _L2_BYTES else 10
+    return per_entry * entries + 26 * bins * _channel_blocks(od) < 3 * pixel_channels + 7 * entries + 20 * bins
+
+
+_L2_BYTES = 1 << 20  # L2 per core on the CI machine (AMD Zen 4), typical of current x86 cores
 
 
 @njit(error_model="numpy")
@@ -635,7 +638,8 @@ def _plan(rois, n, od, ph_n, pw_n, scale, height, width, method, edges, backward
     pixel_channels = _summed_area(edges, r, ph_n, pw_n) * od
     entries = _images_used(rois, n) * od * ph_n * pw_n * height * width
     if backward:
-        return -1, _backward_table_pays(pixel_channels, r * ph_n * pw_n, od, entries)
+        table_bytes = (height + 2) * (width + 1) * ph_n * pw_n * _run_stride(od) * 8  # one image's
+        return -1, _backward_table_pays(pixel_channels, r * ph_n * pw_n, od, entries, table_bytes)
     return -1, _grouped_table_pays(pixel_channels, r * ph_n * pw_n, od, entries)
 
 
