@@ -879,12 +879,17 @@ def _variant(kernels, work: float):
 
 # ------------------------------------------------------------------------------------------- wrappers
 def _flat(t: torch.Tensor):
-    """(flat numpy view of the storage, element strides) of a 4-D tensor, densified if it is neither NCHW-
-    nor NHWC-dense. Returns the (possibly new) tensor too, to keep it alive and to copy results back."""
-    if not (t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)):
+    """(flat numpy view of the storage, element strides) of a logical-NCHW view of a 4-D tensor stored dense
+    NCHW or NHWC; any other layout is copied dense first (so a tensor written through the view must be dense).
+    numpy views, as they cost ~1 us less than torch ones; the array keeps the tensor alive."""
+    if t.requires_grad:
+        t = t.detach()
+    if t.is_contiguous():
+        return t.numpy().reshape(-1), tuple(t.stride())
+    if not t.is_contiguous(memory_format=torch.channels_last):
         t = t.contiguous()
-    flat = t.detach().as_strided((t.numel(),), (1,)).numpy()
-    return t, flat, tuple(t.stride())
+        return t.numpy().reshape(-1), tuple(t.stride())
+    return t.numpy().transpose(0, 2, 3, 1).reshape(-1), tuple(t.stride())
 
 
 _SCRATCH = threading.local()
@@ -967,19 +972,6 @@ def _new_edges(r: int, ph_n: int, pw_n: int) -> np.ndarray:
     return np.empty((4, max(ph_n, pw_n), r), np.int32)
 
 
-def _dense_flat(t: torch.Tensor):
-    """(flat numpy view of the storage, element strides) of a logical-NCHW view of a dense NCHW or NHWC tensor,
-    as :func:`_flat` without its torch views (~1 us less); other layouts go through :func:`_flat`."""
-    if t.requires_grad:
-        t = t.detach()
-    if t.is_contiguous():
-        return t.numpy().reshape(-1), tuple(t.stride())
-    if t.is_contiguous(memory_format=torch.channels_last):
-        return t.numpy().transpose(0, 2, 3, 1).reshape(-1), tuple(t.stride())
-    _, flat, strides = _flat(t)
-    return flat, strides
-
-
 def _nhwc_flat(x: torch.Tensor) -> np.ndarray:
     """The elements of a logical-NCHW tensor in NHWC order, as a flat numpy array (a copy unless NHWC-dense)."""
     if x.requires_grad:
@@ -1058,7 +1050,7 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
     bottom = target if top_grad.dtype == acc else torch.empty(stored, dtype=top_grad.dtype)  # copied at the end
     canonical = trusted_mapping
     if not canonical:
-        m_flat, m_strides = _dense_flat(mapping_channel)
+        m_flat, m_strides = _flat(mapping_channel)
         canonical = _is_forward_mapping(m_flat, m_strides, top_shape)
         if not canonical:
             checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
@@ -1079,12 +1071,12 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
     if status >= 0:
         checks.check_batch_indices(checks.OP_BACKWARD, rois, n)  # raises, naming the RoI
     if status == USE_DIRECT:  # the direct kernels address the logical NCHW view through its strides
-        _, b_flat, b_strides = _flat(as_nchw(target, out_layout))
+        b_flat, b_strides = _flat(as_nchw(target, out_layout))
         work = r * od * h * w + target.numel()  # as forward + zeroing
         if canonical:
             _backward_direct(g, edges, rois_np, b_flat, b_strides, (n, c, h, w), dt, work)
         else:
-            _, g_flat, g_strides = _flat(g)
+            g_flat, g_strides = _flat(g)
             _variant(_BACKWARD_ANY, work)(g_flat, g_strides, top_shape, rois_np, edges, m_flat, m_strides, b_flat,
                                           b_strides, (n, c, h, w))
     if target is not bottom:
