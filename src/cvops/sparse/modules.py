@@ -13,7 +13,7 @@ from torch import nn
 
 from .._core.errors import NotSupportedError
 from .._core.validate import check_int, pair, require
-from .functional import conv_output_size, identity_offset, indice_conv
+from .functional import _indice_conv, conv_output_size, identity_offset
 from .tensor import IndiceData, SparseConvTensor
 
 
@@ -134,16 +134,22 @@ class SparseConvolution(SparseModule):
         require(x.ndim == self.ndim, name, f"input is {x.ndim}-D, the layer {self.ndim}-D")
         require(x.features.shape[1] == self.in_channels, name,
                 f"input has {x.features.shape[1]} channels, the layer expects {self.in_channels}")
+        require(x.features.shape[0] == x.indices.shape[0], name,
+                f"input features rows ({x.features.shape[0]}) must equal its indices rows ({x.indices.shape[0]}) "
+                "(were .features reassigned?)")
         data = self._kernel_map(x)
+        map_rows = (data.out_indices if self.inverse else data.indices).shape[0]
+        require(x.features.shape[0] == map_rows, name,
+                f"input features rows ({x.features.shape[0]}) must equal the kernel map's input sites ({map_rows})")
         if self.inverse:
             out_indices, out_spatial, ident = data.indices, data.spatial_shape, -1
         else:
             out_indices, out_spatial = data.out_indices, data.out_spatial_shape
             ident = identity_offset(self.kernel_size, self.padding, self.dilation) if self.subm else -1
-        features = indice_conv(x.features, self.weight, data.indice_pairs, data.indice_num, out_indices.shape[0],
-                               inverse=self.inverse, identity_offset=ident,
-                               indice_pairs_by_output=data.pairs_sorted_by_output(),
-                               check_values=False)  # the map comes from get_indice_pairs
+        features = _indice_conv(x.features, self.weight, data.indice_pairs, data.indice_num, out_indices.shape[0],
+                                inverse=self.inverse, identity_offset=ident,
+                                indice_pairs_by_output=data.pairs_sorted_by_output(), backend=None,
+                                check_values=False)  # the map comes from get_indice_pairs on these sites
         if self.bias is not None:
             features = features + self.bias
         out = SparseConvTensor(features, out_indices, out_spatial, x.batch_size, x.grid)

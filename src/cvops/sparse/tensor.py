@@ -88,6 +88,14 @@ class SparseConvTensor:
 
         Differentiable with respect to ``features``. Duplicate coordinates are summed.
         """
+        require(self.features.shape[0] == self.indices.shape[0], OP,
+                f"dense: features rows ({self.features.shape[0]}) must equal indices rows ({self.indices.shape[0]})")
+        if self.indices.shape[0] and not torch.compiler.is_compiling():
+            lo, hi = self.indices.amin(0).tolist(), self.indices.amax(0).tolist()
+            limits = [self.batch_size] + list(self.spatial_shape)
+            for d, (a, b, n) in enumerate(zip(lo, hi, limits)):
+                what = "batch index" if d == 0 else f"coordinate {d - 1}"
+                require(a >= 0 and b < n, OP, f"dense: indices {what} must lie in [0, {n}), got values in [{a}, {b}]")
         c = self.features.shape[1]
         out = self.features.new_zeros(self.batch_size, *self.spatial_shape, c)
         coords = tuple(col.long() for col in self.indices.t())
