@@ -60,11 +60,11 @@ def dense_reference(layer, xd: torch.Tensor, weight: torch.Tensor):
     """The dense convolution the sparse layer computes, on a dense input ``xd [B, C, *spatial]``."""
     nd = layer.ndim
     conv = F.conv3d if nd == 3 else F.conv2d
-    w = sparse.convert_weight(weight, "mmcv", "torch")
-    if layer.subm:  # output grid = input grid: pad left by `padding`, right by d(k-1) - padding
+    w = sparse.convert_weight(weight, layer.WEIGHT_LAYOUT, "torch")
+    if layer.subm:  # output grid = input grid, kernel centred (padding ignored): pad d*(k//2) left
         pads = []
-        for k, p, d in reversed(list(zip(layer.kernel_size, layer.padding, layer.dilation))):
-            pads += [p, d * (k - 1) - p]
+        for k, d in reversed(list(zip(layer.kernel_size, layer.dilation))):
+            pads += [d * (k // 2), d * (k - 1) - d * (k // 2)]
         return conv(F.pad(xd, pads), w, None, 1, 0, layer.dilation)
     return conv(xd, w, None, layer.stride, layer.padding, layer.dilation)
 
@@ -143,8 +143,8 @@ def test_inverse_conv3d_is_transposed_conv_on_input_sites(kernel, stride, paddin
     feats_ref = y.features.detach().clone().requires_grad_()
     weight_ref = up.weight.detach().clone().requires_grad_()
     yd = y.replace_feature(feats_ref).dense()
-    # conv_transpose weight is [C_in, C_out, *k]
-    w = weight_ref.permute(3, 4, 0, 1, 2)
+    # conv_transpose weight is [C_in, C_out, *k]; the layer's is spconv's [C_out, *k, C_in]
+    w = weight_ref.permute(4, 0, 1, 2, 3)
     out_pad = [i - ((o - 1) * s - 2 * p + (k - 1) + 1) for i, o, s, p, k in
                zip(x.spatial_shape, y.spatial_shape, down.stride, down.padding, down.kernel_size)]
     ref = F.conv_transpose3d(yd, w, None, down.stride, down.padding, out_pad, 1, down.dilation)
@@ -350,9 +350,11 @@ def test_weight_layouts_roundtrip_and_load():
     for layout in ("spconv", "RSKC", "torch", "mmcv"):
         assert torch.equal(sparse.convert_weight(sparse.convert_weight(w_mmcv, "mmcv", layout), layout), w_mmcv)
     layer = sparse.SparseConv3d(3, 5, (2, 3, 4))
-    state = {"weight": w_spconv, "bias": torch.zeros(5)}
-    sparse.load_state_dict(layer, state, "spconv")
-    assert torch.equal(layer.weight, w_mmcv)
+    layer.load_state_dict({"weight": w_spconv, "bias": torch.zeros(5)})  # spconv 2.x layout: plain load
+    assert torch.equal(layer.weight, w_spconv)
+    layer.weight.data.zero_()
+    sparse.load_state_dict(layer, {"weight": w_mmcv, "bias": torch.zeros(5)}, "mmcv")  # the documented call
+    assert torch.equal(layer.weight, w_spconv)
     with pytest.raises(BadParamError, match="layout"):
         sparse.load_state_dict(layer, {"weight": w_mmcv, "bias": torch.zeros(5)}, "spconv")
     with pytest.raises(BadParamError, match="layout must be one of"):
@@ -439,7 +441,7 @@ def test_bad_module_parameters():
     with pytest.raises(BadParamError, match="in_channels must be >= 1"):
         sparse.SparseConv3d(0, 2, 3)
     with pytest.raises(BadParamError, match="needs the indice_key"):
-        sparse.SparseInverseConv3d(2, 2, 3)
+        sparse.SparseInverseConv3d(2, 2, 3, None)
     x = random_sparse(1, (4, 4, 4), 5, 2, seed=18)
     with pytest.raises(BadParamError, match="expects 3"):
         sparse.SubMConv3d(3, 2, 3, padding=1).double()(x)
@@ -448,7 +450,7 @@ def test_bad_module_parameters():
     with pytest.raises(BadParamError, match="input is 3-D"):
         sparse.SubMConv2d(2, 2, 3, padding=1).double()(x)
     sparse.SubMConv3d(2, 2, 3, padding=1, indice_key="k").double()(x)
-    with pytest.raises(BadParamError, match="cached for another"):
+    with pytest.raises(BadParamError, match="holds a subm map"):
         sparse.SparseConv3d(2, 2, 3, indice_key="k").double()(x)
     with pytest.raises(BadParamError, match=r"indices must be \[N, 4\]"):
         sparse.SparseConvTensor(x.features, x.indices[:, :3], [4, 4, 4], 1)
@@ -524,7 +526,7 @@ def test_layers_match_spconv_forward():
     net = sparse.SparseSequential(sparse.SubMConv3d(4, 6, 3, padding=1, indice_key="s1"),
                                   sparse.SparseConv3d(6, 5, 3, stride=2, padding=1, indice_key="d1"),
                                   sparse.SparseInverseConv3d(5, 3, 3, indice_key="d1"))
-    sparse.load_state_dict(net, ref.state_dict(), "spconv")
+    net.load_state_dict(ref.state_dict())  # spconv 2.x layout loads unchanged
     xs = spt.SparseConvTensor(x.features, x.indices, x.spatial_shape, x.batch_size)
     threads = torch.get_num_threads()
     for i in range(3):
