@@ -217,3 +217,29 @@ def test_mmcv_layout_classes_share_the_implementation():
     torch.testing.assert_close(ya.features, yb.features, atol=1e-12, rtol=1e-12)
     sub = mmcv_sparse.SubMConv3d(3, 2, 3, indice_key="s").double()
     assert sub(x).features.shape == (40, 2)
+
+
+# ----------------------------------------------------------------------------- against spconv itself
+def test_transposed_conv_and_max_pool_match_spconv():
+    from tests.ops.test_spconv_backbones import _spconv
+    spt = _spconv()
+    if spt is None:
+        pytest.skip("spconv not installed")
+    x = random_sparse(2, (6, 7, 5), 70, 3, dtype=torch.float32, seed=6)
+    threads = torch.get_num_threads()
+    for make, feats in ((lambda lib: lib.SparseConvTranspose3d(3, 4, 3, 2, 1), x.features),
+                        (lambda lib: lib.SparseMaxPool3d(3, 2, 1), x.features.abs()),
+                        (lambda lib: lib.SparseMaxPool3d(2, 2), x.features.relu())):
+        ref, layer = make(spt), make(spconv)
+        layer.load_state_dict(ref.state_dict())
+        fr, fc = feats.clone().requires_grad_(), feats.clone().requires_grad_()
+        torch.set_num_threads(1)
+        try:
+            yr = ref(spt.SparseConvTensor(fr, x.indices, x.spatial_shape, 2)).dense()
+            yr.sin().sum().backward()
+        finally:
+            torch.set_num_threads(threads)
+        yc = layer(spconv.SparseConvTensor(fc, x.indices, x.spatial_shape, 2)).dense()
+        yc.sin().sum().backward()
+        torch.testing.assert_close(yc, yr, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fc.grad, fr.grad, atol=1e-5, rtol=1e-5)

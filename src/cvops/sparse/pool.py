@@ -2,6 +2,7 @@
 
 - max pool: ``out[o] = max`` of the active inputs the kernel reaches at ``o`` (inactive sites do not take
   part, they are not zeros); the gradient goes to the maximal input (split evenly between exact ties).
+  (spconv 2.3.8's CPU max pool starts from 0 instead, so it gives 0 where every input is negative.)
 - avg pool: the mean over those active inputs ("real point count", as spconv's, not the kernel volume).
 - global pools: per sample, the max / mean over its active sites, a dense ``[batch_size, C]``; a sample
   without sites gives zeros. (spconv 2.3.8's ``SparseGlobalAvgPool`` returns only the first channel of
