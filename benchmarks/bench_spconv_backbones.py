@@ -7,10 +7,10 @@ library or the other with the same weights (spconv's state_dict loaded unchanged
 KITTI scale (grid 1408 x 1600 x 40 as [41, 1600, 1408] zyx, 16k LiDAR-like voxels per frame, batch 2),
 ``unit`` a small grid for a quick look.
 
-spconv runs at 1 and at 2 threads and the faster is the anchor (its CPU results differ between the two;
-cvops's do not). The check column compares the outputs of cvops and 1-thread spconv (diff1). Peak memory
-is the largest resident-set growth seen while one step runs (sampled every millisecond), so it is
-approximate and includes the allocator's reuse.
+Each library runs at 1 thread and at torch's thread count, and the faster of the two is reported (spconv's
+CPU results differ between the two; cvops's do not). The check column compares the outputs of cvops and 1-thread spconv (diff1). Peak memory
+is the largest resident-set growth seen while one step runs (sampled every millisecond) after idle memory
+went back to the system (cvops.empty_cache, malloc_trim), so it is approximate.
 
     python benchmarks/bench_spconv_backbones.py [--tag network] [--nets VoxelBackBone8x,UNetV2] [--repeats 3]
 """
@@ -55,8 +55,20 @@ def _rss() -> int:
         return int(f.read().split()[1]) * 4096
 
 
+def _release_idle_memory() -> None:
+    """cvops's recycled buffers and glibc's free lists back to the system, so growth is measured from a
+    clean baseline for both libraries."""
+    cvops.empty_cache()
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+
+
 def peak_rss_growth(fn) -> int:
     """Largest resident-set growth (bytes) while ``fn()`` runs, sampled every millisecond."""
+    _release_idle_memory()
     base, peak, done = _rss(), [0], threading.Event()
 
     def sample():
@@ -119,7 +131,7 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 3, anchor: b
                 _loss(outs).backward()
                 return outs
 
-            for t in ((1, threads) if lib_name == "spconv" and threads > 1 else (threads,)):
+            for t in ((1, threads) if threads > 1 else (threads,)):
                 torch.set_num_threads(t)
                 try:
                     outs = step()  # warm-up (numba compiles, caches fill)
@@ -132,7 +144,7 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 3, anchor: b
                 best = results.get(lib_name)
                 if best is None or seconds < best[0]:
                     results[lib_name] = (seconds, mem, t)
-        seconds, mem, _ = results["cvops"]
+        seconds, mem, c_threads = results["cvops"]
         params = list(net.parameters())
         io = tensor_bytes(features, indices, params, [p.grad for p in params])
         check, anchor_s, anchor_name = f"peak+{mem / 2**20:.0f}MiB", None, ""
@@ -140,7 +152,7 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 3, anchor: b
             anchor_s, s_mem, s_threads = results["spconv"]
             check += f",spconv peak+{s_mem / 2**20:.0f}MiB,diff1={diff1(results['cvops_out'], results['spconv_out']):.1e}"
             anchor_name = f"spconv {_spconv_version()} ({s_threads} thr)"
-        backend = "triton" if device.type == "cuda" else "cpu"
+        backend = "triton" if device.type == "cuda" else f"cpu ({c_threads} thr)"
         rows.append(BenchRow("spconv_backbone", f"{name} {tag}", "fwd+bwd", backend, seconds, io, 0.0, check,
                              anchor_name, anchor_s))
     return rows
