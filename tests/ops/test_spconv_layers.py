@@ -113,6 +113,10 @@ def test_sparse_conv_tensor_spconv_api():
     x = random_sparse(2, (5, 6, 7), 30, 3, dtype=torch.float32, seed=4)
     t = spconv.SparseConvTensor(x.features, x.indices, np.array([5, 6, 7]), np.int64(2))
     assert t.spatial_shape == [5, 6, 7] and t.batch_size == 2 and type(t.batch_size) is int
+    import cvops
+    for a, b in zip(cvops.get_indice_pairs(x.indices, 2, np.array([5, 6, 7]), 3, 2, 1),
+                    cvops.get_indice_pairs(x.indices, 2, [5, 6, 7], 3, 2, 1)):
+        assert torch.equal(a, b)
     u = t.replace_feature(feature=t.features * 2)
     assert torch.equal(u.features, x.features * 2) and u.indice_dict is t.indice_dict
     with pytest.raises(BadParamError, match="feature rows"):

@@ -82,8 +82,9 @@ def check_params(indices, batch_size, spatial_shape, kernel_size, stride, paddin
                  out_padding=0, subm=False, transpose=False, out_spatial_shape=None) -> Geometry:
     """Every structural check; returns the normalised :class:`Geometry`."""
     check_tensor(OP, "indices", indices, dim=2, dtypes=INDEX_DTYPES)
-    if isinstance(spatial_shape, torch.Tensor) and spatial_shape.dim() == 1:
-        spatial_shape = spatial_shape.tolist()
+    if (isinstance(spatial_shape, torch.Tensor) or type(spatial_shape).__module__ == "numpy") and \
+            getattr(spatial_shape, "ndim", 0) == 1:
+        spatial_shape = spatial_shape.tolist()  # a tensor or numpy array of sizes (spconv passes numpy)
     require(isinstance(spatial_shape, (list, tuple, torch.Size)) or
             (isinstance(spatial_shape, torch.Tensor) and spatial_shape.dim() == 1), OP,
             f"spatial_shape must be a sequence of ints, got {spatial_shape!r}")
