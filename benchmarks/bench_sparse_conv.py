@@ -83,7 +83,7 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 1, anchor: b
         nets = {"cvops": (net, cvops.sparse)}
         if spt is not None:
             ref = enc.build_encoder(spt, case["in_channels"], case["width"]).to(device).train()
-            cvops.sparse.load_state_dict(net, ref.state_dict(), "spconv")
+            net.load_state_dict(ref.state_dict())  # spconv 2.x layout: loads unchanged
             nets["spconv"] = (ref, spt)
 
         results = {}

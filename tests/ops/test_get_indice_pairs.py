@@ -504,3 +504,19 @@ def test_mluops_limits_and_descriptor_setter():
     assert status == Status.NOT_SUPPORTED
     assert mluops.get_indice_pairs(None, desc, None, None, None, 0, None, None, None, None, None, None) == \
         Status.BAD_PARAM
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", pytest.param("triton", marks=requires_triton)])
+@pytest.mark.parametrize("kernel,padding,dilation", [(3, 1, 2), ((3, 3, 5), (1, 2, 2), (2, 1, 1)), (3, 2, 2)])
+def test_subm_dilated_kernel_not_centred_by_padding(backend, kernel, padding, dilation):
+    # subm k3 p1 d2 is NOT a centred kernel (that needs p = d): a shortcut that calls it centred (and
+    # mirrors offsets) gives wrong pairs. Compared with the independent test-only builder.
+    from tests.ops._sparse_kmap import build_kernel_map
+    idx = synth.uniform_voxels(60, 2, [5, 6, 7], seed=12)
+    got = cvops.get_indice_pairs(idx, 2, [5, 6, 7], kernel, 1, padding, dilation, subm=True, backend=backend)
+    n = 3
+    expected = build_kernel_map(idx, 2, [5, 6, 7], _tuple(kernel, n), (1, 1, 1), _tuple(padding, n),
+                                _tuple(dilation, n), subm=True)
+    assert_same(got, expected)
+    check_contract(idx, *got, batch_size=2, spatial_shape=[5, 6, 7], kernel_size=kernel, padding=padding,
+                   dilation=dilation, subm=True)

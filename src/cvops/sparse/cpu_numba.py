@@ -20,6 +20,7 @@ from numba import prange
 
 from .._core import jit
 from .._core.jit import match_torch_threads, njit_variants
+from .._core.validate import require
 
 SUPPORTED = (torch.float32, torch.float64)
 
@@ -28,31 +29,59 @@ def supports(out: torch.Tensor) -> bool:
     return out.device.type == "cpu" and out.dtype in SUPPORTED and out.is_contiguous()
 
 
+# Every loop checks each row index against the array it indexes and skips (and counts) a row out of
+# range, so no index, whatever its origin, reads or writes outside an array; the wrappers raise on a
+# non-zero count. The check is one compare per row, beside a loop over the row's channels.
+
 def _gather(out, src, index):
     n, c = out.shape
+    limit = src.shape[0]
+    bad = 0
     for i in prange(n):
         row = index[i]
+        if row < 0 or row >= limit:
+            bad += 1
+            continue
         for j in range(c):
             out[i, j] = src[row, j]
+    return bad
 
 
 def _scatter_add(out, index, rows):
     n, c = rows.shape
+    limit = out.shape[0]
+    bad = 0
     for i in prange(n):
         dst = index[i]
+        if dst < 0 or dst >= limit:
+            bad += 1
+            continue
         for j in range(c):
             out[dst, j] += rows[i, j]
+    return bad
 
 
 def _scatter_add_gather(out, index, rows, taken, src):
     n, c = rows.shape
     c_src = src.shape[1]
+    limit = min(out.shape[0], src.shape[0])
+    bad = 0
     for i in prange(n):
         row = index[i]
+        if row < 0 or row >= limit:
+            bad += 1
+            continue
         for j in range(c):
             out[row, j] += rows[i, j]
         for j in range(c_src):
             taken[i, j] = src[row, j]
+    return bad
+
+
+def _raise_if_bad(bad: int, index: torch.Tensor, rows: int) -> None:
+    if bad:
+        lo, hi = (int(v) for v in torch.aminmax(index))
+        require(False, "indice_conv", f"{bad} row index(es) outside [0, {rows}) (indices in [{lo}, {hi}])")
 
 
 _serial, _parallel = njit_variants(_scatter_add)
@@ -72,7 +101,10 @@ def scatter_add_gather_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.
         kernel = _fused_parallel
     else:
         kernel = _fused_serial
-    kernel(out.numpy(), index.numpy(), rows.contiguous().numpy(), taken.numpy(), src.numpy())
+    require(taken.shape[0] >= n and taken.shape[1] == src.shape[1] and index.shape[0] >= n and
+            out.shape[1] == rows.shape[1], "indice_conv", "scatter_add_gather_rows: buffer shapes do not match")
+    bad = kernel(out.numpy(), index.numpy(), rows.contiguous().numpy(), taken.numpy(), src.numpy())
+    _raise_if_bad(bad, index, min(out.shape[0], src.shape[0]))
 
 
 def gather_rows(out: torch.Tensor, src: torch.Tensor, index: torch.Tensor) -> None:
@@ -85,7 +117,8 @@ def gather_rows(out: torch.Tensor, src: torch.Tensor, index: torch.Tensor) -> No
         kernel = _gather_parallel
     else:
         kernel = _gather_serial
-    kernel(out.numpy(), src.numpy(), index.numpy())
+    require(index.shape[0] >= n and src.shape[1] == c, "indice_conv", "gather_rows: buffer shapes do not match")
+    _raise_if_bad(kernel(out.numpy(), src.numpy(), index.numpy()), index, src.shape[0])
 
 
 def scatter_add_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> None:
@@ -98,7 +131,8 @@ def scatter_add_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor)
         kernel = _parallel
     else:
         kernel = _serial
-    kernel(out.numpy(), index.numpy(), rows.contiguous().numpy())
+    require(index.shape[0] >= n and out.shape[1] == c, "indice_conv", "scatter_add_rows: buffer shapes do not match")
+    _raise_if_bad(kernel(out.numpy(), index.numpy(), rows.contiguous().numpy()), index, out.shape[0])
 
 
 def _block_bounds(pairs, counts, col, block_rows, bounds, ascending):

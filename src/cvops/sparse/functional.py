@@ -216,7 +216,7 @@ _indice_conv_op.register_autograd(_backward, setup_context=_setup_context)
 def indice_conv(features: torch.Tensor, weight: torch.Tensor, indice_pairs: torch.Tensor,
                 indice_num: torch.Tensor, num_out: int, *, inverse: bool = False,
                 identity_offset: int = -1, indice_pairs_by_output: torch.Tensor | None = None,
-                backend: str | None = None, check_values: bool = True) -> torch.Tensor:
+                backend: str | None = None) -> torch.Tensor:
     """Sparse convolution of ``features [N, C_in]`` on a kernel map; returns ``[num_out, C_out]``.
 
     ``weight`` is ``[K, C_in, C_out]`` or the mmcv layout ``[*kernel_size, C_in, C_out]``. See the
@@ -224,8 +224,19 @@ def indice_conv(features: torch.Tensor, weight: torch.Tensor, indice_pairs: torc
     ``None`` (triton for CUDA tensors, cpu otherwise), ``"reference"``, ``"cpu"`` or ``"triton"``.
     ``indice_pairs_by_output``: optionally :func:`sort_pairs_by_output` of the map (cached by the
     layers), used where rows are scattered into output rows; the result is the same without it.
-    ``check_values=False`` skips scanning the pair values (only for maps from get_indice_pairs).
+    Every pair value is range-checked against ``features`` and ``num_out`` before any kernel runs.
     """
+    return _indice_conv(features, weight, indice_pairs, indice_num, num_out, inverse=inverse,
+                        identity_offset=identity_offset, indice_pairs_by_output=indice_pairs_by_output,
+                        backend=backend, check_values=True)
+
+
+def _indice_conv(features, weight, indice_pairs, indice_num, num_out, *, inverse, identity_offset,
+                 indice_pairs_by_output, backend, check_values: bool):
+    """:func:`indice_conv`; ``check_values=False`` (the layers only) skips the O(K*L) scan of the pair
+    values for a map that :func:`cvops.get_indice_pairs` built on exactly these ``features``' sites in
+    the same call chain. Shapes and counts are still checked, and the compiled row loops check every
+    row index themselves, so even a wrong map cannot reach memory outside the arrays."""
     check_tensor(OP, "weight", weight, dtypes=FLOAT_DTYPES)
     require(weight.dim() >= 3, OP, f"weight must be [K, C_in, C_out] or [*k, C_in, C_out], got {tuple(weight.shape)}")
     weight = weight.reshape(math.prod(weight.shape[:-2]), weight.shape[-2], weight.shape[-1])

@@ -1,8 +1,24 @@
-"""Sparse convolution modules with the mmcv / spconv names and constructor signatures.
+"""Sparse convolution modules: the one implementation behind ``cvops.sparse``, ``cvops.spconv`` and
+``cvops.mmcv``'s sparse classes.
 
-Weight layout (cvops, identical to mmcv's): ``weight [*kernel_size, in_channels, out_channels]``,
-kernel offsets row-major over ``(kz, ky, kx)`` as in :func:`cvops.get_indice_pairs`. spconv 2.x stores
-``[out_channels, *kernel_size, in_channels]``; :mod:`cvops.sparse.weights` converts.
+Conventions of the layers (decisions.md; they follow spconv 2.x and mmcv, not the design doc):
+
+- SubM centres the kernel on every site and ignores ``padding``: the kernel map is built with
+  ``padding = dilation * (k // 2)`` per axis, so ``SubMConv3d(c, c, 3)`` (padding left at spconv's default
+  0) and ``SubMConv3d(c, c, 3, padding=1)`` compute the same thing, as in spconv and mmcv. The functional
+  :func:`cvops.get_indice_pairs` keeps the design doc's padding-as-given.
+- ``indice_key`` names one kernel map, cached in the tensor's ``indice_dict``: a SubM layer reuses the map
+  of an earlier SubM layer with the same key (kernel size and dilation must agree, and the input must be
+  on the same sites; otherwise ``BadParamError``, where spconv raises ``ValueError``); an inverse
+  convolution runs the map of the sparse convolution it inverts backwards; a sparse conv reuses a map only
+  with the same geometry.
+- Weight layout is a class attribute: ``WEIGHT_LAYOUT = "spconv"`` (spconv 2.x's ``[out, *kernel, in]``,
+  the default here and in ``cvops.spconv``) or ``"mmcv"`` (``[*kernel, in, out]``, ``cvops.mmcv``).
+  :func:`cvops.sparse.load_state_dict` loads a checkpoint of another layout.
+- spconv 2.x's ``algo``, ``fp32_accum``, ``large_kernel_fast_algo`` choose among spconv's CUDA kernels;
+  cvops accepts and records them and always computes the same way (gather-GEMM-scatter; half types
+  accumulate in float32). ``record_voxel_count`` keeps spconv's ``max_num_voxels_during_training`` buffer
+  up to date, so checkpoints that have it load. ``name`` is stored, as spconv does.
 """
 from __future__ import annotations
 
@@ -13,190 +29,325 @@ from torch import nn
 
 from .._core.errors import NotSupportedError
 from .._core.validate import check_int, pair, require
-from .functional import conv_output_size, identity_offset, indice_conv
+from .functional import _indice_conv, conv_output_size, identity_offset
 from .tensor import IndiceData, SparseConvTensor
 
+MAX_NUM_VOXELS = "max_num_voxels_during_training"  # spconv 2.x's buffer name (record_voxel_count)
 
-def get_indice_pairs_nd(indices, batch_size, spatial_shape, kernel_size, stride, padding, dilation, subm):
+
+def get_indice_pairs_nd(indices, batch_size, spatial_shape, kernel_size, stride, padding, dilation, subm,
+                        transpose=False, out_padding=0):
     """The layer's kernel map from :func:`cvops.get_indice_pairs` (1-D to 4-D grids)."""
     import cvops  # the kernel map lives in the get_indice_pairs operator
 
     return cvops.get_indice_pairs(indices, batch_size, list(spatial_shape), list(kernel_size), list(stride),
-                                  list(padding), list(dilation), 0, subm=subm)
+                                  list(padding), list(dilation), out_padding, subm=subm, transpose=transpose)
+
+
+def centred_padding(kernel_size, dilation) -> tuple[int, ...]:
+    """The padding that centres a SubM kernel: ``dilation * (k // 2)`` per axis (spconv, mmcv)."""
+    return tuple(d * (k // 2) for k, d in zip(kernel_size, dilation))
 
 
 class SparseModule(nn.Module):
-    """Marker base class: modules that take and return a :class:`SparseConvTensor`."""
+    """Base class of the modules that take and return a :class:`SparseConvTensor` (spconv's ``name``)."""
+
+    def __init__(self, name=None):
+        super().__init__()
+        self.name = name
+        self._sparse_unique_name = ""
+
+
+def check_input(name: str, x, ndim: int) -> None:
+    require(isinstance(x, SparseConvTensor), name, f"input must be a SparseConvTensor, got {type(x).__name__}")
+    require(x.ndim == ndim, name, f"input is {x.ndim}-D, the layer {ndim}-D")
+    require(x.features.shape[0] == x.indices.shape[0], name,
+            f"input features rows ({x.features.shape[0]}) must equal its indices rows ({x.indices.shape[0]}) "
+            "(were .features reassigned?)")
+
+
+def kernel_map(layer, x: SparseConvTensor, *, inverse: bool = False, transposed: bool = False,
+               output_padding=None) -> IndiceData:
+    """The kernel map of ``layer`` (a conv or pool with kernel_size/stride/padding/dilation/subm/indice_key)
+    on ``x``: the one cached under ``layer.indice_key`` when the rules allow, else a new one (cached)."""
+    name = type(layer).__name__
+    key = layer.indice_key
+    data = x.find_indice_pair(key)
+    kernel, dilation = tuple(layer.kernel_size), tuple(layer.dilation)
+    if inverse:
+        require(data is not None, name, f"no kernel map cached under indice_key={key!r}; the sparse conv it "
+                "inverts must run first on this tensor's ancestors")
+        require(not data.subm, name, f"indice_key={key!r} holds a subm map; inverse needs a sparse conv's")
+        require(tuple(data.kernel_size) == kernel, name,
+                f"kernel_size {kernel} must equal that of the conv it inverts, {tuple(data.kernel_size)}")
+        require(list(data.out_spatial_shape) == list(x.spatial_shape) and
+                data.out_indices.shape[0] == x.indices.shape[0], name,
+                f"input ({x.indices.shape[0]} sites, spatial {x.spatial_shape}) must be the output of the conv "
+                f"it inverts ({data.out_indices.shape[0]} sites, spatial {data.out_spatial_shape})")
+        return data
+    subm = bool(layer.subm)
+    padding = centred_padding(kernel, dilation) if subm else tuple(layer.padding)
+    stride = tuple(layer.stride)
+    if data is not None:
+        require(data.subm == subm, name, f"indice_key={key!r} holds a {'subm' if data.subm else 'sparse conv'} "
+                f"map; this {'subm' if subm else 'sparse conv'} layer needs its own key")
+        require(tuple(data.kernel_size) == kernel, name,
+                f"layers sharing indice_key={key!r} must have the same kernel size: {tuple(data.kernel_size)} "
+                f"there, {kernel} here")
+        require(tuple(data.dilation) == dilation, name,
+                f"layers sharing indice_key={key!r} must have the same dilation: {tuple(data.dilation)} there, "
+                f"{dilation} here")
+        require(subm or (tuple(data.stride) == stride and tuple(data.padding) == padding
+                         and data.transposed == transposed), name,
+                f"layers sharing indice_key={key!r} must have the same stride and padding")
+        require(list(data.spatial_shape) == list(x.spatial_shape) and data.indices.shape[0] == x.indices.shape[0],
+                name, f"layers sharing indice_key={key!r} must see the same sites: {data.indices.shape[0]} sites "
+                f"on {data.spatial_shape} there, {x.indices.shape[0]} on {x.spatial_shape} here")
+        return data
+    import cvops
+    if subm:
+        out_spatial = list(x.spatial_shape)
+    elif transposed:
+        out_spatial = cvops.get_deconv_output_size(x.spatial_shape, kernel, stride, padding, dilation,
+                                                   output_padding)
+    else:
+        out_spatial = conv_output_size(x.spatial_shape, kernel, stride, padding, dilation)
+        require(all(s >= 1 for s in out_spatial), name,
+                f"output spatial shape {out_spatial} is empty for input {x.spatial_shape}")
+    out_indices, pairs, num = get_indice_pairs_nd(x.indices, x.batch_size, x.spatial_shape, kernel, stride,
+                                                  padding, dilation, subm, transposed, output_padding or 0)
+    data = IndiceData(out_indices, x.indices, pairs, num, list(x.spatial_shape), list(out_spatial), kernel, subm,
+                      stride=stride, padding=padding, dilation=dilation, transposed=transposed,
+                      algo=getattr(layer, "algo", None))
+    if key is not None:
+        x.indice_dict[key] = data
+    return data
 
 
 class SparseConvolution(SparseModule):
-    """Sparse (``subm=False``), submanifold (``subm=True``) or inverse (``inverse=True``) convolution.
+    """Sparse (``subm=False``), submanifold (``subm=True``), transposed (``transposed=True``) or inverse
+    (``inverse=True``) convolution with spconv 2.x's constructor (see the module docstring).
 
     - sparse: output sites are every site some active input reaches; spatial shape
       ``(in + 2p - d(k-1) - 1) // s + 1``.
-    - subm: output sites are the input sites; ``padding`` is used as given (the MLU-OPS contract), so
-      ``padding = k // 2`` keeps the usual centred kernel.
-    - inverse: runs the kernel map cached under ``indice_key`` by the matching sparse conv backwards,
-      restoring that layer's input sites and spatial shape.
+    - subm: output sites are the input sites, kernel centred (padding ignored).
+    - transposed: output positions ``o = p*s - pad + t*dil``; spatial shape ``(in - 1) s - 2p + k + op``.
+    - inverse: runs the kernel map cached under ``indice_key`` by the sparse conv it inverts backwards,
+      restoring that conv's input sites and spatial shape.
 
-    ``weight [*kernel_size, in_channels, out_channels]``; ``bias [out_channels]`` is added at every
-    output site.
+    ``weight`` is ``[out, *kernel, in]`` (``WEIGHT_LAYOUT = "spconv"``) or ``[*kernel, in, out]``
+    (``"mmcv"``); ``bias [out]`` is added at every output site.
     """
+
+    WEIGHT_LAYOUT = "spconv"
 
     def __init__(self, ndim: int, in_channels: int, out_channels: int, kernel_size=3, stride=1, padding=0,
                  dilation=1, groups=1, bias=True, subm=False, output_padding=0, transposed=False,
-                 inverse=False, indice_key=None):
-        super().__init__()
-        name = type(self).__name__
-        self.ndim = ndim
-        self.in_channels = check_int(name, "in_channels", in_channels, min_value=1)
-        self.out_channels = check_int(name, "out_channels", out_channels, min_value=1)
-        self.kernel_size = pair(name, "kernel_size", kernel_size, ndim, min_value=1)
-        self.stride = pair(name, "stride", stride, ndim, min_value=1)
-        self.padding = pair(name, "padding", padding, ndim, min_value=0)
-        self.dilation = pair(name, "dilation", dilation, ndim, min_value=1)
-        self.output_padding = pair(name, "output_padding", output_padding, ndim, min_value=0)
-        if check_int(name, "groups", groups, min_value=1) != 1:
-            raise NotSupportedError(name, f"groups must be 1 (as in mmcv and spconv), got {groups}")
-        if transposed:
-            raise NotSupportedError(name, "transposed sparse convolution is not supported "
-                                          "(get_indice_pairs builds no transpose map); use SparseInverseConv")
+                 inverse=False, indice_key=None, algo=None, fp32_accum=None, record_voxel_count=False,
+                 act_type=None, act_alpha=0, act_beta=0, large_kernel_fast_algo=False, name=None, device=None,
+                 dtype=None):
+        super().__init__(name=name)
+        cls = type(self).__name__
+        self.ndim = check_int(cls, "ndim", ndim, min_value=1)
+        require(ndim <= 4, cls, f"ndim must be 1 to 4, got {ndim}")
+        self.in_channels = check_int(cls, "in_channels", in_channels, min_value=1)
+        self.out_channels = check_int(cls, "out_channels", out_channels, min_value=1)
+        self.kernel_size = pair(cls, "kernel_size", kernel_size, ndim, min_value=1)
+        self.stride = pair(cls, "stride", stride, ndim, min_value=1)
+        self.padding = pair(cls, "padding", padding, ndim, min_value=0)
+        self.dilation = pair(cls, "dilation", dilation, ndim, min_value=1)
+        self.output_padding = pair(cls, "output_padding", output_padding, ndim, min_value=0)
+        if check_int(cls, "groups", groups, min_value=1) != 1:
+            raise NotSupportedError(cls, f"groups must be 1 (as in mmcv and spconv), got {groups}")
+        if act_type is not None and "none" not in str(act_type).lower():
+            raise NotSupportedError(cls, f"act_type {act_type!r}: fused activations (spconv inference-only) are "
+                                         "not supported; apply the activation as a separate module")
         for s, d in zip(self.stride, self.dilation):
-            require(s == 1 or d == 1, name, f"stride {self.stride} and dilation {self.dilation} cannot both be > 1")
+            require(s == 1 or d == 1, cls, f"stride {self.stride} and dilation {self.dilation} cannot both be > 1")
         if subm:
-            require(all(s == 1 for s in self.stride), name, f"subm needs stride 1, got {self.stride}")
-        require(not (inverse and indice_key is None), name, "inverse convolution needs the indice_key of its forward conv")
+            require(all(s == 1 for s in self.stride), cls, f"subm needs stride 1, got {self.stride}")
+        require(not (subm and (transposed or inverse)) and not (transposed and inverse), cls,
+                "at most one of subm, transposed and inverse may be set")
+        require(not (inverse and indice_key is None), cls, "inverse convolution needs the indice_key of the "
+                                                           "sparse conv it inverts")
         self.groups = 1
         self.subm = bool(subm)
-        self.transposed = False
+        self.transposed = bool(transposed)
         self.inverse = bool(inverse)
         self.indice_key = indice_key
-        self.weight = nn.Parameter(torch.empty(*self.kernel_size, self.in_channels, self.out_channels))
-        self.bias = nn.Parameter(torch.empty(self.out_channels)) if bias else None
+        self.algo, self.fp32_accum, self.large_kernel_fast_algo = algo, fp32_accum, bool(large_kernel_fast_algo)
+        self.act_type, self.act_alpha, self.act_beta = act_type, act_alpha, act_beta
+        self.record_voxel_count = bool(record_voxel_count)
+        self.conv1x1 = math.prod(self.kernel_size) == 1 and (subm or math.prod(self.stride) == 1)
+        factory = {"device": device, "dtype": dtype}
+        if self.record_voxel_count and not self.subm and not self.inverse:
+            self.register_buffer(MAX_NUM_VOXELS, torch.zeros(1, dtype=torch.int32, device=device))
+        self.weight = nn.Parameter(torch.empty(*self.weight_shape(), **factory))
+        self.bias = nn.Parameter(torch.empty(self.out_channels, **factory)) if bias else None
         self.reset_parameters()
 
+    def weight_shape(self) -> tuple[int, ...]:
+        if self.WEIGHT_LAYOUT == "mmcv":
+            return (*self.kernel_size, self.in_channels, self.out_channels)
+        return (self.out_channels, *self.kernel_size, self.in_channels)
+
+    def kernel_weight(self) -> torch.Tensor:
+        """The weight as ``[K, in, out]``, the matrices :func:`indice_conv` multiplies (a view when it can)."""
+        K = math.prod(self.kernel_size)
+        if self.WEIGHT_LAYOUT == "mmcv":
+            return self.weight.reshape(K, self.in_channels, self.out_channels)
+        return self.weight.reshape(self.out_channels, K, self.in_channels).permute(1, 2, 0)
+
     def reset_parameters(self) -> None:
-        # kaiming_uniform(a=sqrt(5)) with fan_in = in_channels * prod(kernel_size), as torch.nn.Conv3d
+        # kaiming_uniform(a=sqrt(5)) with fan_in = in_channels * prod(kernel_size), as spconv and torch.nn.Conv3d
         bound = 1.0 / math.sqrt(self.in_channels * math.prod(self.kernel_size))
-        nn.init.uniform_(self.weight, -bound, bound)
-        if self.bias is not None:
-            nn.init.uniform_(self.bias, -bound, bound)
+        with torch.no_grad():
+            self.weight.uniform_(-bound, bound)
+            if self.bias is not None:
+                self.bias.uniform_(-bound, bound)
+
+    def get_max_num_voxels(self):
+        return getattr(self, MAX_NUM_VOXELS, None)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # spconv: a record_voxel_count layer loads a checkpoint saved without the buffer
+        key = prefix + MAX_NUM_VOXELS
+        if hasattr(self, MAX_NUM_VOXELS) and key not in state_dict:
+            state_dict[key] = torch.zeros(1, dtype=torch.int32)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
         s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
              f"padding={self.padding}, dilation={self.dilation}")
-        if self.subm:
-            s += ", subm=True"
-        if self.inverse:
-            s += ", inverse=True"
+        for flag in ("subm", "transposed", "inverse"):
+            if getattr(self, flag):
+                s += f", {flag}=True"
+        if any(self.output_padding):
+            s += f", output_padding={self.output_padding}"
         if self.bias is None:
             s += ", bias=False"
         if self.indice_key is not None:
             s += f", indice_key={self.indice_key!r}"
         return s
 
-    def _kernel_map(self, x: SparseConvTensor) -> IndiceData:
+    def forward(self, x: SparseConvTensor, add_input=None) -> SparseConvTensor:
         name = type(self).__name__
-        data = x.find_indice_pair(self.indice_key)
-        if self.inverse:
-            require(data is not None, name, f"no kernel map cached under indice_key={self.indice_key!r}; "
-                    "the matching SparseConv must run first on this tensor's ancestors")
-            require(not data.subm, name, f"indice_key={self.indice_key!r} holds a subm map; inverse needs a sparse conv's")
-            require(tuple(data.kernel_size) == self.kernel_size, name,
-                    f"kernel_size {self.kernel_size} must equal the forward conv's {tuple(data.kernel_size)}")
-            require(data.out_indices.shape[0] == x.indices.shape[0], name,
-                    f"input has {x.indices.shape[0]} sites but the forward conv produced {data.out_indices.shape[0]}")
-            return data
-        if data is not None:
-            require(data.indices.shape[0] == x.indices.shape[0] and data.spatial_shape == x.spatial_shape
-                    and tuple(data.kernel_size) == self.kernel_size and data.subm == self.subm, name,
-                    f"indice_key={self.indice_key!r} is cached for another input or layer geometry "
-                    f"({data.indices.shape[0]} sites, spatial {data.spatial_shape}, kernel {tuple(data.kernel_size)}, "
-                    f"subm={data.subm}); give this layer its own key")
-            return data
-        if self.subm:
-            out_spatial = list(x.spatial_shape)
-        else:
-            out_spatial = conv_output_size(x.spatial_shape, self.kernel_size, self.stride, self.padding, self.dilation)
-            require(all(s >= 1 for s in out_spatial), name,
-                    f"output spatial shape {out_spatial} is empty for input {x.spatial_shape}")
-        out_indices, pairs, num = get_indice_pairs_nd(x.indices, x.batch_size, x.spatial_shape, self.kernel_size,
-                                                      self.stride, self.padding, self.dilation, self.subm)
-        data = IndiceData(out_indices, x.indices, pairs, num, list(x.spatial_shape), out_spatial,
-                          self.kernel_size, self.subm)
-        if self.indice_key is not None:
-            x.indice_dict[self.indice_key] = data
-        return data
-
-    def forward(self, x: SparseConvTensor) -> SparseConvTensor:
-        name = type(self).__name__
-        require(isinstance(x, SparseConvTensor), name, f"input must be a SparseConvTensor, got {type(x).__name__}")
-        require(x.ndim == self.ndim, name, f"input is {x.ndim}-D, the layer {self.ndim}-D")
+        check_input(name, x, self.ndim)
         require(x.features.shape[1] == self.in_channels, name,
                 f"input has {x.features.shape[1]} channels, the layer expects {self.in_channels}")
-        data = self._kernel_map(x)
+        if self.conv1x1 and not (self.inverse or self.transposed) and (self.subm or not any(self.padding)):
+            # a 1x1 kernel keeps every site in place: one matmul, no kernel map (as spconv)
+            out = x.replace_feature(torch.mm(x.features, self.kernel_weight()[0]))
+            return self._finish(out, out.features, x.indices, x.spatial_shape, add_input)
+        data = kernel_map(self, x, inverse=self.inverse, transposed=self.transposed,
+                          output_padding=self.output_padding)
+        map_rows = (data.out_indices if self.inverse else data.indices).shape[0]
+        require(x.features.shape[0] == map_rows, name,
+                f"input features rows ({x.features.shape[0]}) must equal the kernel map's input sites ({map_rows})")
         if self.inverse:
             out_indices, out_spatial, ident = data.indices, data.spatial_shape, -1
         else:
             out_indices, out_spatial = data.out_indices, data.out_spatial_shape
-            ident = identity_offset(self.kernel_size, self.padding, self.dilation) if self.subm else -1
-        features = indice_conv(x.features, self.weight, data.indice_pairs, data.indice_num, out_indices.shape[0],
-                               inverse=self.inverse, identity_offset=ident,
-                               indice_pairs_by_output=data.pairs_sorted_by_output(),
-                               check_values=False)  # the map comes from get_indice_pairs
+            ident = identity_offset(self.kernel_size, data.padding, self.dilation) if self.subm else -1
+        features = _indice_conv(x.features, self.kernel_weight(), data.indice_pairs, data.indice_num,
+                                out_indices.shape[0], inverse=self.inverse, identity_offset=ident,
+                                indice_pairs_by_output=data.pairs_sorted_by_output(), backend=None,
+                                check_values=False)  # the map comes from get_indice_pairs on these sites
+        return self._finish(x.shadow_copy(), features, out_indices, out_spatial, add_input)
+
+    def _finish(self, out, features, out_indices, out_spatial, add_input):
         if self.bias is not None:
             features = features + self.bias
-        out = SparseConvTensor(features, out_indices, out_spatial, x.batch_size, x.grid)
-        out.indice_dict = x.indice_dict
+        if add_input is not None:  # spconv's fused residual add
+            features = features + add_input.features
+        buf = self.get_max_num_voxels()
+        if buf is not None:
+            buf.fill_(max(int(buf.item()), out_indices.shape[0]))
+        out.features, out.indices, out.spatial_shape = features, out_indices, list(out_spatial)
         return out
 
 
-def _layer(ndim: int, subm: bool, doc: str):
-    class _Conv(SparseConvolution):
-        def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
-                     bias=True, indice_key=None):
-            super().__init__(ndim, in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
-                             bias, subm=subm, indice_key=indice_key)
+class SparseSequential(SparseModule):
+    """spconv's ``SparseSequential``: sparse modules get the tensor, any other module (BatchNorm1d, ReLU, ...)
+    its ``features`` (skipped on a tensor with no sites, as spconv does). Built from modules, an
+    ``OrderedDict`` or keyword arguments; :meth:`add` appends one."""
 
-    _Conv.__doc__ = doc
-    return _Conv
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        from collections import OrderedDict
+        if len(args) == 1 and isinstance(args[0], OrderedDict):
+            for key, module in args[0].items():
+                self.add_module(key, module)
+        else:
+            for i, module in enumerate(args):
+                self.add_module(str(i), module)
+        for key, module in kwargs.items():
+            require(key not in self._modules, "SparseSequential", f"module name {key!r} exists")
+            self.add_module(key, module)
 
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return SparseSequential(*list(self._modules.values())[idx])
+        n = len(self._modules)
+        if not -n <= idx < n:
+            raise IndexError(f"index {idx} is out of range")
+        return list(self._modules.values())[idx % n]
 
-SparseConv2d = _layer(2, False, "2-D sparse convolution ``(in_channels, out_channels, kernel_size, stride=1, "
-                                "padding=0, dilation=1, groups=1, bias=True, indice_key=None)``.")
-SparseConv3d = _layer(3, False, "3-D sparse convolution ``(in_channels, out_channels, kernel_size, stride=1, "
-                                "padding=0, dilation=1, groups=1, bias=True, indice_key=None)``.")
-SubMConv2d = _layer(2, True, "2-D submanifold convolution: output sites = input sites (padding as given).")
-SubMConv3d = _layer(3, True, "3-D submanifold convolution: output sites = input sites (padding as given).")
-for _cls, _name in ((SparseConv2d, "SparseConv2d"), (SparseConv3d, "SparseConv3d"), (SubMConv2d, "SubMConv2d"),
-                    (SubMConv3d, "SubMConv3d")):
-    _cls.__name__ = _cls.__qualname__ = _name
+    def __len__(self) -> int:
+        return len(self._modules)
 
+    def __iter__(self):
+        return iter(self._modules.values())
 
-class SparseInverseConv2d(SparseConvolution):
-    """Inverse of the 2-D :class:`SparseConv2d` cached under ``indice_key`` (restores its input sites)."""
-
-    def __init__(self, in_channels, out_channels, kernel_size, indice_key=None, bias=True):
-        super().__init__(2, in_channels, out_channels, kernel_size, bias=bias, inverse=True, indice_key=indice_key)
-
-
-class SparseInverseConv3d(SparseConvolution):
-    """Inverse of the :class:`SparseConv3d` cached under ``indice_key`` (restores its input sites)."""
-
-    def __init__(self, in_channels, out_channels, kernel_size, indice_key=None, bias=True):
-        super().__init__(3, in_channels, out_channels, kernel_size, bias=bias, inverse=True, indice_key=indice_key)
-
-
-class SparseSequential(SparseModule, nn.Sequential):
-    """``nn.Sequential`` for sparse tensors: sparse modules get the tensor, any other module (BatchNorm1d,
-    ReLU, ...) is applied to its ``features``."""
+    def add(self, module, name=None) -> None:
+        if name is None:
+            name = str(len(self._modules))
+        require(name not in self._modules, "SparseSequential", f"module name {name!r} exists")
+        self.add_module(name, module)
 
     def forward(self, x):
-        for module in self:
+        for module in self._modules.values():
             if isinstance(module, SparseModule):
                 x = module(x)
             elif isinstance(x, SparseConvTensor):
-                x = x.replace_feature(module(x.features))
+                if x.indices.shape[0] != 0:
+                    x = x.replace_feature(module(x.features))
             else:
                 x = module(x)
         return x
+
+
+class SparseIdentity(SparseModule):
+    """Returns its input (spconv's ``SparseIdentity``)."""
+
+    def forward(self, x):
+        return x
+
+
+class ToDense(SparseModule):
+    """``x.dense()``: the ``[B, C, *spatial]`` dense tensor."""
+
+    def forward(self, x: SparseConvTensor) -> torch.Tensor:
+        return x.dense()
+
+
+class RemoveGrid(SparseModule):
+    """Drops the tensor's pre-allocated ``grid`` (spconv; cvops never allocates one)."""
+
+    def forward(self, x: SparseConvTensor) -> SparseConvTensor:
+        x.grid = None
+        return x
+
+
+class SparseBatchNorm(nn.BatchNorm1d):
+    """``BatchNorm1d`` on a sparse tensor's features."""
+
+    def forward(self, x):
+        return x.replace_feature(super().forward(x.features)) if isinstance(x, SparseConvTensor) else super().forward(x)
+
+
+class SparseReLU(nn.ReLU):
+    """``ReLU`` on a sparse tensor's features."""
+
+    def forward(self, x):
+        return x.replace_feature(super().forward(x.features)) if isinstance(x, SparseConvTensor) else super().forward(x)

@@ -1,7 +1,8 @@
 """``SparseConvTensor``: active-site features, their coordinates, and the kernel maps built on them."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import operator
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,8 +16,9 @@ class IndiceData:
     """A kernel map cached under an ``indice_key``.
 
     ``indices``/``spatial_shape`` describe the layer's input, ``out_indices``/``out_spatial_shape`` its
-    output; ``indice_pairs [K, 2, L]`` and ``indice_num [K]`` are :func:`cvops.get_indice_pairs`'s.
-    A ``SparseInverseConv`` with the same key runs this map backwards, from output to input.
+    output; ``indice_pairs [K, 2, L]`` and ``indice_num [K]`` are :func:`cvops.get_indice_pairs`'s (spconv's
+    native map is ``[2, K, L]``). spconv's field names are properties: ``indice_pair_num``, ``is_subm``,
+    ``ksize``. ``padding`` is the padding the map was built with (the centring padding for SubM).
     """
 
     out_indices: torch.Tensor
@@ -27,7 +29,25 @@ class IndiceData:
     out_spatial_shape: list[int]
     kernel_size: tuple[int, ...]
     subm: bool
-    pairs_by_output: torch.Tensor | None = None  # sort_pairs_by_output(indice_pairs), built on first use
+    stride: tuple[int, ...] = ()
+    padding: tuple[int, ...] = ()
+    dilation: tuple[int, ...] = ()
+    transposed: bool = False
+    algo: object = None
+    voxel_num: object = None
+    pairs_by_output: torch.Tensor | None = field(default=None, repr=False)  # built on first use
+
+    @property
+    def indice_pair_num(self) -> torch.Tensor:
+        return self.indice_num
+
+    @property
+    def is_subm(self) -> bool:
+        return self.subm
+
+    @property
+    def ksize(self) -> list[int]:
+        return list(self.kernel_size)
 
     def pairs_sorted_by_output(self) -> torch.Tensor:
         if self.pairs_by_output is None:
@@ -36,32 +56,70 @@ class IndiceData:
         return self.pairs_by_output
 
 
-class SparseConvTensor:
-    """Sparse tensor: ``features [N, C]`` at ``indices [N, ndim + 1]`` rows ``(b, z, y, x)`` (int32).
+def _ints(name: str, values) -> list[int]:
+    """A shape given as list/tuple/torch.Size/tensor/numpy array of integers, as Python ints."""
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    require(isinstance(values, (list, tuple, torch.Size)), OP, f"{name} must be a sequence of ints, got {values!r}")
+    out = []
+    for v in values:
+        try:
+            v = operator.index(v)
+        except TypeError:
+            require(False, OP, f"{name} must be a sequence of ints, got {values!r}")
+        out.append(check_int(OP, name, v, min_value=1))
+    return out
 
-    ``spatial_shape`` is the grid size ``[D, H, W]`` (or ``[H, W]``), ``batch_size`` the number of
-    samples. ``indice_dict`` maps an ``indice_key`` to the :class:`IndiceData` a layer built, so later
-    layers with the same key (subm blocks, the inverse conv) reuse it; it is shared by every tensor
-    derived from this one, as in spconv/mmcv.
+
+class SparseConvTensor:
+    """Sparse tensor: ``features [N, C]`` at ``indices [N, ndim + 1]`` rows ``(b, *coords)`` (int32).
+
+    ``spatial_shape`` is the grid size (a list, tuple, tensor or numpy array), ``batch_size`` the number of
+    samples (an int, also numpy's). ``indice_dict`` maps an ``indice_key`` to the :class:`IndiceData` a layer
+    built, so later layers with the same key (SubM blocks, the inverse conv) reuse it; it is shared by
+    every tensor derived from this one. ``features`` may be reassigned (mmcv style) or replaced with
+    :meth:`replace_feature` (spconv style); layers check its rows against ``indices`` before any kernel.
+    spconv's ``benchmark``, ``permanent_thrust_allocator``, ``enable_timer`` and ``force_algo`` are
+    accepted and have no effect.
     """
 
-    def __init__(self, features: torch.Tensor, indices: torch.Tensor, spatial_shape, batch_size: int,
-                 grid=None):
+    def __init__(self, features: torch.Tensor, indices: torch.Tensor, spatial_shape, batch_size, grid=None,
+                 voxel_num=None, indice_dict=None, benchmark: bool = False, permanent_thrust_allocator: bool = False,
+                 enable_timer: bool = False, force_algo=None):
         check_tensor(OP, "features", features, dim=2, dtypes=FLOAT_DTYPES)
         check_tensor(OP, "indices", indices, dim=2, dtypes=INDEX_DTYPES)
-        spatial_shape = [check_int(OP, "spatial_shape", s, min_value=1) for s in
-                         (spatial_shape.tolist() if isinstance(spatial_shape, torch.Tensor) else spatial_shape)]
+        spatial_shape = _ints("spatial_shape", spatial_shape)
         require(indices.shape[1] == len(spatial_shape) + 1, OP,
                 f"indices must be [N, {len(spatial_shape) + 1}] for a {len(spatial_shape)}-D spatial_shape, "
                 f"got {tuple(indices.shape)}")
         require(indices.shape[0] == features.shape[0], OP,
                 f"indices rows ({indices.shape[0]}) must equal features rows ({features.shape[0]})")
+        try:
+            batch_size = operator.index(batch_size)
+        except TypeError:
+            pass  # check_int names the bad value
         self.features = features
         self.indices = indices
         self.spatial_shape = spatial_shape
         self.batch_size = check_int(OP, "batch_size", batch_size, min_value=1)
-        self.indice_dict: dict = {}
-        self.grid = grid  # accepted for mmcv compatibility; cvops builds no dense grid
+        self.indice_dict: dict = {} if indice_dict is None else indice_dict
+        self.grid = grid  # accepted for spconv/mmcv compatibility; cvops builds no dense grid
+        self.voxel_num = voxel_num
+        self.benchmark = benchmark
+        self.benchmark_record: dict = {}
+        self.force_algo = force_algo
+
+    @classmethod
+    def from_dense(cls, x: torch.Tensor) -> "SparseConvTensor":
+        """The sparse tensor of a channels-last dense ``x [B, *spatial, C]``: one site per position whose
+        channel vector is not all zero (spconv's ``from_dense``)."""
+        check_tensor(OP, "x", x, dtypes=FLOAT_DTYPES)
+        require(3 <= x.dim() <= 6, OP, f"from_dense: x must be [B, *spatial, C] with 1 to 4 spatial dims, got "
+                f"{tuple(x.shape)}")
+        active = (x != 0).any(dim=-1)
+        indices = active.nonzero().to(torch.int32)
+        features = x[active]
+        return cls(features, indices, list(x.shape[1:-1]), x.shape[0])
 
     @property
     def spatial_size(self) -> int:
@@ -74,20 +132,66 @@ class SparseConvTensor:
     def ndim(self) -> int:
         return len(self.spatial_shape)
 
+    @property
+    def is_quantized(self) -> bool:
+        return False
+
     def find_indice_pair(self, key):
         return None if key is None else self.indice_dict.get(key)
 
-    def replace_feature(self, features: torch.Tensor) -> "SparseConvTensor":
-        """A tensor on the same sites (and sharing the kernel-map cache) with new features."""
-        out = SparseConvTensor(features, self.indices, self.spatial_shape, self.batch_size, self.grid)
-        out.indice_dict = self.indice_dict
+    def shadow_copy(self) -> "SparseConvTensor":
+        """A tensor with the same members (the kernel-map cache shared)."""
+        out = SparseConvTensor.__new__(type(self))
+        out.__dict__.update(self.__dict__)
         return out
+
+    def replace_feature(self, feature: torch.Tensor) -> "SparseConvTensor":
+        """A tensor on the same sites (sharing the kernel-map cache) with new features."""
+        check_tensor(OP, "feature", feature, dim=2, dtypes=FLOAT_DTYPES)
+        require(feature.shape[0] == self.indices.shape[0], OP,
+                f"replace_feature: feature rows ({feature.shape[0]}) must equal indices rows "
+                f"({self.indices.shape[0]})")
+        out = self.shadow_copy()
+        out.features = feature
+        return out
+
+    def minus(self) -> "SparseConvTensor":
+        return self.replace_feature(-self.features)
+
+    def select_by_index(self, valid_indices: torch.Tensor) -> "SparseConvTensor":
+        """The sites ``valid_indices`` (rows), with a fresh kernel-map cache (the sites changed)."""
+        out = self.shadow_copy()
+        out.indices, out.features, out.indice_dict = self.indices[valid_indices], self.features[valid_indices], {}
+        return out
+
+    def _other(self, other):
+        require(isinstance(other, (SparseConvTensor, torch.Tensor)), OP,
+                f"can add a SparseConvTensor or a tensor, got {type(other).__name__}")
+        return other.features if isinstance(other, SparseConvTensor) else other
+
+    def __add__(self, other):
+        return self.replace_feature(self.features + self._other(other))
+
+    __radd__ = __add__
+
+    def __iadd__(self, other):
+        self.features = self.features + self._other(other)
+        return self
 
     def dense(self, channels_first: bool = True) -> torch.Tensor:
         """The dense tensor ``[B, C, *spatial]`` (or ``[B, *spatial, C]``); inactive sites are 0.
 
-        Differentiable with respect to ``features``. Duplicate coordinates are summed.
+        Differentiable with respect to ``features``. Duplicate coordinates are summed. Every site must lie
+        on the grid (``0 <= b < batch_size``, ``0 <= coord < spatial_shape``): ``BadParamError`` otherwise.
         """
+        require(self.features.shape[0] == self.indices.shape[0], OP,
+                f"dense: features rows ({self.features.shape[0]}) must equal indices rows ({self.indices.shape[0]})")
+        if self.indices.shape[0] and not torch.compiler.is_compiling():
+            lo, hi = self.indices.amin(0).tolist(), self.indices.amax(0).tolist()
+            limits = [self.batch_size] + list(self.spatial_shape)
+            for d, (a, b, n) in enumerate(zip(lo, hi, limits)):
+                what = "batch index" if d == 0 else f"coordinate {d - 1}"
+                require(a >= 0 and b < n, OP, f"dense: indices {what} must lie in [0, {n}), got values in [{a}, {b}]")
         c = self.features.shape[1]
         out = self.features.new_zeros(self.batch_size, *self.spatial_shape, c)
         coords = tuple(col.long() for col in self.indices.t())

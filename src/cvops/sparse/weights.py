@@ -1,10 +1,12 @@
 """Weight layouts of sparse convolutions and conversion between them.
 
-cvops (like mmcv) stores ``weight [*kernel_size, C_in, C_out]`` ("RSCK"): for kernel offset k
-(row-major over kz, ky, kx) ``weight.reshape(K, C_in, C_out)[k]`` is the ``C_in x C_out`` matrix that
-multiplies the gathered input rows.
+``cvops.sparse`` and ``cvops.spconv`` store spconv 2.x's ``weight [C_out, *kernel_size, C_in]``
+("KRSC"), so spconv 2.x checkpoints load with a plain ``load_state_dict``; ``cvops.mmcv`` stores mmcv's
+``[*kernel_size, C_in, C_out]`` ("RSCK"). Kernel offsets are row-major over (kz, ky, kx) in both.
+:func:`load_state_dict` loads a checkpoint of any layout below into either (``layout="mmcv"`` for mmcv
+and spconv 1.x checkpoints).
 
-Other layouts in use:
+Layouts in use:
 
 =========== ============================== =====================================================
 name        shape                          who
@@ -68,11 +70,13 @@ def convert_weight(weight: torch.Tensor, src: str, dst: str = "mmcv") -> torch.T
     return _from_mmcv(_to_mmcv(weight, _layout(src)), _layout(dst)).contiguous()
 
 
-def load_state_dict(model: nn.Module, state_dict: dict, layout: str = "spconv", strict: bool = True):
+def load_state_dict(model: nn.Module, state_dict: dict, layout: str = "mmcv", strict: bool = True):
     """Load a checkpoint whose sparse-conv weights are in ``layout`` into a cvops model.
 
-    Every cvops sparse convolution's ``<prefix>weight`` is converted (its shape is checked against the
-    layer's ``in_channels``, ``out_channels`` and ``kernel_size``); all other entries load unchanged.
+    Each cvops sparse convolution's ``<prefix>weight`` is converted from ``layout`` to the layer's own
+    layout (its ``WEIGHT_LAYOUT``), after checking its shape against the layer's ``in_channels``,
+    ``out_channels`` and ``kernel_size``; all other entries load unchanged. A checkpoint already in the
+    model's layout needs no call: ``model.load_state_dict`` loads it.
     """
     from .modules import SparseConvolution
 
@@ -85,8 +89,9 @@ def load_state_dict(model: nn.Module, state_dict: dict, layout: str = "spconv", 
         if key not in converted:
             continue
         w = converted[key]
-        expected = tuple(_from_mmcv(module.weight.detach(), src).shape)
+        dst = _layout(module.WEIGHT_LAYOUT)
+        expected = tuple(_from_mmcv(_to_mmcv(module.weight.detach(), dst), src).shape)
         require(tuple(w.shape) == expected, OP,
                 f"{key}: shape {tuple(w.shape)} is not the {src!r} layout {expected} of {module.extra_repr()}")
-        converted[key] = convert_weight(w, src, "mmcv")
+        converted[key] = convert_weight(w, src, dst)
     return model.load_state_dict(converted, strict=strict)

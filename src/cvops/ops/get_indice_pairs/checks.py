@@ -16,6 +16,7 @@ OP = "get_indice_pairs"
 MAX_NDIM = 4
 # Invalid (input, offset) slots carry keys >= this; every valid linear index must stay below it.
 INVALID_KEY = 1 << 60
+INT32_LIMIT = 1 << 31  # sizes up to this keep every coordinate (size - 1) within int32
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,14 @@ def conv_output_size(spatial_shape, kernel_size, stride, padding, dilation) -> l
     out = []
     for i, k, s, p, d in zip(spatial_shape, kernel_size, stride, padding, dilation):
         out.append(1 if k == -1 else (i + 2 * p - d * (k - 1) - 1) // s + 1)
+    _check_positive(out, spatial_shape, kernel_size, stride, padding, dilation)
     return out
+
+
+def _check_positive(out, spatial, kernel, stride, padding, dilation) -> None:
+    require(all(o >= 1 for o in out), OP,
+            f"output spatial shape {list(out)} must be positive (spatial_shape {list(spatial)}, kernel_size "
+            f"{list(kernel)}, stride {list(stride)}, padding {list(padding)}, dilation {list(dilation)})")
 
 
 def deconv_output_size(spatial_shape, kernel_size, stride, padding, dilation, out_padding) -> list[int]:
@@ -66,6 +74,7 @@ def deconv_output_size(spatial_shape, kernel_size, stride, padding, dilation, ou
     for i, k, s, p, op in zip(spatial_shape, kernel_size, stride, padding, out_padding):
         require(k != -1, OP, "kernel_size -1 (global) is not defined for a transposed convolution")
         out.append((i - 1) * s - 2 * p + k + op)
+    _check_positive(out, spatial_shape, kernel_size, stride, padding, dilation)
     return out
 
 
@@ -73,8 +82,9 @@ def check_params(indices, batch_size, spatial_shape, kernel_size, stride, paddin
                  out_padding=0, subm=False, transpose=False, out_spatial_shape=None) -> Geometry:
     """Every structural check; returns the normalised :class:`Geometry`."""
     check_tensor(OP, "indices", indices, dim=2, dtypes=INDEX_DTYPES)
-    if isinstance(spatial_shape, torch.Tensor) and spatial_shape.dim() == 1:
-        spatial_shape = spatial_shape.tolist()
+    if (isinstance(spatial_shape, torch.Tensor) or type(spatial_shape).__module__ == "numpy") and \
+            getattr(spatial_shape, "ndim", 0) == 1:
+        spatial_shape = spatial_shape.tolist()  # a tensor or numpy array of sizes (spconv passes numpy)
     require(isinstance(spatial_shape, (list, tuple, torch.Size)) or
             (isinstance(spatial_shape, torch.Tensor) and spatial_shape.dim() == 1), OP,
             f"spatial_shape must be a sequence of ints, got {spatial_shape!r}")
@@ -112,6 +122,13 @@ def check_params(indices, batch_size, spatial_shape, kernel_size, stride, paddin
         require(all(o >= 1 for o in out), OP,
                 f"output spatial shape {out} must be positive (spatial_shape {spatial}, kernel_size {kernel}, "
                 f"stride {stride}, padding {padding}, dilation {dilation})")
+    # coordinates and batch indices are written to int32 outputs: every value must fit (no silent wrap)
+    require(batch_size <= INT32_LIMIT, OP,
+            f"batch_size ({batch_size}) must be <= 2**31: batch indices must fit the int32 outputs")
+    for name, shape in (("spatial_shape", spatial), ("out_spatial_shape", out)):
+        for d, size in enumerate(shape):
+            require(size <= INT32_LIMIT, OP,
+                    f"{name}[{d}] ({size}) must be <= 2**31: coordinates must fit the int32 outputs")
     require(batch_size * _prod(out) < INVALID_KEY and batch_size * _prod(spatial) < INVALID_KEY, OP,
             "batch_size * prod(spatial shape) must be below 2^60")
     return Geometry(batch_size, spatial, tuple(out), kernel, stride, padding, dilation, subm, transpose)

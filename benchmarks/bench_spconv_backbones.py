@@ -1,0 +1,172 @@
+"""Detection backbones through ``cvops.spconv`` against spconv 2.x in the same run: one training step
+(forward, including every kernel map, and the backward of a fixed weighted sum of the outputs).
+
+Networks: SECOND's VoxelBackBone8x (default), VoxelResBackBone8x, PartA2's UNetV2 and mmdet3d's
+SparseEncoder, written against the spconv API in tests/ops/_spconv_backbones.py and built from one
+library or the other with the same weights (spconv's state_dict loaded unchanged). Tags: ``network`` is
+KITTI scale (grid 1408 x 1600 x 40 as [41, 1600, 1408] zyx, 16k LiDAR-like voxels per frame, batch 2),
+``unit`` a small grid for a quick look.
+
+Each library runs at 1 thread and at torch's thread count, and the faster of the two is reported (spconv's
+CPU results differ between the two; cvops's do not). The check column compares the outputs of cvops and 1-thread spconv (diff1). Peak memory
+is the largest resident-set growth seen while one step runs (sampled every millisecond) after idle memory
+went back to the system (cvops.empty_cache, malloc_trim), so it is approximate.
+
+    python benchmarks/bench_spconv_backbones.py [--tag network] [--nets VoxelBackBone8x,UNetV2] [--repeats 3]
+"""
+from __future__ import annotations
+
+import importlib.util
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+import cvops
+import cvops.spconv as cvspconv
+from cvops._core.bench import NO_ANCHOR, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
+from cvops._core.metrics import diff1
+
+_BACKBONES = Path(__file__).resolve().parents[1] / "tests" / "ops" / "_spconv_backbones.py"
+CASES = {"network": ((41, 1600, 1408), 16000, 2), "unit": ((41, 200, 176), 3000, 2)}
+
+
+def _backbones():
+    spec = importlib.util.spec_from_file_location("_spconv_backbones", _BACKBONES)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _spconv():
+    try:
+        import spconv.pytorch as spt
+        from spconv.pytorch import ops as spt_ops
+    except Exception:
+        return None
+    if not torch.cuda.is_available():
+        spt_ops.get_current_stream = lambda: 0  # spconv 2.3's CPU backward asks torch.cuda for a stream
+    return spt
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def _release_idle_memory() -> None:
+    """cvops's recycled buffers and glibc's free lists back to the system, so growth is measured from a
+    clean baseline for both libraries."""
+    cvops.empty_cache()
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+
+
+def peak_rss_growth(fn) -> int:
+    """Largest resident-set growth (bytes) while ``fn()`` runs, sampled every millisecond."""
+    _release_idle_memory()
+    base, peak, done = _rss(), [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss() - base)
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        fn()
+    finally:
+        done.set()
+        thread.join()
+    return max(peak[0], _rss() - base)
+
+
+def _loss(outs):
+    total = 0
+    for o in outs if isinstance(outs, tuple) else (outs,):
+        if isinstance(o, torch.Tensor):
+            f, key = o.reshape(o.shape[0], -1), torch.arange(o[0].numel(), dtype=o.dtype)[None]
+        else:
+            k = o.indices.long()
+            key = (((k[:, 0] * 4096 + k[:, 1]) * 4096 + k[:, 2]) * 4096 + k[:, 3]).to(o.features.dtype)[:, None]
+            f = o.features
+        total = total + (f * torch.sin(0.37 * key + 0.7 * torch.arange(f.shape[1], dtype=f.dtype))).sum()
+    return total
+
+
+def _first_dense(outs):
+    o = outs[0] if isinstance(outs, tuple) else outs
+    return o if isinstance(o, torch.Tensor) else o.dense()
+
+
+def run(limits: MachineLimits, tag: str = "network", repeats: int = 3, anchor: bool = True,
+        nets: str = "VoxelBackBone8x"):
+    device = limits.device
+    bb = _backbones()
+    spt = _spconv() if anchor else None
+    grid, per_frame, batch = CASES[tag]
+    features, indices = bb.lidar_input(per_frame * batch, batch, grid, seed=0)
+    features, indices = features.to(device), indices.to(device)
+    threads = torch.get_num_threads()
+    rows = []
+    for name in nets.split(","):
+        torch.manual_seed(0)
+        net = bb.BACKBONES[name](cvspconv).to(device).train()
+        models = {"cvops": (net, cvspconv)}
+        if spt is not None:
+            ref = bb.BACKBONES[name](spt).to(device).train()
+            net.load_state_dict(ref.state_dict())
+            models["spconv"] = (ref, spt)
+        results = {}
+        for lib_name, (model, lib) in models.items():
+            def step(model=model, lib=lib):
+                model.zero_grad(set_to_none=True)
+                leaf = features.clone().requires_grad_()
+                outs = model(lib.SparseConvTensor(leaf, indices, list(grid), batch))
+                _loss(outs).backward()
+                return outs
+
+            for t in ((1, threads) if threads > 1 else (threads,)):
+                torch.set_num_threads(t)
+                try:
+                    outs = step()  # warm-up (numba compiles, caches fill)
+                    if t == 1 or lib_name == "cvops":
+                        results.setdefault(f"{lib_name}_out", _first_dense(outs).detach())
+                    seconds = time_fn(step, device, repeats=repeats, warmup=0)
+                    mem = peak_rss_growth(step)
+                finally:
+                    torch.set_num_threads(threads)
+                best = results.get(lib_name)
+                if best is None or seconds < best[0]:
+                    results[lib_name] = (seconds, mem, t)
+        seconds, mem, c_threads = results["cvops"]
+        params = list(net.parameters())
+        io = tensor_bytes(features, indices, params, [p.grad for p in params])
+        check, anchor_s, anchor_name = f"peak+{mem / 2**20:.0f}MiB", None, ""
+        if "spconv" in results:
+            anchor_s, s_mem, s_threads = results["spconv"]
+            check += f",spconv peak+{s_mem / 2**20:.0f}MiB,diff1={diff1(results['cvops_out'], results['spconv_out']):.1e}"
+            anchor_name = f"spconv {_spconv_version()} ({s_threads} thr)"
+        backend = "triton" if device.type == "cuda" else f"cpu ({c_threads} thr)"
+        rows.append(BenchRow("spconv_backbone", f"{name} {tag}", "fwd+bwd", backend, seconds, io, 0.0, check,
+                             anchor_name, anchor_s))
+    return rows
+
+
+def _spconv_version() -> str:
+    try:
+        import spconv
+        return spconv.__version__
+    except Exception:
+        return ""
+
+
+if __name__ == "__main__":
+    bench_main(run, "spconv detection backbones", __doc__,
+               (("--repeats", {"dest": "repeats", "type": int, "default": 3}),
+                ("--nets", {"dest": "nets", "default": "VoxelBackBone8x"}), NO_ANCHOR))

@@ -1,0 +1,249 @@
+"""cvops.spconv: spconv.pytorch 2.x's names and conventions, each new layer against a dense torch computation
+(transposed conv, max / avg pool, global pools), indice_key rules, SparseConvTensor API, checkpoints."""
+from __future__ import annotations
+
+import inspect
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cvops.spconv as spconv
+from cvops import sparse
+from cvops._core.errors import BadParamError, NotSupportedError
+from tests.ops.test_sparse_conv import random_sparse
+
+
+def _sp(x):
+    return spconv.SparseConvTensor(x.features, x.indices, x.spatial_shape, x.batch_size)
+
+
+def _dense_with(x, feats, fill):
+    """``[B, C, *spatial]`` with ``feats`` at the sites of ``x`` and ``fill`` elsewhere (differentiable)."""
+    c = feats.shape[1]
+    out = feats.new_full((x.batch_size, *x.spatial_shape, c), fill)
+    out = out.index_put(tuple(col.long() for col in x.indices.t()), feats)
+    return out.movedim(-1, 1)
+
+
+def _rows(dense, y):
+    """The rows of ``dense [B, C, *spatial]`` at the sites of ``y`` (in ``y``'s order)."""
+    return dense.movedim(1, -1)[tuple(col.long() for col in y.indices.t())]
+
+
+def _sites(mask, y):
+    """``y``'s sites equal the positions where ``mask [B, 1, *spatial]`` is non-zero (as sets)."""
+    expected = torch.nonzero(mask[:, 0] > 0).tolist()
+    assert sorted(map(tuple, y.indices.tolist())) == sorted(map(tuple, expected))
+
+
+# ----------------------------------------------------------------------------- names and signatures
+def test_spconv_names_and_module_paths():
+    for n in (1, 2, 3, 4):
+        for kind in ("SparseConv", "SubMConv", "SparseConvTranspose", "SparseInverseConv"):
+            cls = getattr(spconv, f"{kind}{n}d")
+            assert issubclass(cls, spconv.conv.SparseConvolution) and cls is getattr(sparse, f"{kind}{n}d")
+    assert spconv.conv.SparseConvolution is sparse.SparseConvolution
+    for name in ("SparseMaxPool1d", "SparseMaxPool4d", "SparseAvgPool3d", "SparseGlobalMaxPool", "SparseGlobalAvgPool",
+                 "ToDense", "RemoveGrid", "SparseIdentity", "SparseSequential", "SparseModule", "SparseConvTensor",
+                 "AddTable", "ConcatTable", "JoinTable", "Identity", "ConvAlgo", "SparseBatchNorm", "SparseReLU"):
+        assert hasattr(spconv, name), name
+    assert spconv.pool.SparseMaxPool3d is spconv.SparseMaxPool3d
+    assert callable(spconv.functional.indice_conv) and callable(spconv.ops.get_conv_output_size)
+    sig = inspect.signature(spconv.SparseConv3d.__init__).parameters
+    for arg in ("indice_key", "algo", "fp32_accum", "record_voxel_count", "large_kernel_fast_algo", "name"):
+        assert arg in sig
+    assert list(inspect.signature(spconv.SparseInverseConv3d.__init__).parameters)[1:5] == [
+        "in_channels", "out_channels", "kernel_size", "indice_key"]
+
+
+def test_spconv_constructor_arguments_accepted():
+    layer = spconv.SubMConv3d(4, 8, 3, algo=spconv.ConvAlgo.Native, fp32_accum=True, large_kernel_fast_algo=True,
+                              name="sub", indice_key="k")
+    assert layer.name == "sub" and layer.weight.shape == (8, 3, 3, 3, 4)
+    down = spconv.SparseConv3d(4, 8, 3, 2, 1, record_voxel_count=True)
+    x = random_sparse(2, (6, 7, 8), 50, 4, dtype=torch.float32, seed=1)
+    y = down(_sp(x))
+    assert int(down.get_max_num_voxels()) == y.indices.shape[0]
+    with pytest.raises(NotSupportedError, match="act_type"):
+        spconv.conv.SparseConvolution(3, 4, 4, act_type="ReLU")
+
+
+# ----------------------------------------------------------------------------- SubM and indice_key
+def test_subm_centres_the_kernel_and_ignores_padding():
+    x = _sp(random_sparse(2, (6, 7, 8), 60, 3, dtype=torch.float64, seed=2))
+    torch.manual_seed(0)
+    a = spconv.SubMConv3d(3, 4, 3, padding=1, dilation=2).double()
+    b = spconv.SubMConv3d(3, 4, 3, padding=0, dilation=2).double()
+    b.load_state_dict(a.state_dict())
+    ya, yb = a(x), b(x)
+    assert torch.equal(ya.features, yb.features) and torch.equal(ya.indices, x.indices)
+    # against the dense convolution with the centred padding d * (k // 2) = 2
+    w = sparse.convert_weight(a.weight, "spconv", "torch")
+    ref = F.conv3d(x.dense(), w, a.bias, 1, 2, 2)
+    torch.testing.assert_close(ya.features, _rows(ref, ya), atol=1e-10, rtol=1e-9)
+
+
+def test_indice_key_reuse_rules():
+    x = _sp(random_sparse(2, (6, 7, 8), 60, 4, dtype=torch.float32, seed=3))
+    # the backbone pattern: padding=1 then default padding under one key
+    net = spconv.SparseSequential(spconv.SubMConv3d(4, 4, 3, padding=1, indice_key="subm1"),
+                                  spconv.SubMConv3d(4, 4, 3, indice_key="subm1"))
+    y = net(x)
+    first = y.indice_dict["subm1"]
+    assert first.is_subm and first.ksize == [3, 3, 3] and first.indice_pair_num is first.indice_num
+    fresh = spconv.SubMConv3d(4, 4, 3)
+    fresh.load_state_dict(net[1].state_dict())
+    torch.testing.assert_close(y.features, fresh(net[0](x)).features)
+    with pytest.raises(ValueError, match="same dilation"):
+        spconv.SubMConv3d(4, 4, 3, dilation=2, indice_key="subm1")(y)
+    with pytest.raises(ValueError, match="same kernel size"):
+        spconv.SubMConv3d(4, 4, 5, indice_key="subm1")(y)
+    down = spconv.SparseConv3d(4, 4, 3, 2, 1, indice_key="d")(y)
+    with pytest.raises(BadParamError, match="holds a sparse conv map"):
+        spconv.SubMConv3d(4, 4, 3, indice_key="d")(down)
+    with pytest.raises(BadParamError, match="must be the output of the conv"):
+        spconv.SparseInverseConv3d(4, 4, 3, "d")(y)
+
+
+# ----------------------------------------------------------------------------- SparseConvTensor API
+def test_sparse_conv_tensor_spconv_api():
+    x = random_sparse(2, (5, 6, 7), 30, 3, dtype=torch.float32, seed=4)
+    t = spconv.SparseConvTensor(x.features, x.indices, np.array([5, 6, 7]), np.int64(2))
+    assert t.spatial_shape == [5, 6, 7] and t.batch_size == 2 and type(t.batch_size) is int
+    import cvops
+    for a, b in zip(cvops.get_indice_pairs(x.indices, 2, np.array([5, 6, 7]), 3, 2, 1),
+                    cvops.get_indice_pairs(x.indices, 2, [5, 6, 7], 3, 2, 1)):
+        assert torch.equal(a, b)
+    u = t.replace_feature(feature=t.features * 2)
+    assert torch.equal(u.features, x.features * 2) and u.indice_dict is t.indice_dict
+    with pytest.raises(BadParamError, match="feature rows"):
+        t.replace_feature(t.features[:3])
+    d = t.dense(channels_first=False)
+    back = spconv.SparseConvTensor.from_dense(d)
+    assert back.spatial_shape == [5, 6, 7] and back.batch_size == 2
+    assert torch.equal(back.dense(), t.dense())
+    assert torch.equal((t + t).features, 2 * t.features) and torch.equal(t.minus().features, -t.features)
+    seq = spconv.SparseSequential()
+    seq.add(spconv.SubMConv3d(3, 4, 3))
+    seq.add(torch.nn.ReLU(), "relu")
+    seq.add(spconv.ToDense())
+    assert list(seq._modules) == ["0", "relu", "2"] and seq(t).shape == (2, 4, 5, 6, 7)
+    assert spconv.RemoveGrid()(t).grid is None and spconv.SparseIdentity()(t) is t
+
+
+# ----------------------------------------------------------------------------- new layers vs dense torch
+@pytest.mark.parametrize("kernel,stride,padding,output_padding", [(3, 2, 1, 0), (2, 2, 0, 0), (3, 1, 1, 0),
+                                                                  ((3, 2, 3), (2, 1, 2), (1, 0, 1), 0)])
+def test_transposed_conv_matches_dense(kernel, stride, padding, output_padding):
+    x = _sp(random_sparse(2, (4, 5, 3), 25, 3, dtype=torch.float64, seed=5))
+    layer = spconv.SparseConvTranspose3d(3, 4, kernel, stride, padding).double()
+    feats = x.features.clone().requires_grad_()
+    y = layer(x.replace_feature(feats))
+    feats_ref = x.features.clone().requires_grad_()
+    w_ref = layer.weight.detach().clone().requires_grad_()
+    ref = F.conv_transpose3d(_dense_with(x, feats_ref, 0.0), w_ref.permute(4, 0, 1, 2, 3), None, layer.stride,
+                             layer.padding)
+    assert list(ref.shape[2:]) == y.spatial_shape
+    reach = F.conv_transpose3d(_dense_with(x, torch.ones_like(feats_ref[:, :1]), 0.0),
+                               torch.ones(1, 1, *layer.kernel_size, dtype=torch.float64), None, layer.stride,
+                               layer.padding)
+    _sites(reach, y)
+    expected = _rows(ref, y) + layer.bias.detach()
+    torch.testing.assert_close(y.features, expected.detach(), atol=1e-10, rtol=1e-9)
+    g = torch.randn(y.features.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    (y.features * g).sum().backward()
+    (expected * g).sum().backward()
+    torch.testing.assert_close(feats.grad, feats_ref.grad, atol=1e-10, rtol=1e-9)
+    torch.testing.assert_close(layer.weight.grad, w_ref.grad, atol=1e-10, rtol=1e-9)
+
+
+@pytest.mark.parametrize("cls,kernel,stride,padding,dilation", [
+    ("SparseMaxPool3d", 3, 2, 1, 1), ("SparseMaxPool3d", 2, None, 0, 1), ("SparseMaxPool3d", 3, 1, 1, 2),
+    ("SparseAvgPool3d", 3, 2, 1, 1), ("SparseAvgPool3d", 2, None, 0, 1)])
+def test_pools_match_dense(cls, kernel, stride, padding, dilation):
+    x = _sp(random_sparse(2, (6, 7, 5), 70, 3, dtype=torch.float64, seed=6))
+    pool = getattr(spconv, cls)(kernel, stride, padding, dilation)
+    feats = x.features.clone().requires_grad_()
+    y = pool(x.replace_feature(feats))
+    s = pool.stride
+    mask = F.max_pool3d(_dense_with(x, torch.ones_like(feats[:, :1]), 0.0), kernel, s, padding, dilation)
+    _sites(mask, y)
+    feats_ref = x.features.clone().requires_grad_()
+    if cls.startswith("SparseMax"):  # inactive sites take no part: they are -inf, not 0
+        ref = F.max_pool3d(_dense_with(x, feats_ref, -math.inf), kernel, s, padding, dilation)
+        expected = _rows(ref, y)
+    else:  # dilated avg_pool3d does not exist in torch: only dilation 1 here
+        total = F.avg_pool3d(_dense_with(x, feats_ref, 0.0), kernel, s, padding, divisor_override=1)
+        count = F.avg_pool3d(_dense_with(x, torch.ones_like(feats_ref[:, :1]), 0.0), kernel, s, padding,
+                             divisor_override=1)
+        expected = _rows(total, y) / _rows(count, y)
+    assert list(mask.shape[2:]) == y.spatial_shape
+    torch.testing.assert_close(y.features, expected.detach(), atol=1e-12, rtol=1e-12)
+    g = torch.randn(y.features.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    (y.features * g).sum().backward()
+    (expected * g).sum().backward()
+    torch.testing.assert_close(feats.grad, feats_ref.grad, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("mean", [False, True])
+def test_global_pools_match_dense(mean):
+    x = _sp(random_sparse(3, (4, 5, 6), 40, 5, dtype=torch.float64, seed=7))
+    pool = spconv.SparseGlobalAvgPool() if mean else spconv.SparseGlobalMaxPool()
+    out = pool(x)
+    assert out.shape == (3, 5)
+    for b in range(3):
+        rows = x.features[x.indices[:, 0] == b]
+        expected = rows.mean(0) if mean else rows.amax(0)
+        torch.testing.assert_close(out[b], expected, atol=1e-12, rtol=1e-12)
+
+
+def test_pool_kernel_map_is_reused_by_inverse_conv():
+    x = _sp(random_sparse(2, (6, 6, 6), 50, 3, dtype=torch.float64, seed=8))
+    y = spconv.SparseMaxPool3d(2, indice_key="p")(x)
+    z = spconv.SparseInverseConv3d(3, 2, 2, "p").double()(y)
+    assert torch.equal(z.indices, x.indices) and z.spatial_shape == x.spatial_shape
+
+
+# ----------------------------------------------------------------------------- layouts
+def test_mmcv_layout_classes_share_the_implementation():
+    from cvops.mmcv import sparse as mmcv_sparse
+    x = random_sparse(2, (5, 6, 7), 40, 3, dtype=torch.float64, seed=9)
+    a = spconv.SparseConv3d(3, 4, 3, 2, 1).double()
+    b = mmcv_sparse.SparseConv3d(3, 4, 3, 2, 1).double()
+    assert b.weight.shape == (3, 3, 3, 3, 4)
+    sparse.load_state_dict(b, a.state_dict(), "spconv")
+    assert torch.equal(b.weight, sparse.convert_weight(a.weight, "spconv", "mmcv"))
+    ya, yb = a(_sp(x)), b(x)
+    assert torch.equal(ya.indices, yb.indices)
+    torch.testing.assert_close(ya.features, yb.features, atol=1e-12, rtol=1e-12)
+    sub = mmcv_sparse.SubMConv3d(3, 2, 3, indice_key="s").double()
+    assert sub(x).features.shape == (40, 2)
+
+
+# ----------------------------------------------------------------------------- against spconv itself
+def test_transposed_conv_and_max_pool_match_spconv():
+    from tests.ops.test_spconv_backbones import _spconv
+    spt = _spconv()
+    if spt is None:
+        pytest.skip("spconv not installed")
+    x = random_sparse(2, (6, 7, 5), 70, 3, dtype=torch.float32, seed=6)
+    threads = torch.get_num_threads()
+    for make, feats in ((lambda lib: lib.SparseConvTranspose3d(3, 4, 3, 2, 1), x.features),
+                        (lambda lib: lib.SparseMaxPool3d(3, 2, 1), x.features.abs()),
+                        (lambda lib: lib.SparseMaxPool3d(2, 2), x.features.abs() + 0.1)):
+        ref, layer = make(spt), make(spconv)
+        layer.load_state_dict(ref.state_dict())
+        fr, fc = feats.clone().requires_grad_(), feats.clone().requires_grad_()
+        torch.set_num_threads(1)
+        try:
+            yr = ref(spt.SparseConvTensor(fr, x.indices, x.spatial_shape, 2)).dense()
+            yr.sin().sum().backward()
+        finally:
+            torch.set_num_threads(threads)
+        yc = layer(spconv.SparseConvTensor(fc, x.indices, x.spatial_shape, 2)).dense()
+        yc.sin().sum().backward()
+        torch.testing.assert_close(yc, yr, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fc.grad, fr.grad, atol=1e-5, rtol=1e-5)
