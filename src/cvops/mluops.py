@@ -263,6 +263,8 @@ def _psamask_check(op, psa_type, in_desc, out_desc, h_mask, w_mask):
     """
     from .ops.psamask.checks import psa_type_code
     psa_type_code(psa_type)
+    h_mask = check_int(op, "h_mask", h_mask, min_value=1)
+    w_mask = check_int(op, "w_mask", w_mask, min_value=1)
     for name, desc in (("input desc", in_desc), ("output desc", out_desc)):
         check_descriptor(op, name, desc)
         require(desc.dim == 4, op, f"{name} must be 4-D, got {desc.dim}-D")

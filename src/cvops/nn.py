@@ -131,8 +131,10 @@ class PSAMask(nn.Module):
 
     def __init__(self, psa_type: str, mask_size=None):
         super().__init__()
-        from .ops.psamask.checks import psa_type_code
+        from .ops.psamask.checks import OP, psa_type_code
+        from ._core.validate import pair
         psa_type_code(psa_type)  # reject unknown modes at construction, as mmcv does
+        pair(OP, "mask_size", mask_size, min_value=1)  # and sizes no input could match
         self.psa_type = psa_type
         self.mask_size = mask_size
 
