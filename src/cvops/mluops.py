@@ -235,7 +235,9 @@ def masked_im2col_forward(handle, feature_desc, feature, mask_h_idx_desc, mask_h
     Statuses as in MLU-OPS: every descriptor rule is BAD_PARAM (2^31 elements: NOT_SUPPORTED);
     empty feature or ``data_col.dims[0] == 0``: BAD_PARAM; ``M == 0``: SUCCESS without writing;
     then a null workspace with ``workspace_size > 0`` or a null data pointer: BAD_PARAM.
-    ``pad_h``/``pad_w`` and the index values are not checked (any value is legal).
+    Index values are not checked (any value is legal: taps outside the feature read 0); beyond
+    MLU-OPS, a padding with ``|pad| + kernel + feature size >= 2**63`` (window coordinates that
+    would wrap in int64) is BAD_PARAM.
     """
     op = _MASKED_IM2COL
     feature_desc, data_col_desc, mask_cnt = _masked_im2col_pre_check(
