@@ -213,3 +213,161 @@ def test_mluops_descriptors_are_validated_and_outputs_may_require_grad():
     args = [handle if a == "handle" else a for a in args]
     args[7].requires_grad_()
     assert fn(*args) == Status.SUCCESS and args[7].abs().sum() > 0
+
+
+# ------------------------------------------------------------------------------------------ functional API
+META = torch.device("meta")
+
+
+def _t(*shape, dtype=torch.float32, device="cpu"):
+    return torch.randn(shape, device=device).to(dtype) if dtype.is_floating_point else \
+        torch.zeros(shape, dtype=dtype, device=device)
+
+
+_X9 = _t(1, 9, 4, 4)
+_IDX = torch.tensor([0, 1, 2])
+_PS_IN, _PS_ROIS = _t(1, 8, 6, 6), torch.tensor([[0.0, 0, 0, 4, 4]])
+_CF_X, _CF_M = _t(1, 4, 3, 3), _t(1, 9, 6, 6)
+
+# (id, call(backend), exception, message fragment)
+FUNCTIONAL_CASES = [
+    # psamask
+    ("psamask dtype", lambda b: cvops.psamask(_t(1, 9, 4, 4, dtype=torch.int64), "collect", 3, backend=b),
+     BadParamError, "input dtype"),
+    ("psamask rank", lambda b: cvops.psamask(_t(9, 4, 4), "collect", 3, backend=b), BadParamError, "input must be 4-D"),
+    ("psamask channels", lambda b: cvops.psamask(_t(1, 5, 4, 4), "collect", 3, backend=b), BadParamError,
+     "input channels"),
+    ("psamask type", lambda b: cvops.psamask("x", "collect", 3, backend=b), BadParamError, "input must be a torch"),
+    ("psamask mask_size 0", lambda b: cvops.psamask(_X9, "collect", 0, backend=b), BadParamError, "mask_size"),
+    ("psamask mask_size str", lambda b: cvops.psamask(_X9, "collect", "3", backend=b), BadParamError, "mask_size"),
+    ("psamask psa_type", lambda b: cvops.psamask(_X9, None, 3, backend=b), BadParamError, "psa_type"),
+    ("psamask layout", lambda b: cvops.psamask(_X9, "collect", 3, "nchw ", backend=b), BadParamError, "layout"),
+    ("psamask backward shape", lambda b: cvops.psamask_backward(_t(1, 15, 4, 4), "collect", 3, backend=b),
+     BadParamError, "grad_output channels"),
+    # carafe
+    ("carafe dtype", lambda b: cvops.carafe(_CF_X.int(), _CF_M, 3, 1, 2, backend=b), BadParamError, "features dtype"),
+    ("carafe dtypes differ", lambda b: cvops.carafe(_CF_X, _CF_M.double(), 3, 1, 2, backend=b), BadParamError,
+     "masks dtype"),
+    ("carafe rank", lambda b: cvops.carafe(_CF_X[0], _CF_M, 3, 1, 2, backend=b), BadParamError, "features must be 4-D"),
+    ("carafe mask shape", lambda b: cvops.carafe(_CF_X, _t(1, 9, 6, 5), 3, 1, 2, backend=b), BadParamError,
+     "masks spatial size"),
+    ("carafe mask channels", lambda b: cvops.carafe(_CF_X, _t(1, 8, 6, 6), 3, 1, 2, backend=b), BadParamError,
+     "masks channels"),
+    ("carafe k even", lambda b: cvops.carafe(_CF_X, _CF_M, 2, 1, 2, backend=b), BadParamError, "odd"),
+    ("carafe k 0", lambda b: cvops.carafe(_CF_X, _CF_M, 0, 1, 2, backend=b), BadParamError, "kernel_size"),
+    ("carafe s -1", lambda b: cvops.carafe(_CF_X, _CF_M, 3, 1, -1, backend=b), BadParamError, "scale_factor"),
+    ("carafe G 3", lambda b: cvops.carafe(_CF_X, _CF_M, 3, 3, 2, backend=b), BadParamError, "divisible by group_size"),
+    ("carafe k float", lambda b: cvops.carafe(_CF_X, _CF_M, 3.0, 1, 2, backend=b), BadParamError, "kernel_size"),
+    ("carafe layout", lambda b: cvops.carafe(_CF_X, _CF_M, 3, 1, 2, "HWC", backend=b), BadParamError, "layout"),
+    ("carafe device", lambda b: cvops.carafe(_CF_X, _CF_M.to(META), 3, 1, 2, backend=b), BadParamError, "device"),
+    ("carafe_naive dtype", lambda b: cvops.carafe_naive(_CF_X.bool(), _CF_M, 3, 1, 2, backend=b), BadParamError,
+     "features dtype"),
+    ("carafe backward shape", lambda b: cvops.carafe_backward(_t(1, 4, 6, 5), _CF_X, _CF_M, 3, 1, 2, backend=b),
+     BadParamError, "grad_output shape"),
+    # masked_im2col / col2im / conv
+    ("im2col dtype", lambda b: cvops.masked_im2col(_X9.int(), _IDX, _IDX, 3, 1, backend=b), BadParamError,
+     "feature dtype"),
+    ("im2col index dtype", lambda b: cvops.masked_im2col(_X9, _IDX.float(), _IDX, 3, 1, backend=b), BadParamError,
+     "mask_h_idx dtype"),
+    ("im2col index rank", lambda b: cvops.masked_im2col(_X9, _IDX[None], _IDX, 3, 1, backend=b), BadParamError,
+     "mask_h_idx must be 1-D"),
+    ("im2col index lengths", lambda b: cvops.masked_im2col(_X9, _IDX, _IDX[:2], 3, 1, backend=b), BadParamError,
+     "one length"),
+    ("im2col batch", lambda b: cvops.masked_im2col(_t(2, 9, 4, 4), _IDX, _IDX, 3, 1, backend=b), BadParamError,
+     "feature batch"),
+    ("im2col empty", lambda b: cvops.masked_im2col(_t(1, 0, 4, 4), _IDX, _IDX, 3, 1, backend=b), BadParamError,
+     "feature must not be empty"),
+    ("im2col kernel 0", lambda b: cvops.masked_im2col(_X9, _IDX, _IDX, 0, 1, backend=b), BadParamError,
+     "kernel_size must be >= 1"),
+    ("im2col padding overflow", lambda b: cvops.masked_im2col(_X9, _IDX, _IDX, 3, -2**63, backend=b), BadParamError,
+     "pad_h"),
+    ("im2col padding str", lambda b: cvops.masked_im2col(_X9, _IDX, _IDX, 3, "1", backend=b), BadParamError,
+     "padding must be an int"),
+    ("im2col device", lambda b: cvops.masked_im2col(_X9, _IDX.to(META), _IDX.to(META), 3, 1, backend=b),
+     BadParamError, "device"),
+    ("col2im height", lambda b: cvops.masked_col2im(_t(2, 3), _IDX, _IDX, -1, 4, backend=b), BadParamError,
+     "height must be >= 0"),
+    ("col2im columns", lambda b: cvops.masked_col2im(_t(2, 4), _IDX, _IDX, 4, 4, backend=b), BadParamError,
+     "masked_output dim 1"),
+    ("conv bias length", lambda b: cvops.masked_conv2d(_t(1, 2, 5, 5), torch.ones(1, 5, 5), _t(3, 2, 3, 3),
+                                                       _t(4), 1, backend=b), BadParamError, "bias must have"),
+    ("conv weight rank", lambda b: cvops.masked_conv2d(_t(1, 2, 5, 5), torch.ones(1, 5, 5), _t(3, 2, 3), None, 1,
+                                                       backend=b), BadParamError, "weight must be 4-D"),
+    # psroipool
+    ("psroi dtype", lambda b: cvops.psroi_pool(_PS_IN.int(), _PS_ROIS, 2, 2, 1.0, 2, 2, backend=b), BadParamError,
+     "input dtype"),
+    ("psroi rois shape", lambda b: cvops.psroi_pool(_PS_IN, _PS_ROIS[:, :4], 2, 2, 1.0, 2, 2, backend=b),
+     BadParamError, "rois"),
+    ("psroi channels", lambda b: cvops.psroi_pool(_PS_IN, _PS_ROIS, 2, 2, 1.0, 2, 3, backend=b), BadParamError,
+     "channels"),
+    ("psroi scale", lambda b: cvops.psroi_pool(_PS_IN, _PS_ROIS, 2, 2, 0.0, 2, 2, backend=b), BadParamError,
+     "spatial_scale"),
+    ("psroi pooled 0", lambda b: cvops.psroi_pool(_PS_IN, _PS_ROIS, 0, 2, 1.0, 2, 2, backend=b), BadParamError,
+     "pooled"),
+    ("psroi batch index", lambda b: cvops.psroi_pool(_PS_IN, torch.tensor([[1.0, 0, 0, 4, 4]]), 2, 2, 1.0, 2, 2,
+                                                     backend=b), BadParamError, "batch"),
+    # get_indice_pairs
+    ("gip dtype", lambda b: cvops.get_indice_pairs(torch.zeros(2, 4), 1, [4] * 3, 3, 1, 1, backend=b), BadParamError,
+     "indices"),
+    ("gip columns", lambda b: cvops.get_indice_pairs(torch.zeros(2, 3, dtype=torch.int32), 1, [4] * 3, 3, 1, 1,
+                                                     backend=b), BadParamError, "indices"),
+    ("gip batch 0", lambda b: cvops.get_indice_pairs(torch.zeros(2, 4, dtype=torch.int32), 0, [4] * 3, 3, 1, 1,
+                                                     backend=b), BadParamError, "batch"),
+    ("gip kernel 0", lambda b: cvops.get_indice_pairs(torch.zeros(2, 4, dtype=torch.int32), 1, [4] * 3, 0, 1, 1,
+                                                      backend=b), BadParamError, "kernel"),
+    ("gip stride str", lambda b: cvops.get_indice_pairs(torch.zeros(2, 4, dtype=torch.int32), 1, [4] * 3, 3, "1", 1,
+                                                        backend=b), BadParamError, "stride"),
+    # every op: backend strings
+    ("backend name", lambda b: cvops.psamask(_X9, "collect", 3, backend="gpu"), BadParamError, "backend"),
+    ("backend name carafe", lambda b: cvops.carafe(_CF_X, _CF_M, 3, 1, 2, backend="cuda"), BadParamError, "backend"),
+    ("backend name im2col", lambda b: cvops.masked_im2col(_X9, _IDX, _IDX, 3, 1, backend=3), BadParamError, "backend"),
+    ("backend name psroi", lambda b: cvops.psroi_pool(_PS_IN, _PS_ROIS, 2, 2, 1.0, 2, 2, backend="Reference"),
+     BadParamError, "backend"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", FUNCTIONAL_CASES, ids=[c[0] for c in FUNCTIONAL_CASES])
+def test_functional_bad_input_raises_before_any_kernel(case, backend):
+    _, call, error, fragment = case
+    with selected(backend) as name:
+        with pytest.raises(error, match=fragment) as info:
+            call(name)
+    assert type(info.value) is error
+
+
+# ------------------------------------------------------------------------------------------ modules' forward, sparse
+import cvops.sparse as sp  # noqa: E402
+
+_SIDX = torch.tensor([[0, 1, 1, 1], [0, 2, 2, 2]], dtype=torch.int32)
+_SF = _t(2, 4)
+
+MODULE_FORWARD_CASES = [
+    ("CARAFE masks", lambda: cvops.nn.CARAFE(3, 1, 2)(_CF_X, _t(1, 9, 5, 6)), "masks spatial size"),
+    ("CARAFENaive dtype", lambda: cvops.nn.CARAFENaive(3, 1, 2)(_CF_X.half(), _CF_M), "masks dtype"),
+    ("PSAMask channels", lambda: cvops.nn.PSAMask("collect", 3)(_t(1, 8, 4, 4)), "input channels"),
+    ("PSAMask rank", lambda: cvops.nn.PSAMask("collect", 3)(_t(9, 4, 4)), "input must be 4-D"),
+    ("MaskedConv2d mask shape", lambda: cvops.nn.MaskedConv2d(2, 3, 3, padding=1)(_t(1, 2, 5, 5), torch.ones(1, 4, 5)),
+     "mask spatial size"),
+    ("MaskedConv2d channels", lambda: cvops.nn.MaskedConv2d(3, 3, 3)(_t(1, 2, 5, 5), torch.ones(1, 5, 5)),
+     "input channels"),
+    ("PSRoIPool boxes", lambda: cvops.nn.PSRoIPool(2, 1.0)(_PS_IN, [torch.zeros(1, 3)]), r"boxes\[0\]"),
+    ("PSRoIPool rois type", lambda: cvops.nn.PSRoIPool(2, 1.0)(_PS_IN, "rois"), "rois"),
+    ("SparseConvTensor indices dtype", lambda: sp.SparseConvTensor(_SF, _SIDX.float(), [4] * 3, 1), "indices dtype"),
+    ("SparseConvTensor rows", lambda: sp.SparseConvTensor(_SF[:1], _SIDX, [4] * 3, 1), "indices rows"),
+    ("SparseConvTensor batch 0", lambda: sp.SparseConvTensor(_SF, _SIDX, [4] * 3, 0), "batch_size"),
+    ("SparseConvTensor spatial", lambda: sp.SparseConvTensor(_SF, _SIDX, [4, -1, 4], 1), "spatial_shape"),
+    ("SubMConv3d kernel 0", lambda: sp.SubMConv3d(4, 8, 0), "kernel_size must be >= 1"),
+    ("SparseConv3d channels 0", lambda: sp.SparseConv3d(0, 8, 3), "in_channels must be >= 1"),
+    ("SparseConv3d stride 0", lambda: sp.SparseConv3d(4, 8, 3, stride=0), "stride must be >= 1"),
+    ("SubMConv3d input channels", lambda: sp.SubMConv3d(3, 8, 3, padding=1)(sp.SparseConvTensor(_SF, _SIDX, [4] * 3, 1)),
+     "channels"),
+    ("SubMConv3d dense input", lambda: sp.SubMConv3d(4, 8, 3)(_SF), "SparseConvTensor"),
+]
+
+
+@pytest.mark.parametrize("case", MODULE_FORWARD_CASES, ids=[c[0] for c in MODULE_FORWARD_CASES])
+def test_modules_and_sparse_bad_input(case):
+    _, call, fragment = case
+    with pytest.raises(BadParamError, match=fragment):
+        call()
