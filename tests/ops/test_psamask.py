@@ -300,3 +300,14 @@ def test_mluops_bad_parameters_return_bad_param():
     assert status == Status.BAD_PARAM
     assert mluops.psamask_forward(None, 0, mluops.descriptor_of(x, 1), x, 3, 3,
                                   mluops.descriptor_of(y, 1), y) == Status.BAD_PARAM
+
+
+def test_module_under_torch_compile_with_backward():
+    x = make(1, 4, 5, 12, "NCHW").requires_grad_()
+    mod = cvops.nn.PSAMask("distribute", (4, 3))
+    compiled = torch.compile(mod, backend="aot_eager", fullgraph=True)
+    out = compiled(x)
+    assert bit_equal(out, cvops.psamask(x.detach(), "distribute", (4, 3), backend="reference"))
+    dy = make(1, 4, 5, 20, "NCHW", seed=5)
+    out.backward(dy)
+    assert bit_equal(x.grad, cvops.psamask_backward(dy, "distribute", (4, 3), backend="reference"))
