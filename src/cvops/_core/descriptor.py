@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import torch
 
 from .errors import BadParamError, CvopsError, Status
-from .validate import LARGE_TENSOR_NUM, require, require_supported
+from .validate import LARGE_TENSOR_NUM, check_int, require, require_supported
 
 
 class Layout(enum.IntEnum):
@@ -88,14 +88,9 @@ class TensorDescriptor:
         object.__setattr__(self, "layout", _enum_member(op, "layout", Layout, self.layout))
         object.__setattr__(self, "dtype", _enum_member(op, "dtype", DataType, self.dtype))
         shape = self.shape
-        require(isinstance(shape, (tuple, list, torch.Size)), op,
+        require(hasattr(shape, "__iter__") and not isinstance(shape, (str, bytes, dict)), op,
                 f"shape must be a sequence of ints, got {type(shape).__name__}")
-        dims = []
-        for i, size in enumerate(shape):
-            ok = isinstance(size, int) and not isinstance(size, bool)
-            require(ok, op, f"shape[{i}] must be an int, got {size!r}")
-            dims.append(int(size))
-        object.__setattr__(self, "shape", tuple(dims))
+        object.__setattr__(self, "shape", tuple(check_int(op, f"shape[{i}]", size) for i, size in enumerate(shape)))
 
     @property
     def dim(self) -> int:
