@@ -1,8 +1,12 @@
 """The recycling allocator behind large CPU outputs (_core.memory)."""
+import os
+
 import pytest
 import torch
 
+import cvops
 from cvops._core import memory
+from tests.conftest import requires_numba, select
 
 BIG = (1 << 19,)  # 2 MiB of float32: large enough to be recycled
 
@@ -54,3 +58,64 @@ def test_disabled_and_capped(monkeypatch):
     assert memory._RECYCLER.held_bytes() == 2 << 20
     del keep
     assert memory.empty_cache() == 2 << 20 and memory._RECYCLER.held_bytes() == 0
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_outputs_are_resizable_like_torch_tensors():
+    a = memory.new_empty(BIG, torch.float32)
+    a.resize_(BIG[0] * 2)  # grows the storage, as torch.empty's would
+    assert a.numel() == BIG[0] * 2
+    a.fill_(1.0)
+    b = memory.new_empty(BIG, torch.float32)
+    b.untyped_storage().resize_(0)
+    assert b.untyped_storage().nbytes() == 0
+    c = memory.new_empty(BIG, torch.float32)  # the pool forgot the buffers resized under it
+    assert c.untyped_storage().nbytes() == BIG[0] * 4 and c.data_ptr() not in (a.data_ptr(), b.data_ptr())
+    c.fill_(2.0)
+    assert bool((a == 1.0).all())
+    del a, b, c
+
+
+@pytest.mark.parametrize("path", ["cpu-torch", pytest.param("cpu-numba", marks=requires_numba)])
+def test_op_outputs_are_resizable(path, monkeypatch):
+    select(path, monkeypatch)
+    feature = torch.randn(1, 64, 64, 64)
+    idx = torch.arange(4096) % 64
+    outs = [cvops.masked_im2col(feature, idx, idx, 3, 1),                     # 9 MiB: a recycled buffer
+            cvops.psamask(torch.randn(1, 9, 32, 32), "collect", 3),          # 4 MiB
+            cvops.carafe(torch.randn(1, 64, 32, 32), torch.rand(1, 25, 64, 64), 5, 1, 2)]
+    for out in outs:
+        shape = out.shape
+        out.untyped_storage().resize_(out.untyped_storage().nbytes() + 64)
+        out.resize_(out.numel() + 16)
+        out[-16:] = 0
+        out.resize_(shape)
+        out.untyped_storage().resize_(0)
+    assert memory._RECYCLER.held_bytes() == 0 or all(e.intact() for e in memory._RECYCLER._pool)
+
+
+def test_empty_cache_returns_memory_to_the_system():
+    # Pooled buffers are released...
+    size = 8 << 20
+    bufs = [memory.new_zeros((size // 4 + i,), torch.float32) for i in range(8)]  # 8 distinct sizes: 8 buffers
+    del bufs  # idle in the pool: still resident
+    before = _rss()
+    assert memory.empty_cache() >= 8 * size
+    assert before - _rss() >= 6 * size, (before, _rss())
+    # ...and so is free heap memory torch's allocator left behind: freed 1 MiB blocks between live
+    # small ones stay resident (glibc trims only the top of the heap) until malloc_trim
+    big = torch.ones(30 << 18)
+    del big  # glibc raises its mmap threshold: 1 MiB blocks now come from the heap
+    keep, drop = [], []
+    for _ in range(64):
+        drop.append(torch.ones(1 << 18))
+        keep.append(torch.ones(16))
+    del drop
+    before = _rss()
+    memory.empty_cache()
+    assert before - _rss() >= 32 << 20, (before, _rss())
+    del keep

@@ -6,13 +6,15 @@ is in ``handle.last_error``. Outputs are written in place into the tensors passe
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._core.descriptor import (DataType, Handle, Layout, TensorDescriptor, check_data, check_descriptor,
                                create_handle, create_tensor_descriptor, descriptor_of, returns_status,
-                               to_torch_dtype)
+                               status_of, to_torch_dtype)
 from ._core.errors import BadParamError, Status
-from ._core.validate import require, require_supported
+from ._core.validate import check_int, require, require_supported
 
 
 # ---------------------------------------------------------------------------------------------
@@ -20,7 +22,6 @@ from ._core.validate import require, require_supported
 
 from dataclasses import dataclass as _dataclass  # noqa: E402
 
-from ._core.errors import BadParamError as _BadParamError  # noqa: E402
 
 
 @_dataclass
@@ -42,27 +43,29 @@ def set_carafe_descriptor(desc: CarafeDescriptor, dimNb: int, kernel_size: int, 
                           scale_factor: int) -> Status:
     """``mluOpSetCarafeDescriptor``: BAD_PARAM unless dimNb == 4, k odd >= 1, G >= 1, s >= 1."""
     op = "set_carafe_descriptor"
-    try:
+
+    def store():
         require(isinstance(desc, CarafeDescriptor), op, "carafe_desc is null")
-        require(dimNb == 4, op, f"dimNb must be 4, got {dimNb}")
-        require(kernel_size >= 1 and kernel_size % 2 == 1, op, f"kernel_size must be odd and >= 1, got {kernel_size}")
-        require(group_size >= 1, op, f"group_size must be >= 1, got {group_size}")
-        require(scale_factor >= 1, op, f"scale_factor must be >= 1, got {scale_factor}")
-    except _BadParamError:
-        return Status.BAD_PARAM
-    desc.dimNb, desc.kernel_size, desc.group_size, desc.scale_factor = dimNb, kernel_size, group_size, scale_factor
-    return Status.SUCCESS
+        values = _carafe_values(op, dimNb, kernel_size, group_size, scale_factor)
+        desc.dimNb, desc.kernel_size, desc.group_size, desc.scale_factor = values
+
+    return status_of(op, None, store)[0]
+
+
+def _carafe_values(op: str, dimNb, kernel_size, group_size, scale_factor) -> tuple[int, int, int, int]:
+    dimNb = check_int(op, "dimNb", dimNb)
+    require(dimNb == 4, op, f"dimNb must be 4, got {dimNb}")
+    kernel_size = check_int(op, "kernel_size", kernel_size)
+    require(kernel_size >= 1 and kernel_size % 2 == 1, op, f"kernel_size must be odd and >= 1, got {kernel_size}")
+    group_size = check_int(op, "group_size", group_size, min_value=1)
+    scale_factor = check_int(op, "scale_factor", scale_factor, min_value=1)
+    return dimNb, kernel_size, group_size, scale_factor
 
 
 def _carafe_desc_params(op: str, carafe_desc) -> tuple[int, int, int]:
     require(isinstance(carafe_desc, CarafeDescriptor), op, "carafe_desc is null")
     d = carafe_desc
-    require(d.dimNb == 4, op, f"carafe_desc dimNb must be 4, got {d.dimNb}")
-    require(d.kernel_size >= 1 and d.kernel_size % 2 == 1, op,
-            f"kernel_size must be odd and >= 1, got {d.kernel_size}")
-    require(d.group_size >= 1, op, f"group_size must be >= 1, got {d.group_size}")
-    require(d.scale_factor >= 1, op, f"scale_factor must be >= 1, got {d.scale_factor}")
-    return d.kernel_size, d.group_size, d.scale_factor
+    return _carafe_values(op, d.dimNb, d.kernel_size, d.group_size, d.scale_factor)[1:]
 
 
 def _carafe_shapes(op: str, descs: dict, k: int, g: int, s: int, out_names: tuple[str, ...]) -> None:
@@ -163,7 +166,6 @@ def carafe_backward(handle: Handle, carafe_desc: CarafeDescriptor, input_desc: T
     return None
 # masked_im2col (mluOpGetMaskedIm2colForwardWorkspaceSize, mluOpMaskedIm2colForward)
 
-from ._core.validate import check_int  # noqa: E402
 from .ops.masked_im2col import masked_im2col as _masked_im2col  # noqa: E402
 
 _MASKED_IM2COL = "mluOpMaskedIm2colForward"
@@ -235,7 +237,9 @@ def masked_im2col_forward(handle, feature_desc, feature, mask_h_idx_desc, mask_h
     Statuses as in MLU-OPS: every descriptor rule is BAD_PARAM (2^31 elements: NOT_SUPPORTED);
     empty feature or ``data_col.dims[0] == 0``: BAD_PARAM; ``M == 0``: SUCCESS without writing;
     then a null workspace with ``workspace_size > 0`` or a null data pointer: BAD_PARAM.
-    ``pad_h``/``pad_w`` and the index values are not checked (any value is legal).
+    Index values are not checked (any value is legal: taps outside the feature read 0); beyond
+    MLU-OPS, a padding with ``|pad| + kernel + feature size >= 2**63`` (window coordinates that
+    would wrap in int64) is BAD_PARAM.
     """
     op = _MASKED_IM2COL
     feature_desc, data_col_desc, mask_cnt = _masked_im2col_pre_check(
@@ -263,6 +267,8 @@ def _psamask_check(op, psa_type, in_desc, out_desc, h_mask, w_mask):
     """
     from .ops.psamask.checks import psa_type_code
     psa_type_code(psa_type)
+    h_mask = check_int(op, "h_mask", h_mask, min_value=1)
+    w_mask = check_int(op, "w_mask", w_mask, min_value=1)
     for name, desc in (("input desc", in_desc), ("output desc", out_desc)):
         check_descriptor(op, name, desc)
         require(desc.dim == 4, op, f"{name} must be 4-D, got {desc.dim}-D")
@@ -327,7 +333,7 @@ def _psroipool_descriptors(op, named, dtypes):
 def _psroipool_common(op, pooled_height, pooled_width, spatial_scale, output_dim, pooled_desc, rois_desc):
     """The pooled-tensor, scale and rois checks shared by forward (output) and backward (top_grad); all BAD_PARAM."""
     for name, v in (("pooled_height", pooled_height), ("pooled_width", pooled_width), ("output_dim", output_dim)):
-        require(isinstance(v, int) and not isinstance(v, bool), op, f"{name} must be an int, got {v!r}")
+        check_int(op, name, v)
     r, ph, pw, od = pooled_desc.shape
     require(pooled_height == ph, op, f"pooled_height ({pooled_height}) must equal the pooled tensor's dim 1 ({ph})")
     require(pooled_width == pw, op, f"pooled_width ({pooled_width}) must equal the pooled tensor's dim 2 ({pw})")
@@ -339,8 +345,9 @@ def _psroipool_common(op, pooled_height, pooled_width, spatial_scale, output_dim
 
 
 def _check_scale_and_rois(op, spatial_scale, rois_desc, r):
-    require(isinstance(spatial_scale, (int, float)) and spatial_scale > 0, op,
-            f"spatial_scale must be > 0, got {spatial_scale!r}")
+    require(isinstance(spatial_scale, (int, float)) and not isinstance(spatial_scale, bool)
+            and math.isfinite(spatial_scale) and spatial_scale > 0, op,
+            f"spatial_scale must be a finite number > 0, got {spatial_scale!r}")
     require(rois_desc.shape[1] == 5, op, f"rois must be [R, 5], got {rois_desc.shape}")
     require(rois_desc.shape[0] == r, op, f"rois count ({rois_desc.shape[0]}) must equal the pooled tensor's dim 0 ({r})")
 
@@ -390,8 +397,8 @@ def psroipool_forward(handle, pooled_height, pooled_width, spatial_scale, group_
     if input_desc.numel == 0:
         return Status.SUCCESS
     require(rois_desc.numel > 0, op, "rois must not be a zero-element tensor")
-    if workspace_size is not None and workspace_size > 0:
-        require(workspace is not None, op, "workspace is null but workspace_size > 0")
+    workspace_size = check_int(op, "workspace_size", workspace_size, min_value=0)
+    require(workspace_size == 0 or workspace is not None, op, "workspace is null but workspace_size > 0")
     x = check_data(op, "input", input_desc, input)
     boxes = check_data(op, "rois", rois_desc, rois)
     out = check_data(op, "output", output_desc, output)
@@ -436,7 +443,6 @@ def psroipool_backward(handle, pooled_height, pooled_width, spatial_scale, outpu
 # ---------------------------------------------------------------------------------------------------
 from dataclasses import dataclass as _dataclass, field as _field  # noqa: E402
 
-from ._core.errors import CvopsError as _CvopsError  # noqa: E402
 from ._core.validate import check_int as _check_int  # noqa: E402
 
 _GIP = "mluOpGetIndicePairs"
@@ -475,34 +481,42 @@ def set_sparse_convolution_descriptor(desc, dimNb, batch, pad, stride, dilation,
     transpose == 0, inverse == 0, and per dimension pad >= 0, stride, dilation, input, filter and
     output sizes >= 1."""
     op = "mluOpSetSparseConvolutionDescriptor"
-    try:
-        require(isinstance(desc, SparseConvolutionDescriptor), op, "sparse_conv_desc is null")
-        for name, arr in (("pad", pad), ("stride", stride), ("dilation", dilation), ("input_space", input_space),
-                          ("filter_space", filter_space), ("output_space", output_space)):
-            require(arr is not None, op, f"{name} is null")
-        dimNb = _check_int(op, "dimNb", dimNb)
-        require(dimNb == 5, op, f"only 3-D sparse convolution is supported: dimNb must be 5, got {dimNb}")
-        batch = _check_int(op, "batch", batch)
-        require(batch > 0, op, f"batch must be > 0, got {batch}")
-        require(int(transpose) == 0, op, f"transpose is not supported, got {transpose}")
-        require(int(inverse) == 0, op, f"inverse is not supported, got {inverse}")
-        arrays = {}
-        for name, arr, low in (("pad", pad, 0), ("stride", stride, 1), ("dilation", dilation, 1),
-                               ("input_space", input_space, 1), ("filter_space", filter_space, 1),
-                               ("output_space", output_space, 1)):
-            values = tuple(_check_int(op, name, v) for v in arr)
-            require(len(values) >= dimNb - 2, op, f"{name} must have {dimNb - 2} entries, got {len(values)}")
-            values = values[:dimNb - 2]
-            for idx, v in enumerate(values):
-                require(v >= low, op, f"{name}[{idx}] must be >= {low}, got {v}")
-            arrays[name] = values
-    except _CvopsError as err:
-        return err.status
-    desc.dimNb, desc.batch, desc.sub_m, desc.transpose, desc.inverse = dimNb, batch, int(sub_m), 0, 0
+
+    def store():
+        _set_sparse_convolution_descriptor(op, desc, dimNb, batch, pad, stride, dilation, input_space,
+                                           filter_space, output_space, sub_m, transpose, inverse)
+
+    return status_of(op, None, store)[0]
+
+
+def _set_sparse_convolution_descriptor(op, desc, dimNb, batch, pad, stride, dilation, input_space, filter_space,
+                                       output_space, sub_m, transpose, inverse) -> None:
+    require(isinstance(desc, SparseConvolutionDescriptor), op, "sparse_conv_desc is null")
+    for name, arr in (("pad", pad), ("stride", stride), ("dilation", dilation), ("input_space", input_space),
+                      ("filter_space", filter_space), ("output_space", output_space)):
+        require(arr is not None, op, f"{name} is null")
+        require(isinstance(arr, (tuple, list, torch.Size)), op, f"{name} must be a sequence of ints, got {arr!r}")
+    dimNb = _check_int(op, "dimNb", dimNb)
+    require(dimNb == 5, op, f"only 3-D sparse convolution is supported: dimNb must be 5, got {dimNb}")
+    batch = _check_int(op, "batch", batch)
+    require(batch > 0, op, f"batch must be > 0, got {batch}")
+    sub_m = _check_int(op, "sub_m", sub_m)
+    require(_check_int(op, "transpose", transpose) == 0, op, f"transpose is not supported, got {transpose}")
+    require(_check_int(op, "inverse", inverse) == 0, op, f"inverse is not supported, got {inverse}")
+    arrays = {}
+    for name, arr, low in (("pad", pad, 0), ("stride", stride, 1), ("dilation", dilation, 1),
+                           ("input_space", input_space, 1), ("filter_space", filter_space, 1),
+                           ("output_space", output_space, 1)):
+        values = tuple(_check_int(op, name, v) for v in arr)
+        require(len(values) >= dimNb - 2, op, f"{name} must have {dimNb - 2} entries, got {len(values)}")
+        values = values[:dimNb - 2]
+        for idx, v in enumerate(values):
+            require(v >= low, op, f"{name}[{idx}] must be >= {low}, got {v}")
+        arrays[name] = values
+    desc.dimNb, desc.batch, desc.sub_m, desc.transpose, desc.inverse = dimNb, batch, int(sub_m != 0), 0, 0
     for name, values in arrays.items():
         setattr(desc, name, values)
     desc._set = True
-    return Status.SUCCESS
 
 
 def get_sparse_convolution_num_act_out(desc) -> tuple[Status, int]:
@@ -521,6 +535,7 @@ def _gip_pre_check(sparse_conv_desc, indices_desc, indice_pairs_desc, out_indice
                     ("out_indices_desc", out_indices_desc), ("indice_num_desc", indice_num_desc)):
         require(d is not None, op, f"{name} is null")
         require(isinstance(d, TensorDescriptor), op, f"{name} must be a TensorDescriptor")
+        require(all(s >= 0 for s in d.shape), op, f"{name} sizes must be >= 0, got {d.shape}")
     desc = sparse_conv_desc
     require(indices_desc.dim == 2, op, f"indices must be 2-D, got {indices_desc.shape}")
     require(indice_pairs_desc.dim == 3, op, f"indice_pairs must be 3-D, got {indice_pairs_desc.shape}")

@@ -7,11 +7,16 @@ from torch import nn
 import cvops
 
 
-def _carafe_int(name: str, value) -> int:
-    from ._core.errors import BadParamError
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise BadParamError("CARAFE", f"{name} must be an int, got {value!r}")
-    return value
+def _check_sizes(op: str, **limits) -> None:
+    """Constructor arguments: each ``name=(value, min_value)`` is an int or a pair of ints (a tuple
+    only where the torch module takes one) of at least ``min_value``, so an impossible size fails at
+    construction with ``BadParamError`` instead of building a zero-channel layer."""
+    from ._core.validate import check_int, pair
+    for name, (value, min_value) in limits.items():
+        if isinstance(value, (tuple, list)):
+            pair(op, name, value, min_value=min_value)
+        else:
+            check_int(op, name, value, min_value=min_value)
 
 
 class CARAFE(nn.Module):
@@ -27,9 +32,9 @@ class CARAFE(nn.Module):
 
     def __init__(self, kernel_size: int, group_size: int, scale_factor: int):
         super().__init__()
-        self.kernel_size = _carafe_int("kernel_size", kernel_size)
-        self.group_size = _carafe_int("group_size", group_size)
-        self.scale_factor = _carafe_int("scale_factor", scale_factor)
+        from .ops.carafe.checks import check_params
+        self.kernel_size, self.group_size, self.scale_factor = check_params(
+            kernel_size, group_size, scale_factor, type(self).__name__)
 
     def forward(self, features: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
         return cvops.carafe(features, masks, self.kernel_size, self.group_size, self.scale_factor)
@@ -65,6 +70,15 @@ class CARAFEPack(nn.Module):
     def __init__(self, channels: int, scale_factor: int, up_kernel: int = 5, up_group: int = 1,
                  encoder_kernel: int = 3, encoder_dilation: int = 1, compressed_channels: int = 64):
         super().__init__()
+        from .ops.carafe.checks import check_params
+        from ._core.validate import require
+        op = "CARAFEPack"
+        _check_sizes(op, channels=(channels, 1), encoder_kernel=(encoder_kernel, 1),
+                     encoder_dilation=(encoder_dilation, 1), compressed_channels=(compressed_channels, 1))
+        check_params(up_kernel, up_group, scale_factor, op)
+        require(encoder_kernel % 2 == 1, op,
+                f"encoder_kernel must be odd (the encoder keeps the spatial size), got {encoder_kernel}")
+        require(channels % up_group == 0, op, f"channels ({channels}) must be divisible by up_group ({up_group})")
         self.channels = channels
         self.scale_factor = scale_factor
         self.up_kernel = up_kernel
@@ -112,6 +126,9 @@ class MaskedConv2d(nn.Conv2d):
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
                  bias=True):
+        _check_sizes("MaskedConv2d", in_channels=(in_channels, 1), out_channels=(out_channels, 1),
+                     kernel_size=(kernel_size, 1), stride=(stride, 1), dilation=(dilation, 1), groups=(groups, 1),
+                     **({} if isinstance(padding, str) else {"padding": (padding, 0)}))
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)
 
     def forward(self, input, mask=None):
@@ -131,8 +148,10 @@ class PSAMask(nn.Module):
 
     def __init__(self, psa_type: str, mask_size=None):
         super().__init__()
-        from .ops.psamask.checks import psa_type_code
+        from .ops.psamask.checks import OP, psa_type_code
+        from ._core.validate import pair
         psa_type_code(psa_type)  # reject unknown modes at construction, as mmcv does
+        pair(OP, "mask_size", mask_size, min_value=1)  # and sizes no input could match
         self.psa_type = psa_type
         self.mask_size = mask_size
 

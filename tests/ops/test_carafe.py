@@ -515,3 +515,70 @@ def test_cpu_under_inference_mode_and_thread_count_restored():
         assert_close(cvops.carafe_backward(gy, x, m, 3, 2, 2)[1],
                      cvops.carafe_backward(gy, x, m, 3, 2, 2, backend="reference")[1], 3e-6)
     assert torch.get_num_threads() == threads
+
+
+# -------------------------------------------------------------------------------- half precision at network size
+def _half_accumulating(x, m, gy, k, s):
+    """What a kernel that accumulates in the input dtype computes (every add rounded to fp16/bf16):
+    the variant the tolerance of :func:`test_half_precision_accumulates_in_float32` must reject."""
+    dt, (n, c, h, w), r = x.dtype, x.shape, (k - 1) // 2
+    xp = F.pad(x.float(), (r, r, r, r)).to(dt)
+    out = torch.zeros(n, c, h * s, w * s, dtype=dt)
+    gm = torch.zeros_like(m)
+    gxp = torch.zeros(n, c, h + 2 * r, w + 2 * r, dtype=dt)
+    for ky in range(k):
+        for kx in range(k):
+            t = ky * k + kx
+            win = xp[:, :, ky:ky + h, kx:kx + w].repeat_interleave(s, 2).repeat_interleave(s, 3)
+            out = out + win * m[:, t:t + 1]
+            acc = torch.zeros(n, h * s, w * s, dtype=dt)
+            for ch in range(c):
+                acc = acc + win[:, ch] * gy[:, ch]
+            gm[:, t] = acc
+            for py in range(s):
+                for px in range(s):
+                    gxp[:, :, ky:ky + h, kx:kx + w] += m[:, t:t + 1, py::s, px::s] * gy[:, :, py::s, px::s]
+    return out, gxp[:, :, r:r + h, r:r + w], gm
+
+
+HALF_TOL = 5e-5  # float32 accumulation + one rounding: <= 1e-5 here; half accumulation: >= 5e-4 (fp16), 4e-3 (bf16)
+
+
+def _half_case(dtype):
+    # C = 64, k = 5, s = 2 (CARAFEPack's defaults): 25 taps in the forward, 64 channels per grad_mask
+    # entry and 100 (tap, phase) terms per grad_input entry, with softmax-normalised masks
+    n, c, h, w, k, s = 1, 64, 6, 6, 5, 2
+    x = make((n, c, h, w), "NCHW", dtype, seed=11)
+    m = make((n, k * k, h * s, w * s), "NCHW", torch.float64, seed=12).softmax(1).to(dtype)
+    gy = make((n, c, h * s, w * s), "NCHW", dtype, seed=13)
+    expected = (cvops.carafe_forward(x, m, k, 1, s, backend="reference"),
+                *cvops.carafe_backward(gy, x, m, k, 1, s, backend="reference"))
+    return (x, m, gy, k, s), expected
+
+
+def _check_half(backends, args, expected):
+    from tests.conftest import selected
+    x, m, gy, k, s = args
+    for backend in backends:
+        with selected(backend) as name:
+            actual = (cvops.carafe_forward(x, m, k, 1, s, backend=name),
+                      *cvops.carafe_backward(gy, x, m, k, 1, s, backend=name))
+        for what, a, e in zip(("output", "grad_input", "grad_mask"), actual, expected):
+            assert diff1(a, e) <= HALF_TOL and diff2(a, e) <= HALF_TOL, (backend, what, diff1(a, e), diff2(a, e))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_accumulates_in_float32(dtype):
+    from tests.conftest import installed_cpu_paths
+    args, expected = _half_case(dtype)
+    for a, e in zip(_half_accumulating(*args), expected):  # the tolerance tells the two apart
+        assert diff1(a, e) > 2 * HALF_TOL and diff2(a, e) > 2 * HALF_TOL
+    _check_half(installed_cpu_paths(), args, expected)
+
+
+@pytest.mark.slow
+@requires_triton
+def test_half_precision_accumulates_in_float32_triton():
+    # float16 only: the interpreter truncates float32 -> bfloat16 (see tol_of), an error the size of
+    # bfloat16 accumulation; on a GPU the cast rounds. About 6 s under the interpreter.
+    _check_half(["triton"], *_half_case(torch.float16))

@@ -541,3 +541,73 @@ def test_mluops_workspace_query_bad_param():
     status, size = mluops.get_masked_im2col_forward_workspace_size(
         handle, a["feature_desc"], a["mask_h_idx_desc"], a["mask_w_idx_desc"], 3, 2, a["data_col_desc"])
     assert (status, size) == (Status.BAD_PARAM, 0)
+
+
+# ------------------------------------------------------------------------------------------ int64 limits
+I64_MIN, I64_MAX = -2**63, 2**63 - 1
+
+
+@pytest.mark.parametrize("path", [*CPU_PATHS, pytest.param("triton", marks=requires_triton), "reference"])
+def test_padding_that_would_overflow_int64_is_rejected(path, monkeypatch):
+    # 2**63 - 1 - (-2**63) wraps to -1 in int64 arithmetic; the next tap would then read column 0
+    feature = torch.randn(1, 2, 3, 3)
+    idx = torch.tensor([I64_MAX], dtype=torch.int64)
+    backend = select(path, monkeypatch)
+    for kernel, pad in (((2, 2), (I64_MIN, I64_MIN)), ((3, 3), (0, I64_MIN)), ((1, 1), (2**64, 0)),
+                        ((3, 3), (2**63 - 5, 0))):
+        with pytest.raises(BadParamError, match=r"padding .* must be < 2\*\*63"):
+            cvops.masked_im2col(feature, idx, idx, kernel, pad, backend=backend)
+
+
+@pytest.mark.parametrize("path", [*CPU_PATHS, pytest.param("triton", marks=requires_triton)])
+def test_extreme_indices_within_the_padding_limit_match_the_reference(path, monkeypatch):
+    # every accepted (index, padding) pair gives the reference's exact result: window coordinates
+    # near +-2**63 never wrap into the feature
+    feature = special_feature((1, 2, 3, 4), torch.float32)
+    values = [I64_MIN, I64_MIN + 1, -2**62, -1, 0, 1, 2, 2**62, I64_MAX - 1, I64_MAX]
+    h = torch.tensor([v for v in values for _ in values], dtype=torch.int64)
+    w = torch.tensor([v for _ in values for v in values], dtype=torch.int64)
+    backend = select(path, monkeypatch)
+    for kernel in ((1, 1), (3, 2)):
+        limit_h, limit_w = 2**63 - 1 - kernel[0] - 3, 2**63 - 1 - kernel[1] - 4  # the largest accepted |pad|
+        for pad in ((0, 0), (1, -1), (limit_h, limit_w), (-limit_h, -limit_w), (limit_h, -limit_w)):
+            expected = ref_im2col(feature, h, w, kernel, pad)
+            actual = cvops.masked_im2col(feature, h, w, kernel, pad, backend=backend)
+            assert bit_equal(actual, expected), (kernel, pad)
+
+
+def test_mluops_overflowing_padding_is_bad_param():
+    feature = torch.randn(1, 2, 3, 3)
+    idx = torch.tensor([2**31 - 1], dtype=torch.int32)
+    data_col = torch.zeros(2 * 9, 1)
+    handle = mluops.create_handle()
+    status = mluops.masked_im2col_forward(
+        handle, mluops.descriptor_of(feature, mluops.Layout.NCHW), feature, mluops.descriptor_of(idx), idx,
+        mluops.descriptor_of(idx), idx, 3, 3, -2**63, 0, None, 0, mluops.descriptor_of(data_col), data_col)
+    assert status == Status.BAD_PARAM and "pad_h" in handle.last_error
+
+
+@pytest.mark.parametrize("change, error, fragment", [
+    (dict(bias=torch.zeros(4)), BadParamError, r"bias must have out_channels \(3\) elements"),
+    (dict(bias=torch.zeros(1, 3)), BadParamError, "bias must be 1-D"),
+    (dict(bias=[0.0, 0.0, 0.0]), BadParamError, "bias must be a torch.Tensor"),
+    (dict(bias=torch.zeros(3, dtype=torch.float64)), BadParamError, "bias dtype"),
+    (dict(weight=torch.zeros(3, 2, 3)), BadParamError, "weight must be 4-D"),
+    (dict(weight=torch.zeros(3, 2, 3, 3, 1)), BadParamError, "weight must be 4-D"),
+    (dict(weight="w"), BadParamError, "weight must be a torch.Tensor"),
+    (dict(weight=torch.zeros(3, 2, 3, 3, dtype=torch.float64)), BadParamError, "weight dtype"),
+    (dict(weight=torch.zeros(0, 2, 3, 3), bias=None), BadParamError, "weight out_channels"),
+    (dict(weight=torch.zeros(3, 2, 0, 3)), BadParamError, "weight kernel size"),
+    (dict(mask=torch.ones(1, 5, 5, dtype=torch.complex64)), BadParamError, "mask dtype"),
+    (dict(mask=None), BadParamError, "mask must be a torch.Tensor"),
+    (dict(features=torch.ones(1, 2, 5, 5, dtype=torch.int32)), BadParamError, "input dtype"),
+    (dict(padding=-1), BadParamError, "padding must be >= 0"),
+    (dict(padding="1"), BadParamError, "padding must be an int"),
+    (dict(groups=1.5), BadParamError, "groups must be an int"),
+])
+def test_masked_conv2d_every_argument_checked_before_use(change, error, fragment):
+    args = dict(features=torch.randn(1, 2, 5, 5), mask=torch.ones(1, 5, 5), weight=torch.randn(3, 2, 3, 3),
+                bias=torch.zeros(3), padding=1)
+    args.update(change)
+    with pytest.raises(error, match=fragment):
+        cvops.masked_conv2d(**args)

@@ -176,3 +176,138 @@ def test_numba_result_independent_of_thread_count(layout):
                 torch.set_num_threads(threads)
     finally:
         torch.set_num_threads(threads)
+
+
+# -------------------------------------------------------------------------------- bad parameters
+@pytest.mark.parametrize("backend", ["reference", "cpu", pytest.param("triton", marks=requires_triton)])
+def test_channels_must_equal_mask_area(backend):
+    # 5 channels for a 3x3 mask: accepting it would index taps 5..8 past the channel axis
+    with pytest.raises(BadParamError, match=r"input channels \(5\) must equal h_mask \* w_mask"):
+        cvops.psamask(torch.randn(1, 5, 4, 4), "collect", 3, backend=backend)
+    with pytest.raises(BadParamError, match=r"input channels \(10\)"):
+        cvops.psamask(torch.randn(1, 4, 4, 10), "distribute", (3, 3), "NHWC", backend=backend)
+    with pytest.raises(BadParamError, match=r"grad_output channels \(15\) must equal h_feature \* w_feature"):
+        cvops.psamask_backward(torch.randn(1, 15, 4, 4), "collect", 3, backend=backend)
+
+
+@pytest.mark.parametrize("call, error, fragment", [
+    (lambda: cvops.psamask(torch.randn(1, 9, 4, 4), "gather", 3), BadParamError, "psa_type"),
+    (lambda: cvops.psamask(torch.randn(1, 9, 4, 4), True, 3), BadParamError, "psa_type"),
+    (lambda: cvops.psamask(torch.randn(1, 9, 4, 4), "collect", 0), BadParamError, "mask_size must be >= 1"),
+    (lambda: cvops.psamask(torch.randn(1, 9, 4, 4), "collect", (3, 3, 1)), BadParamError, "mask_size"),
+    (lambda: cvops.psamask(torch.randn(1, 9, 4, 4), "collect", 3.0), BadParamError, "mask_size must be an int"),
+    (lambda: cvops.psamask(torch.randn(1, 9, 4, 4), "collect", None), BadParamError, "mask_size"),
+    (lambda: cvops.psamask(torch.randn(9, 4, 4), "collect", 3), BadParamError, "input must be 4-D"),
+    (lambda: cvops.psamask(torch.ones(1, 9, 4, 4, dtype=torch.int32), "collect", 3), BadParamError, "input dtype"),
+    (lambda: cvops.psamask([[1.0]], "collect", 3), BadParamError, "input must be a torch.Tensor"),
+    (lambda: cvops.psamask(torch.randn(1, 9, 4, 4), "collect", 3, "CHWN"), BadParamError, "layout"),
+    (lambda: cvops.psamask(torch.randn(1, 9, 4, 4), "collect", 3, backend="mlu"), BadParamError, "backend"),
+])
+def test_bad_parameters_raise_naming_the_argument(call, error, fragment):
+    with pytest.raises(error, match=fragment):
+        call()
+
+
+def test_zero_elements_give_zero_sized_results():
+    x = torch.randn(0, 9, 4, 4)
+    assert cvops.psamask(x, "collect", 3).shape == (0, 16, 4, 4)
+    assert cvops.psamask_backward(torch.randn(2, 0, 0, 0), "collect", 3).shape == (2, 9, 0, 0)
+
+
+# -------------------------------------------------------------------------------- autograd
+@pytest.mark.parametrize("backend", ["reference", "cpu-torch", pytest.param("cpu-numba", marks=requires_numba)])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gradcheck_forward_and_double_backward(backend, mode, layout):
+    # a 3x5 feature under a 3x2 mask: collect and distribute differ, so a backward that used the other
+    # direction's adjoint fails the Jacobian comparison
+    x = make(1, 3, 5, 6, layout, torch.float64).requires_grad_()
+    with selected(backend) as name:
+        assert torch.autograd.gradcheck(lambda t: cvops.psamask(t, mode, (3, 2), layout, backend=name), (x,))
+        assert torch.autograd.gradgradcheck(lambda t: cvops.psamask(t, mode, (3, 2), layout, backend=name), (x,))
+        dy = make(1, 3, 5, 15, layout, torch.float64).requires_grad_()
+        assert torch.autograd.gradcheck(
+            lambda t: cvops.psamask_backward(t, mode, (3, 2), layout, backend=name), (dy,))
+
+
+def test_backward_is_the_adjoint_of_its_own_mode():
+    # <psamask(x), dy> == <x, psamask_backward(dy)> for the same mode, and not for the other one
+    x = make(2, 4, 3, 9, "NCHW", torch.float64)
+    dy = make(2, 4, 3, 12, "NCHW", torch.float64, seed=3)
+    for mode, other in (("collect", "distribute"), ("distribute", "collect")):
+        lhs = (cvops.psamask(x, mode, 3) * dy).sum()
+        assert torch.allclose(lhs, (x * cvops.psamask_backward(dy, mode, 3)).sum())
+        assert not torch.allclose(lhs, (x * cvops.psamask_backward(dy, other, 3)).sum())
+        xg = x.clone().requires_grad_()
+        cvops.psamask(xg, mode, 3).backward(dy)
+        assert torch.equal(xg.grad, cvops.psamask_backward(dy, mode, 3, backend="reference"))
+
+
+# -------------------------------------------------------------------------------- nn and MLU-OPS layer
+def test_module_matches_functional_and_rejects_bad_modes():
+    x = make(2, 4, 5, 12, "NCHW")
+    for mode in MODES:
+        m = cvops.nn.PSAMask(mode, (4, 3))
+        assert torch.equal(m(x), cvops.psamask(x, mode, (4, 3), backend="reference"))
+        assert mode in repr(m)
+    with pytest.raises(BadParamError, match="psa_type"):
+        cvops.nn.PSAMask("both", 3)
+    with pytest.raises(BadParamError, match="mask_size"):
+        cvops.nn.PSAMask("collect", 0)
+    with pytest.raises(BadParamError, match=r"input channels \(12\)"):
+        cvops.nn.PSAMask("collect", 3)(x)
+
+
+def _mlu_psamask(direction, psa_type, x, out, h_mask, w_mask, layout=mluops.Layout.NHWC):
+    handle = mluops.create_handle()
+    x_desc = mluops.descriptor_of(x, layout)
+    out_desc = mluops.descriptor_of(out, layout)
+    fn = mluops.psamask_forward if direction == "forward" else mluops.psamask_backward
+    return fn(handle, psa_type, x_desc, x, h_mask, w_mask, out_desc, out), handle
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+def test_mluops_forward_and_backward_match_functional(mode):
+    x = make(2, 4, 5, 6, "NHWC")
+    y = torch.full((2, 4, 5, 20), 7.0)
+    status, handle = _mlu_psamask("forward", mode, x, y, 3, 2)
+    assert status == Status.SUCCESS and handle.last_error == ""
+    assert torch.equal(y, cvops.psamask(x, mode, (3, 2), "NHWC", backend="reference"))
+    dy = make(2, 4, 5, 20, "NHWC", seed=4)
+    dx = torch.full((2, 4, 5, 6), 7.0)
+    status, _ = _mlu_psamask("backward", mode, dy, dx, 3, 2)
+    assert status == Status.SUCCESS
+    assert torch.equal(dx, cvops.psamask_backward(dy, mode, (3, 2), "NHWC", backend="reference"))
+
+
+def test_mluops_bad_parameters_return_bad_param():
+    x, y = torch.zeros(1, 4, 4, 9), torch.zeros(1, 4, 4, 16)
+    cases = [
+        ("forward", 2, x, y, 3, 3),                                    # unknown psa_type
+        ("forward", 0, torch.zeros(1, 4, 4, 5), y, 3, 3),              # channels != h_mask * w_mask
+        ("forward", 0, x, torch.zeros(1, 4, 4, 15), 3, 3),             # output channels != H * W
+        ("forward", 0, x, torch.zeros(1, 4, 5, 20), 3, 3),             # N, H, W differ
+        ("forward", 0, x.double(), y.double(), 3, 3),                  # only FLOAT
+        ("forward", 0, x, y, None, 3),                                 # h_mask is null
+        ("forward", 0, x, y, "3", 3),                                  # h_mask a string
+        ("backward", 0, torch.zeros(1, 4, 4, 15), torch.zeros(1, 4, 4, 9), 3, 3),
+    ]
+    for direction, mode, a, b, hm, wm in cases:
+        status, handle = _mlu_psamask(direction, mode, a, b, hm, wm)
+        assert status == Status.BAD_PARAM, (direction, mode, a.shape, b.shape, hm, wm)
+        assert handle.last_error
+    status, _ = _mlu_psamask("forward", 0, x, y, 3, 3, layout=mluops.Layout.NCHW)
+    assert status == Status.BAD_PARAM
+    assert mluops.psamask_forward(None, 0, mluops.descriptor_of(x, 1), x, 3, 3,
+                                  mluops.descriptor_of(y, 1), y) == Status.BAD_PARAM
+
+
+def test_module_under_torch_compile_with_backward():
+    x = make(1, 4, 5, 12, "NCHW").requires_grad_()
+    mod = cvops.nn.PSAMask("distribute", (4, 3))
+    compiled = torch.compile(mod, backend="aot_eager", fullgraph=True)
+    out = compiled(x)
+    assert bit_equal(out, cvops.psamask(x.detach(), "distribute", (4, 3), backend="reference"))
+    dy = make(1, 4, 5, 20, "NCHW", seed=5)
+    out.backward(dy)
+    assert bit_equal(x.grad, cvops.psamask_backward(dy, "distribute", (4, 3), backend="reference"))

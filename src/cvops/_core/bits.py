@@ -7,6 +7,31 @@ import numpy as np
 import torch
 
 INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_NUMPY_OF = {torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32,
+             torch.int64: np.int64, torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
+             torch.bool: np.bool_}
+
+
+class _Interface:
+    """Carries an ``__array_interface__`` (NumPy's protocol for foreign memory)."""
+
+    __slots__ = ("__array_interface__",)
+
+
+def numpy_alias(t: torch.Tensor) -> np.ndarray:
+    """An ndarray over ``t``'s memory (same shape and strides) for the numba kernels.
+
+    ``Tensor.numpy()`` would mark the storage non-resizable for good, so the caller's inputs and
+    cvops' outputs could no longer be resized; this alias leaves the storage as it is. The array does
+    not keep ``t`` alive: use it only while the caller holds ``t``. bfloat16 goes through
+    :func:`as_bits` first.
+    """
+    holder = _Interface()
+    holder.__array_interface__ = {
+        "version": 3, "shape": tuple(t.shape), "typestr": np.dtype(_NUMPY_OF[t.dtype]).str,
+        "data": (t.data_ptr() if t.numel() else 0, False),
+        "strides": tuple(s * t.element_size() for s in t.stride()) if t.numel() else None}
+    return np.asarray(holder)
 
 
 def as_bits(t: torch.Tensor) -> torch.Tensor:
@@ -21,4 +46,4 @@ def storage_bits(t: torch.Tensor) -> np.ndarray:
     ``t.storage_offset()``, and element ``i`` of ``t`` at ``storage_offset + sum(i_d * stride_d)``."""
     bits = as_bits(t.detach())
     storage_len = t.untyped_storage().nbytes() // t.element_size()
-    return torch.as_strided(bits, (storage_len,), (1,), 0).numpy()
+    return numpy_alias(torch.as_strided(bits, (storage_len,), (1,), 0))

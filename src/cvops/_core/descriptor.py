@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import torch
 
 from .errors import BadParamError, CvopsError, Status
-from .validate import LARGE_TENSOR_NUM, require, require_supported
+from .validate import LARGE_TENSOR_NUM, check_int, require, require_supported
 
 
 class Layout(enum.IntEnum):
@@ -72,11 +72,25 @@ def create_handle(device: torch.device | str = "cpu") -> Handle:
 
 @dataclass(frozen=True)
 class TensorDescriptor:
-    """``mluOpTensorDescriptor_t``: layout, data type and dense shape (no stride tensors)."""
+    """``mluOpTensorDescriptor_t``: layout, data type and dense shape (no stride tensors).
+
+    Validated on creation: a known layout and data type and a shape of ints; anything else raises
+    :class:`BadParamError`. A negative size is representable (as in the C struct) and is BAD_PARAM
+    at the entry point that receives it (:func:`check_descriptor`).
+    """
 
     layout: Layout
     dtype: DataType
     shape: tuple[int, ...]
+
+    def __post_init__(self):
+        op = "mluOpSetTensorDescriptor"
+        object.__setattr__(self, "layout", _enum_member(op, "layout", Layout, self.layout))
+        object.__setattr__(self, "dtype", _enum_member(op, "dtype", DataType, self.dtype))
+        shape = self.shape
+        require(hasattr(shape, "__iter__") and not isinstance(shape, (str, bytes, dict)), op,
+                f"shape must be a sequence of ints, got {type(shape).__name__}")
+        object.__setattr__(self, "shape", tuple(check_int(op, f"shape[{i}]", size) for i, size in enumerate(shape)))
 
     @property
     def dim(self) -> int:
@@ -90,19 +104,34 @@ class TensorDescriptor:
         return n
 
 
+def _enum_member(op: str, name: str, enum_type, value):
+    if isinstance(value, enum_type):
+        return value
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if ok:
+        try:
+            return enum_type(value)
+        except ValueError:
+            pass
+    raise BadParamError(op, f"{name} must be a {enum_type.__name__}, got {value!r}")
+
+
 def create_tensor_descriptor(layout: Layout, dtype: DataType, shape: Sequence[int]) -> TensorDescriptor:
-    """``mluOpSetTensorDescriptor``."""
-    return TensorDescriptor(Layout(layout), DataType(dtype), tuple(int(s) for s in shape))
+    """``mluOpSetTensorDescriptor``; an unknown layout or dtype or a non-int size raises
+    :class:`BadParamError` (a constructor has no status to return)."""
+    return TensorDescriptor(layout, dtype, shape)
 
 
 def descriptor_of(t: torch.Tensor, layout: Layout = Layout.ARRAY) -> TensorDescriptor:
     """Descriptor of a dense tensor, with the given layout tag."""
-    return TensorDescriptor(Layout(layout), from_torch_dtype(t.dtype), tuple(t.shape))
+    require(isinstance(t, torch.Tensor), "descriptor_of", f"t must be a torch.Tensor, got {type(t).__name__}")
+    return TensorDescriptor(layout, from_torch_dtype(t.dtype), tuple(t.shape))
 
 
 def check_descriptor(op: str, name: str, desc) -> TensorDescriptor:
     require(desc is not None, op, f"{name} is null")
     require(isinstance(desc, TensorDescriptor), op, f"{name} must be a TensorDescriptor")
+    require(all(s >= 0 for s in desc.shape), op, f"{name} sizes must be >= 0, got {desc.shape}")
     require_supported(desc.numel < LARGE_TENSOR_NUM, op, f"{name} has 2^31 or more elements")
     return desc
 
@@ -119,24 +148,48 @@ def check_data(op: str, name: str, desc: TensorDescriptor, data) -> torch.Tensor
     return data
 
 
-def returns_status(fn: Callable[..., None]) -> Callable[..., Status]:
-    """Turn a function that raises :class:`CvopsError` into one that returns a :class:`Status`.
+def status_of(op: str, handle, call: Callable[[], object]) -> tuple[Status, object]:
+    """Run ``call()`` the way a C entry point behaves: never raise, return ``(status, result)``.
 
-    The wrapped function receives the handle first; ``None`` as handle is BAD_PARAM.
+    :class:`CvopsError` gives its own status. Any other exception means an argument slipped past
+    the checks (or a real failure inside torch); it becomes ``INTERNAL_ERROR`` (``ALLOC_FAILED``
+    for out-of-memory) with the reason on the handle, so a caller still gets a status and the test
+    suite, which expects ``BAD_PARAM`` for bad arguments, still notices the missing check.
+    Output tensors are written under ``no_grad`` (they are plain buffers, as in the C API).
+    """
+    try:
+        with torch.no_grad():
+            result = call()
+    except CvopsError as err:
+        status, message, result = err.status, str(err), None
+    except MemoryError as err:
+        status, message, result = Status.ALLOC_FAILED, f"{op}: out of memory: {err}", None
+    except Exception as err:  # noqa: BLE001 -- a C entry point returns a status whatever happens
+        out_of_memory = isinstance(err, getattr(torch, "OutOfMemoryError", ()))
+        status = Status.ALLOC_FAILED if out_of_memory else Status.INTERNAL_ERROR
+        message, result = f"{op}: {type(err).__name__}: {err}", None
+    else:
+        status, message = Status.SUCCESS, ""
+    if isinstance(handle, Handle):
+        handle.last_error = message
+    return status, result
+
+
+def returns_status(fn: Callable[..., None]) -> Callable[..., Status]:
+    """Turn a function that raises :class:`CvopsError` into one that returns a :class:`Status`
+    (see :func:`status_of`); it may also return a status itself.
+
+    The wrapped function receives the handle first; anything but a :class:`Handle` is BAD_PARAM.
     """
 
     @functools.wraps(fn)
     def wrapper(handle, *args, **kwargs) -> Status:
-        try:
+        def call():
             if not isinstance(handle, Handle):
                 raise BadParamError(fn.__name__, "handle is null")
-            status = fn(handle, *args, **kwargs)
-        except CvopsError as err:
-            if isinstance(handle, Handle):
-                handle.last_error = str(err)
-            return err.status
-        if isinstance(handle, Handle):
-            handle.last_error = ""
-        return Status.SUCCESS if status is None else status
+            return fn(handle, *args, **kwargs)
+
+        status, returned = status_of(fn.__name__, handle, call)
+        return returned if status == Status.SUCCESS and returned is not None else status
 
     return wrapper

@@ -5,6 +5,7 @@ Each helper raises ``BadParamError`` naming the operator, the argument and the r
 """
 from __future__ import annotations
 
+import operator
 from typing import Iterable, Sequence
 
 import torch
@@ -47,8 +48,16 @@ def check_int(op: str, name: str, value, *, min_value: int | None = None) -> int
         ok = True
     else:
         ok = isinstance(value, int) and not isinstance(value, bool)
-        if not ok and isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point():
-            value, ok = int(value), True
+        if not ok and isinstance(value, torch.Tensor):
+            if value.dim() == 0 and not value.is_floating_point() and not value.is_complex() \
+                    and value.dtype != torch.bool:
+                value, ok = int(value), True
+        elif not ok and not isinstance(value, (bool, float, str)) and hasattr(type(value), "__index__"):
+            try:  # NumPy integers and other exact integer types
+                index = operator.index(value)
+                value, ok = index, not isinstance(index, bool)
+            except TypeError:
+                pass
     if not ok:
         require(False, op, f"{name} must be an int, got {value!r}")
     if min_value is not None and value < min_value:

@@ -198,7 +198,7 @@ def masked_conv2d(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional
     """
     op = "masked_conv2d"
     stride, dilation = pair(op, "stride", stride), pair(op, "dilation", dilation)
-    pad_h, pad_w = pair(op, "padding", padding)
+    pad_h, pad_w = pair(op, "padding", padding, min_value=0)  # torch's conv rejects negative padding too
     checks.check_masked_conv2d(op, features, mask, weight, bias, stride, dilation, groups)
     out_channels, _, kernel_h, kernel_w = weight.shape
     out_h = features.shape[2] + 2 * pad_h - kernel_h + 1

@@ -7,12 +7,14 @@ descriptor shapes) live in :mod:`cvops.mluops`.
 """
 from __future__ import annotations
 
+import torch
 
 from ..._core.validate import (FLOAT_DTYPES, INDEX_DTYPES, check_int, check_same_device, check_tensor, pair,
                                require)
 
 IM2COL = "masked_im2col"
 COL2IM = "masked_col2im"
+INT64_LIMIT = 2**63
 
 
 def check_mask_indices(op: str, mask_h_idx, mask_w_idx) -> int:
@@ -28,7 +30,11 @@ def check_masked_im2col(feature, mask_h_idx, mask_w_idx, kernel_size, padding) -
     """Validate the forward; returns ``(kernel_h, kernel_w, pad_h, pad_w)``.
 
     feature ``[1, C, H, W]`` with at least one element (the doc: an empty feature is BAD_PARAM);
-    ``kernel_size >= 1``; ``padding`` any int (negative allowed, as in MLU-OPS).
+    ``kernel_size >= 1``; ``padding`` any int (negative allowed, as in MLU-OPS) with
+    ``|pad_h| + kernel_h + H < 2**63`` (and the same for w). Window coordinates
+    ``index - pad + tap`` are int64 on every fast path; under that bound no index value, however
+    extreme, wraps into the feature, so every accepted call matches the exact (Python-int)
+    reference without scanning the indices.
     """
     check_tensor(IM2COL, "feature", feature, dim=4, dtypes=FLOAT_DTYPES)
     require(feature.shape[0] == 1, IM2COL, f"feature batch (dim 0) must be 1, got {feature.shape[0]}")
@@ -38,6 +44,10 @@ def check_masked_im2col(feature, mask_h_idx, mask_w_idx, kernel_size, padding) -
     check_same_device(IM2COL, feature=feature, mask_h_idx=mask_h_idx, mask_w_idx=mask_w_idx)
     kernel_h, kernel_w = pair(IM2COL, "kernel_size", kernel_size, min_value=1)
     pad_h, pad_w = pair(IM2COL, "padding", padding)
+    for axis, pad, kernel, size in (("h", pad_h, kernel_h, feature.shape[2]), ("w", pad_w, kernel_w, feature.shape[3])):
+        if abs(pad) + kernel + size >= INT64_LIMIT:
+            require(False, IM2COL, f"padding (pad_{axis}={pad}) too large: |pad_{axis}| + kernel_{axis} + "
+                    f"feature size ({abs(pad)} + {kernel} + {size}) must be < 2**63 (int64 window coordinates)")
     return kernel_h, kernel_w, pad_h, pad_w
 
 
@@ -53,11 +63,24 @@ def check_masked_col2im(masked_output, mask_h_idx, mask_w_idx, height, width) ->
     return height, width
 
 
+_MASK_DTYPES = FLOAT_DTYPES + INDEX_DTYPES + (torch.bool, torch.uint8, torch.int8, torch.int16)
+
+
 def check_masked_conv2d(op: str, input, mask, weight, bias, stride, dilation, groups) -> None:
-    """MaskedConv2d with a mask: mmcv's asserts as errors, plus what mmcv silently ignores."""
+    """MaskedConv2d with a mask: mmcv's asserts as errors, plus what mmcv silently ignores. Every
+    tensor's type, rank and size is checked before any of them is used."""
     check_tensor(op, "input", input, dim=4, dtypes=FLOAT_DTYPES)
     require(input.shape[0] == 1, op, f"input batch (dim 0) must be 1 when a mask is given, got {input.shape[0]}")
-    check_tensor(op, "mask", mask, dim=3)
+    check_tensor(op, "weight", weight, dim=4, dtypes=FLOAT_DTYPES)
+    require(weight.shape[0] >= 1, op, f"weight out_channels (dim 0) must be >= 1, got {weight.shape[0]}")
+    require(weight.shape[2] >= 1 and weight.shape[3] >= 1, op,
+            f"weight kernel size (dims 2, 3) must be >= 1, got {tuple(weight.shape[2:])}")
+    if bias is not None:
+        check_tensor(op, "bias", bias, dim=1)
+        require(bias.shape[0] == weight.shape[0], op,
+                f"bias must have out_channels ({weight.shape[0]}) elements, got {bias.shape[0]}")
+    check_tensor(op, "mask", mask, dim=3, dtypes=_MASK_DTYPES)
+    groups = check_int(op, "groups", groups)
     require(mask.shape[0] == 1, op, f"mask batch (dim 0) must be 1, got {mask.shape[0]}")
     require(tuple(mask.shape[1:]) == tuple(input.shape[2:]), op,
             f"mask spatial size {tuple(mask.shape[1:])} must equal input's {tuple(input.shape[2:])}")
@@ -70,4 +93,4 @@ def check_masked_conv2d(op: str, input, mask, weight, bias, stride, dilation, gr
     require(input.dtype == weight.dtype, op, f"input dtype {input.dtype} must equal weight dtype {weight.dtype}")
     if bias is not None:
         require(bias.dtype == weight.dtype, op, f"bias dtype {bias.dtype} must equal weight dtype {weight.dtype}")
-    check_same_device(op, input=input, mask=mask, weight=weight)
+    check_same_device(op, input=input, mask=mask, weight=weight, **({} if bias is None else {"bias": bias}))

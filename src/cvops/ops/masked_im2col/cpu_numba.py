@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from numba import prange
 
-from ..._core.bits import as_bits, storage_bits
+from ..._core.bits import as_bits, numpy_alias, storage_bits
 from ..._core.jit import match_torch_threads, njit, njit_variants, use_parallel
 from ..._core.jit_intrinsics import store_fence, stream_store
 from ..._core.memory import new_empty
@@ -149,9 +149,9 @@ def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, p
         return data_col
     storage = storage_bits(feature)[feature.storage_offset():]  # starts at feature[0, 0, 0, 0]
     _, stride_c, stride_h, stride_w = feature.stride()
-    plan = _plan(mask_h_idx.numpy(), mask_w_idx.numpy(), height, width, stride_h, stride_w,
+    plan = _plan(numpy_alias(mask_h_idx), numpy_alias(mask_w_idx), height, width, stride_h, stride_w,
                  kernel_h, kernel_w, pad_h, pad_w)
-    out = as_bits(data_col).numpy()
+    out = numpy_alias(as_bits(data_col))
     streaming = data_col.numel() * data_col.element_size() >= STREAM_MIN_BYTES
     if use_parallel(channels * taps * mask_cnt, threshold=2e5):
         match_torch_threads()
