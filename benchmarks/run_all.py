@@ -15,8 +15,10 @@ import argparse
 import datetime
 import importlib.util
 import json
+import logging
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -118,6 +120,10 @@ def main(argv=None) -> int:
     wanted = {name.strip() for name in args.only.split(",") if name.strip()}
     if args.demo:
         set_quick(True)
+        # third-party deprecation chatter (spconv's indexing, torch.fx's is_fx_tracing note) would break the
+        # progress display; make bench keeps it
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"spconv(\..*)?")
+        logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     modules = list(load_bench_modules(wanted))
     rows = []
     with _Progress(len(modules)) as progress:

@@ -303,9 +303,9 @@ def summarize(rows: Sequence[BenchRow], limits: MachineLimits) -> list[tuple[str
         for name, ratios in anchored.items():
             faster = min(ratios) >= 1
             slower = max(ratios) < 1
-            verb = "faster than" if faster else "slower than" if slower else "against"
+            verb = "faster than" if faster else "slower than" if slower else "the speed of"
             span = _span(ratios if not slower else [1 / x for x in ratios], lambda v: _times(v)[:-1], "x")
-            words += f" {span} {verb} {name}" + (" (time ratio)" if not (faster or slower) else "") + "."
+            words += f" {span} {verb} {name}."
         if not anchored:
             words += " No anchor timed in this run."
         lines.append((op, words.strip()))
