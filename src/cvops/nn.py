@@ -22,7 +22,7 @@ import cvops
 
 
 @torch.jit.unused
-def _call_psamask(input: Tensor, psa_type: str, mask_size: Tuple[int, int]) -> Tensor:  # mask_size as given
+def _call_psamask(input: Tensor, psa_type: str, mask_size) -> Tensor:  # mask_size as given (int, pair, None)
     return cvops.psamask(input, psa_type, mask_size)
 
 
