@@ -14,19 +14,22 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
-# Benchmarks also time the anchors (spconv) and print with rich; tests need neither.
+# Benchmarks also time the anchors (spconv), show progress and tables with rich and plot with matplotlib;
+# tests need none of them.
 $(BENCH): $(STAMP)
-	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q -e ".[test,bench,plot]"
 	touch $(BENCH)
 
+# The network cases minus larger batches of cases already shown, quick timing, a verdict per op in words.
 demo: $(BENCH)
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/run_all.py --demo
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 tests
 
+# Every network case, full timing and tables; results (json, md, IO-efficiency plot) in benchmarks/results/.
 bench: $(BENCH)
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/run_all.py --results benchmarks/results --plot
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -1,8 +1,13 @@
-"""Run every ``benchmarks/bench_<op>.py`` on its network-scale cases and print one table.
+"""Run every ``benchmarks/bench_<op>.py`` on its network-scale cases.
 
-    python benchmarks/run_all.py [--device cpu|cuda] [--tag network] [--only psamask,carafe] [--results DIR]
+    python benchmarks/run_all.py --demo            # make demo: a subset, quick timing, words per op
+    python benchmarks/run_all.py [--device cpu|cuda] [--tag network] [--only psamask,carafe]
+                                 [--results DIR] [--plot]
 
-``--results DIR`` also writes ``<device>-<date>.json`` and ``.md`` there, naming the machine.
+Without ``--demo`` it prints the full table (time, IO, IO / compute / roofline efficiency, anchor ratio).
+``--results DIR`` also writes ``<device>-<date>.json`` and ``.md`` there, naming the machine; ``--plot``
+draws the IO efficiency of every row into ``<device>-<date>-io.png`` there (matplotlib, the ``plot``
+extra). Progress is shown while the cases run.
 """
 from __future__ import annotations
 
@@ -10,46 +15,142 @@ import argparse
 import datetime
 import importlib.util
 import json
+import logging
 import sys
+import time
+import warnings
 from pathlib import Path
 
 import torch
 
-from cvops._core.bench import MachineLimits, print_table
+from cvops._core.bench import MachineLimits, demo_console, plot_efficiency, print_demo, print_table, set_quick
 
 HERE = Path(__file__).resolve().parent
+# The demo leaves out the cases that only repeat a larger batch of one already shown (and the doc-scale
+# sparse encoder, whose spconv anchor step alone takes tens of seconds on a small CPU): `make bench` runs them.
+DEMO_SKIP = {"psanet_b4_collect", "psanet_b4_distribute", "fpn_carafe_p4", "centerpoint_doc"}
 
 
-def load_bench_modules():
+def load_bench_modules(wanted=()):
+    """Every ``bench_*.py`` beside this file (or those named in ``wanted``), imported by path."""
     for path in sorted(HERE.glob("bench_*.py")):
+        if wanted and path.stem.removeprefix("bench_") not in wanted:
+            continue
         spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        yield module
+        if hasattr(module, "run"):
+            yield module
+
+
+class _Progress:
+    """A rich progress bar (plain lines without rich) fed by the case lists the benchmarks iterate."""
+
+    def __init__(self, total_modules: int):
+        self.rich = None
+        try:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        except ImportError:
+            self.console = None
+        else:
+            self.console = demo_console()
+            self.rich = Progress(TextColumn("{task.description:<44}"), BarColumn(bar_width=24),
+                                 TextColumn("{task.completed}/{task.total} ops"), TimeElapsedColumn(),
+                                 console=self.console, transient=True)
+            self.task = self.rich.add_task("starting", total=total_modules)
+        self.t0 = time.perf_counter()
+
+    def __enter__(self):
+        if self.rich:
+            self.rich.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.rich:
+            self.rich.stop()
+
+    def say(self, text: str) -> None:
+        line = f"[{time.perf_counter() - self.t0:5.1f}s] {text}"
+        if self.console:
+            self.console.print(line, highlight=False)
+        else:
+            print(line, flush=True)
+
+    def status(self, text: str) -> None:
+        if self.rich:
+            self.rich.update(self.task, description=text)
+
+    def module_done(self) -> None:
+        if self.rich:
+            self.rich.advance(self.task)
+
+    def track(self, module, skip=frozenset()) -> None:
+        """Wraps the module's ``load_cases`` (where it has one) so each case announces itself as the
+        benchmark reaches it, and drops the cases named in ``skip``."""
+        load = getattr(module, "load_cases", None)
+        if load is None:
+            return
+        progress = self
+
+        def load_cases(op, tag=None):
+            cases = [c for c in load(op, tag) if c["name"] not in skip]
+
+            class Announcing(list):
+                def __iter__(self):
+                    for i, case in enumerate(list.__iter__(self)):
+                        progress.status(f"{op}: {case['name']} ({i + 1}/{len(self)})")
+                        start = time.perf_counter()
+                        yield case
+                        progress.say(f"{op} {case['name']}: {time.perf_counter() - start:.1f}s")
+            return Announcing(cases)
+
+        module.load_cases = load_cases
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tag", default="network")
     parser.add_argument("--only", default="", help="comma-separated ops (bench_<op>.py names)")
+    parser.add_argument("--demo", action="store_true", help="the demo: a subset of cases, quick timing, words")
     parser.add_argument("--results", type=Path, help="folder for a JSON and a markdown copy of the table")
+    parser.add_argument("--plot", action="store_true", help="also draw the IO efficiencies (needs --results)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    limits = MachineLimits.measure(device)
-    print(limits.describe(), flush=True)
-    rows = []
     wanted = {name.strip() for name in args.only.split(",") if name.strip()}
-    for module in load_bench_modules():
-        if not wanted or module.__name__.removeprefix("bench_") in wanted:
+    if args.demo:
+        set_quick(True)
+        # third-party deprecation chatter (spconv's indexing, torch.fx's is_fx_tracing note) would break the
+        # progress display; make bench keeps it
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"spconv(\..*)?")
+        logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    modules = list(load_bench_modules(wanted))
+    rows = []
+    with _Progress(len(modules)) as progress:
+        progress.status("measuring the machine's copy bandwidth and matmul rate")
+        limits = MachineLimits.measure(device, copy_mib=128 if args.demo else 256)
+        progress.say(limits.describe())
+        for module in modules:
+            progress.status(module.__name__.removeprefix("bench_"))
+            progress.track(module, DEMO_SKIP if args.demo else frozenset())
             rows += module.run(limits, tag=args.tag)
-    print_table(rows, limits, f"cvops on {device.type}: {args.tag} cases")
+            progress.module_done()
+        progress.say(f"done: {len(rows)} runs")
+    title = f"cvops on {device.type}: {args.tag} cases" + (" (demo subset, quick timing)" if args.demo else "")
+    if args.demo:
+        print_demo(rows, limits, title)
+    else:
+        print_table(rows, limits, title)
     if args.results:
-        write_results(args.results, rows, limits, device)
+        stem = write_results(args.results, rows, limits, device)
+        if args.plot:
+            png = stem.with_name(stem.name + "-io.png")
+            print(f"wrote {png}" if plot_efficiency(rows, limits, png, f"{title}; {limits.describe()}")
+                  else "no plot: matplotlib is not installed (pip install '.[plot]')")
     return 0
 
 
-def write_results(folder: Path, rows, limits: MachineLimits, device: torch.device) -> None:
+def write_results(folder: Path, rows, limits: MachineLimits, device: torch.device) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     stamp = datetime.date.today().isoformat()
     stem = folder / f"{device.type}-{stamp}"
@@ -66,6 +167,7 @@ def write_results(folder: Path, rows, limits: MachineLimits, device: torch.devic
                      f"{r['roofline_efficiency']:.0%} | {ratio} |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {stem}.json and {stem}.md")
+    return stem
 
 
 if __name__ == "__main__":

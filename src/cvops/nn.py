@@ -1,8 +1,22 @@
-"""``torch.nn`` modules with mmcv/torchvision names and signatures."""
+"""``torch.nn`` modules with mmcv/torchvision names and signatures.
+
+Every module here works eagerly and under ``torch.fx.symbolic_trace``, ``torch.export.export``,
+``torch.compile(fullgraph=True)`` and ``torch.jit.script`` (scripted modules save and load; load them
+after ``import cvops``, which registers the ``cvops::`` operators). A forward has two paths:
+
+- eager, fx, export and compile call the functional API through the module-level ``_call_*`` functions
+  below; ``torch.fx.wrap`` keeps each one a single graph node, because the argument checks inspect real
+  tensors (an fx ``Proxy`` has no dtype), while export and compile trace through them to the
+  ``torch.ops.cvops`` operators;
+- TorchScript cannot compile those Python checks, so a scripted forward checks the shape rules the
+  kernels rely on (``_script_require``) and calls the ``torch.ops.cvops`` operators directly.
+"""
 from __future__ import annotations
 
+from typing import List, Optional, Tuple
+
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 import cvops
 
@@ -17,6 +31,78 @@ def _check_sizes(op: str, **limits) -> None:
             pair(op, name, value, min_value=min_value)
         else:
             check_int(op, name, value, min_value=min_value)
+@torch.jit.unused
+def _call_psamask(input: Tensor, psa_type: str, mask_size) -> Tensor:  # mask_size as given (int, pair, None)
+    return cvops.psamask(input, psa_type, mask_size)
+
+
+@torch.jit.unused
+def _call_carafe(features: Tensor, masks: Tensor, kernel_size: int, group_size: int, scale_factor: int) -> Tensor:
+    return cvops.carafe(features, masks, kernel_size, group_size, scale_factor)
+
+
+@torch.jit.unused
+def _call_masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], padding: List[int],
+                        stride: List[int], dilation: List[int], groups: int) -> Tensor:
+    return cvops.masked_conv2d(input, mask, weight, bias, padding, stride, dilation, groups)
+
+
+for _name in ("_call_psamask", "_call_carafe", "_call_masked_conv2d"):
+    torch.fx.wrap(_name)
+
+
+def _script_require(ok: bool, message: str) -> None:
+    """The scripted path's check: TorchScript raises it as ``torch.jit.Error`` carrying the message."""
+    if not ok:
+        raise ValueError(message)
+
+
+def _script_mask_hw(mask_size) -> Tuple[int, int]:
+    """``(h_mask, w_mask)`` for the scripted path; ``(0, 0)`` when mask_size is no int or pair of ints
+    (the eager path reports it)."""
+    pair = (mask_size, mask_size) if isinstance(mask_size, int) else tuple(mask_size or ())
+    return pair if len(pair) == 2 and all(type(v) is int for v in pair) else (0, 0)
+
+
+def _script_psamask(input: Tensor, psa_code: int, h_mask: int, w_mask: int) -> Tensor:
+    _script_require(h_mask >= 1 and w_mask >= 1, "psamask: mask_size must be an int or a pair of ints >= 1")
+    _script_require(input.dim() == 4 and input.is_floating_point(), "psamask: input must be a 4-D floating tensor")
+    _script_require(input.size(1) == h_mask * w_mask, "psamask: input channels must equal h_mask * w_mask")
+    return torch.ops.cvops.psamask_forward(input, psa_code, h_mask, w_mask, "NCHW", None)
+
+
+def _script_carafe(features: Tensor, masks: Tensor, k: int, g: int, s: int) -> Tensor:
+    _script_require(features.dim() == 4 and masks.dim() == 4 and features.is_floating_point()
+                    and masks.dtype == features.dtype, "carafe: features and masks must be 4-D, one floating dtype")
+    _script_require(k >= 1 and k % 2 == 1 and g >= 1 and s >= 1,
+                    "carafe: kernel_size must be odd and >= 1, group_size and scale_factor >= 1")
+    n, c, h, w = features.shape
+    _script_require(masks.shape == [n, g * k * k, h * s, w * s] and c % g == 0,
+                    "carafe: masks must be [N, group_size * kernel_size^2, H * scale, W * scale], C % group_size == 0")
+    return torch.ops.cvops.carafe_forward(features, masks, k, g, s, "NCHW", None)
+
+
+def _script_masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor],
+                          padding: List[int]) -> Tensor:
+    _script_require(input.dim() == 4 and input.size(0) == 1 and mask.dim() == 3 and mask.size(0) == 1
+                    and input.shape[2:] == mask.shape[1:], "masked_conv2d: input [1, C, H, W] needs mask [1, H, W]")
+    out_channels, _, kernel_h, kernel_w = weight.shape
+    _script_require(weight.size(1) == input.size(1), "masked_conv2d: weight in-channels must equal input channels")
+    out_h, out_w = input.size(2) + 2 * padding[0] - kernel_h + 1, input.size(3) + 2 * padding[1] - kernel_w + 1
+    _script_require(out_h > 0 and out_w > 0, "masked_conv2d: kernel larger than the padded input")
+    points = torch.nonzero(mask[0] > 0)
+    h_idx, w_idx = points[:, 0].contiguous(), points[:, 1].contiguous()
+    col = torch.ops.cvops.masked_im2col(input, h_idx, w_idx, kernel_h, kernel_w, padding[0], padding[1], None)
+    out = weight.reshape(out_channels, -1).mm(col) if bias is None else \
+        torch.addmm(bias[:, None], weight.reshape(out_channels, -1), col)
+    return torch.ops.cvops.masked_col2im(out, h_idx, w_idx, out_h, out_w, None)
+
+
+def _carafe_int(name: str, value) -> int:
+    from ._core.errors import BadParamError
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadParamError("CARAFE", f"{name} must be an int, got {value!r}")
+    return value
 
 
 class CARAFE(nn.Module):
@@ -36,18 +122,18 @@ class CARAFE(nn.Module):
         self.kernel_size, self.group_size, self.scale_factor = check_params(
             kernel_size, group_size, scale_factor, type(self).__name__)
 
-    def forward(self, features: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-        return cvops.carafe(features, masks, self.kernel_size, self.group_size, self.scale_factor)
+    def forward(self, features: Tensor, masks: Tensor) -> Tensor:
+        if torch.jit.is_scripting():
+            return _script_carafe(features, masks, self.kernel_size, self.group_size, self.scale_factor)
+        return _call_carafe(features, masks, self.kernel_size, self.group_size, self.scale_factor)
 
     def extra_repr(self) -> str:
         return f"kernel_size={self.kernel_size}, group_size={self.group_size}, scale_factor={self.scale_factor}"
 
 
 class CARAFENaive(CARAFE):
-    """mmcv ``CARAFENaive``: the same function as :class:`CARAFE` (mmcv's two CUDA kernels differ only in speed)."""
-
-    def forward(self, features: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-        return cvops.carafe_naive(features, masks, self.kernel_size, self.group_size, self.scale_factor)
+    """mmcv ``CARAFENaive``: the same function as :class:`CARAFE` (mmcv's two CUDA kernels differ only in
+    speed; :func:`cvops.carafe_naive` is :func:`cvops.carafe`)."""
 
 
 class CARAFEPack(nn.Module):
@@ -101,19 +187,23 @@ class CARAFEPack(nn.Module):
         nn.init.normal_(self.content_encoder.weight, mean=0, std=0.001)
         nn.init.constant_(self.content_encoder.bias, 0)
 
-    def kernel_normalizer(self, mask: torch.Tensor) -> torch.Tensor:
+    def kernel_normalizer(self, mask: Tensor) -> Tensor:
         mask = torch.nn.functional.pixel_shuffle(mask, self.scale_factor)
         n, mask_c, h, w = mask.size()
-        mask = mask.view(n, mask_c // (self.up_kernel ** 2), -1, h, w)
+        mask = mask.view(n, mask_c // (self.up_kernel * self.up_kernel), -1, h, w)
         mask = torch.nn.functional.softmax(mask, dim=2, dtype=mask.dtype)
         return mask.view(n, mask_c, h, w).contiguous()
 
-    def feature_reassemble(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return cvops.carafe(x, mask, self.up_kernel, self.up_group, self.scale_factor)
+    def feature_reassemble(self, x: Tensor, mask: Tensor) -> Tensor:
+        if torch.jit.is_scripting():
+            return _script_carafe(x, mask, self.up_kernel, self.up_group, self.scale_factor)
+        return _call_carafe(x, mask, self.up_kernel, self.up_group, self.scale_factor)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         mask = self.content_encoder(self.channel_compressor(x))
         return self.feature_reassemble(x, self.kernel_normalizer(mask))
+
+
 class MaskedConv2d(nn.Conv2d):
     """mmcv's ``MaskedConv2d``: a ``Conv2d`` evaluated only where ``mask > 0``, trainable here.
 
@@ -131,11 +221,17 @@ class MaskedConv2d(nn.Conv2d):
                      **({} if isinstance(padding, str) else {"padding": (padding, 0)}))
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)
 
-    def forward(self, input, mask=None):
+    def forward(self, input: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         if mask is None:
-            return super().forward(input)
-        return cvops.masked_conv2d(input, mask, self.weight, self.bias, self.padding, self.stride,
-                                   self.dilation, self.groups)
+            return self._conv_forward(input, self.weight, self.bias)
+        if torch.jit.is_scripting():
+            _script_require(self.stride == (1, 1) and self.dilation == (1, 1) and self.groups == 1,
+                            "masked_conv2d: the masked path needs stride, dilation and groups of 1")
+            return _script_masked_conv2d(input, mask, self.weight, self.bias, list(self.padding))
+        return _call_masked_conv2d(input, mask, self.weight, self.bias, list(self.padding), list(self.stride),
+                                   list(self.dilation), self.groups)
+
+
 class PSAMask(nn.Module):
     """PSANet's point-wise spatial attention mask (mmcv ``PSAMask``).
 
@@ -152,11 +248,16 @@ class PSAMask(nn.Module):
         from ._core.validate import pair
         psa_type_code(psa_type)  # reject unknown modes at construction, as mmcv does
         pair(OP, "mask_size", mask_size, min_value=1)  # and sizes no input could match
+        from .ops.psamask.checks import psa_type_code
+        self.psa_code = psa_type_code(psa_type)  # reject unknown modes at construction, as mmcv does
         self.psa_type = psa_type
         self.mask_size = mask_size
+        self.mask_hw = _script_mask_hw(mask_size)
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return cvops.psamask(input, self.psa_type, self.mask_size)
+    def forward(self, input: Tensor) -> Tensor:
+        if torch.jit.is_scripting():
+            return _script_psamask(input, self.psa_code, self.mask_hw[0], self.mask_hw[1])
+        return _call_psamask(input, self.psa_type, self.mask_size)
 
     def extra_repr(self) -> str:
         return f"psa_type={self.psa_type!r}, mask_size={self.mask_size}"

@@ -231,6 +231,10 @@ def _project(weight_2d: Tensor, data_col: Tensor, bias: Optional[Tensor]) -> Ten
             return out if bias is None else out.add_(bias[:, None])
         except (RuntimeError, TypeError):  # a torch build whose oneDNN op differs or refuses: BLAS below
             pass
+    if torch.compiler.is_compiling():
+        # the data-dependent M: aten's mm/addmm backward guards on its strides under torch.compile, einsum's not
+        out = torch.einsum("ok,km->om", weight_2d, data_col)
+        return out if bias is None else out + bias[:, None]
     if bias is None:
         return weight_2d.mm(data_col)
     return torch.addmm(bias[:, None], weight_2d, data_col)

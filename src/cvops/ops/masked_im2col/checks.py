@@ -23,7 +23,7 @@ def check_mask_indices(op: str, mask_h_idx, mask_w_idx) -> int:
     check_tensor(op, "mask_w_idx", mask_w_idx, dim=1, dtypes=INDEX_DTYPES)
     require(mask_h_idx.shape[0] == mask_w_idx.shape[0], op,
             f"mask_h_idx and mask_w_idx must have one length, got {mask_h_idx.shape[0]} and {mask_w_idx.shape[0]}")
-    return int(mask_h_idx.shape[0])
+    return mask_h_idx.shape[0]  # no int(): a data-dependent size under torch.export stays symbolic
 
 
 def check_masked_im2col(feature, mask_h_idx, mask_w_idx, kernel_size, padding) -> tuple[int, int, int, int]:
