@@ -103,6 +103,13 @@ class TensorDescriptor:
             n *= s
         return n
 
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element (1 for ``INVALID``, so byte limits can still be checked)."""
+        if self.dtype == DataType.INVALID:
+            return 1
+        return torch.empty((), dtype=to_torch_dtype(self.dtype)).element_size()
+
 
 def _enum_member(op: str, name: str, enum_type, value):
     if isinstance(value, enum_type):
@@ -193,3 +200,17 @@ def returns_status(fn: Callable[..., None]) -> Callable[..., Status]:
         return returned if status == Status.SUCCESS and returned is not None else status
 
     return wrapper
+
+
+def workspace_query(op: str, handle, size_of: Callable[[], int]) -> tuple[Status, int]:
+    """A ``mluOpGet*WorkspaceSize`` entry point: ``(status, size_in_bytes)``, never raising.
+
+    ``size_of`` runs the op's checks and returns the size; any failure gives its status and size 0.
+    """
+    def call():
+        if not isinstance(handle, Handle):
+            raise BadParamError(op, "handle is null")
+        return size_of()
+
+    status, size = status_of(op, handle, call)
+    return status, (size if status == Status.SUCCESS else 0)
