@@ -115,6 +115,50 @@ def _row_taps(acc, at, count, src, src_at, src_step, weights, w_at, w_step, t0, 
         t += 1
 
 
+@njit
+def _row_taps_pair(acc, at_a, at_b, count, src, src_at, src_step, weights, w_a, w_b, w_step, t0, t1):
+    """:func:`_row_taps` for two accumulators that read the same sources with their own weights (two
+    sub-pixel phases of one block): each source vector is loaded once for both."""
+    u = np.uint64
+    a = u(at_a)
+    b = u(at_b)
+    t = t0
+    while t + 5 <= t1:
+        a0 = weights[u(w_a + t * w_step)]
+        a1 = weights[u(w_a + (t + 1) * w_step)]
+        a2 = weights[u(w_a + (t + 2) * w_step)]
+        a3 = weights[u(w_a + (t + 3) * w_step)]
+        a4 = weights[u(w_a + (t + 4) * w_step)]
+        b0 = weights[u(w_b + t * w_step)]
+        b1 = weights[u(w_b + (t + 1) * w_step)]
+        b2 = weights[u(w_b + (t + 2) * w_step)]
+        b3 = weights[u(w_b + (t + 3) * w_step)]
+        b4 = weights[u(w_b + (t + 4) * w_step)]
+        s0 = u(src_at + t * src_step)
+        s1 = u(src_at + (t + 1) * src_step)
+        s2 = u(src_at + (t + 2) * src_step)
+        s3 = u(src_at + (t + 3) * src_step)
+        s4 = u(src_at + (t + 4) * src_step)
+        for i in range(u(count)):
+            v0 = src[s0 + i]
+            v1 = src[s1 + i]
+            v2 = src[s2 + i]
+            v3 = src[s3 + i]
+            v4 = src[s4 + i]
+            acc[a + i] += a0 * v0 + a1 * v1 + a2 * v2 + a3 * v3 + a4 * v4
+            acc[b + i] += b0 * v0 + b1 * v1 + b2 * v2 + b3 * v3 + b4 * v4
+        t += 5
+    while t < t1:
+        a0 = weights[u(w_a + t * w_step)]
+        b0 = weights[u(w_b + t * w_step)]
+        s0 = u(src_at + t * src_step)
+        for i in range(u(count)):
+            v0 = src[s0 + i]
+            acc[a + i] += a0 * v0
+            acc[b + i] += b0 * v0
+        t += 1
+
+
 def _forward(x, m, out, n_img, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw):
     """``x`` channels-last ``[N, H, W, C]`` flat, ``m`` the mask's storage from ``mask[0, 0, 0, 0]`` with
     element strides ``m_s*``, ``out`` flat ``[N, sH, sW, C]`` (NHWC) or ``[N, C, sH, sW]`` (NCHW)."""
@@ -135,10 +179,11 @@ def _forward(x, m, out, n_img, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw):
             kx1 = min(k, w + r - xx)
             for py in range(s):
                 oy = y * s + py
-                for px in range(s):
+                for px in range(0, s, 2):  # phases in pairs (the last alone for odd s)
                     ox = xx * s + px
+                    pair = px + 1 < s
                     o = u((py * sw + ox) * c)
-                    for ci in range(u(c)):
+                    for ci in range(u(c * (2 if pair else 1))):  # phase px + 1 follows at o + c
                         buf[o + ci] = 0
                     m_at = n * m_sn + oy * m_sy + ox * m_sx
                     for gi in range(g):
@@ -146,7 +191,11 @@ def _forward(x, m, out, n_img, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw):
                         for ky in range(ky0, ky1):
                             x_row = ((n * h + y + ky - r) * w + xx - r) * c + gi * cg
                             w_row = m_at + (gi * k + ky) * k * m_sc
-                            _row_taps(buf, ob, cg, x, x_row, c, m, w_row, m_sc, kx0, kx1)
+                            if pair:
+                                _row_taps_pair(buf, ob, ob + u(c), cg, x, x_row, c, m, w_row, w_row + m_sx, m_sc,
+                                               kx0, kx1)
+                            else:
+                                _row_taps(buf, ob, cg, x, x_row, c, m, w_row, m_sc, kx0, kx1)
         if nchw:
             _store_rows(buf, s, sw, c, out, n * c * plane + y * s * sw, plane, True)
         else:
@@ -165,22 +214,32 @@ def _grad_mask(gy, x, gm, n_img, h, w, c, k, g, s, g_sn, g_sc, g_sy, g_sx):
         n = row // sh
         oy = row % sh
         y = oy // s
-        for ox in range(sw):
-            xx = ox // s
-            gy_at = ((n * sh + oy) * sw + ox) * c
-            out_at = n * g_sn + oy * g_sy + ox * g_sx
-            for gi in range(g):
-                for ky in range(k):
-                    iy = y + ky - r
-                    for kx in range(k):
-                        ix = xx + kx - r
-                        total = gm.dtype.type(0)
-                        if iy >= 0 and iy < h and ix >= 0 and ix < w:
-                            a = u(gy_at + gi * cg)
-                            b = u(((n * h + iy) * w + ix) * c + gi * cg)
-                            for ci in range(u(cg)):
-                                total += gy[a + ci] * x[b + ci]
-                        gm[u(out_at + ((gi * k + ky) * k + kx) * g_sc)] = total
+        for xx in range(w):
+            for px in range(0, s, 2):  # phases in pairs: both read the same taps
+                ox = xx * s + px
+                pair = px + 1 < s
+                gy_a = ((n * sh + oy) * sw + ox) * c
+                gy_b = gy_a + c if pair else gy_a
+                out_at = n * g_sn + oy * g_sy + ox * g_sx
+                for gi in range(g):
+                    for ky in range(k):
+                        iy = y + ky - r
+                        for kx in range(k):
+                            ix = xx + kx - r
+                            total_a = gm.dtype.type(0)
+                            total_b = gm.dtype.type(0)
+                            if iy >= 0 and iy < h and ix >= 0 and ix < w:
+                                a = u(gy_a + gi * cg)
+                                b = u(gy_b + gi * cg)
+                                xb = u(((n * h + iy) * w + ix) * c + gi * cg)
+                                for ci in range(u(cg)):
+                                    v = x[xb + ci]
+                                    total_a += gy[a + ci] * v
+                                    total_b += gy[b + ci] * v
+                            at = out_at + ((gi * k + ky) * k + kx) * g_sc
+                            gm[u(at)] = total_a
+                            if pair:
+                                gm[u(at + g_sx)] = total_b
 
 
 def _grad_input(gy, m, gx, n_img, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw):
