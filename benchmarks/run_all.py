@@ -1,6 +1,7 @@
 """Run every ``benchmarks/bench_<op>.py`` on its network-scale cases and print one table.
 
     python benchmarks/run_all.py [--device cpu|cuda] [--tag network] [--only psamask,carafe] [--results DIR]
+                                 [--first-call]
 
 ``--results DIR`` also writes ``<device>-<date>.json`` and ``.md`` there, naming the machine.
 """
@@ -21,7 +22,8 @@ HERE = Path(__file__).resolve().parent
 
 
 def load_bench_modules():
-    for path in sorted(HERE.glob("bench_*.py")):
+    # bench_first_call.py times fresh processes, not cases: it runs on its own
+    for path in sorted(p for p in HERE.glob("bench_*.py") if p.stem != "bench_first_call"):
         spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -34,6 +36,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tag", default="network")
     parser.add_argument("--only", default="", help="comma-separated ops (bench_<op>.py names)")
     parser.add_argument("--results", type=Path, help="folder for a JSON and a markdown copy of the table")
+    parser.add_argument("--first-call", action="store_true",
+                        help="also time each op's first call in fresh processes (bench_first_call.py)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     limits = MachineLimits.measure(device)
@@ -44,6 +48,11 @@ def main(argv=None) -> int:
         if not wanted or module.__name__.removeprefix("bench_") in wanted:
             rows += module.run(limits, tag=args.tag)
     print_table(rows, limits, f"cvops on {device.type}: {args.tag} cases")
+    if args.first_call:
+        spec = importlib.util.spec_from_file_location("bench_first_call", HERE / "bench_first_call.py")
+        first_call = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(first_call)
+        first_call.print_rows(first_call.run(list(first_call.SNIPPETS)))
     if args.results:
         write_results(args.results, rows, limits, device)
     return 0

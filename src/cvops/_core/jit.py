@@ -13,6 +13,13 @@ match the loop references bit for bit); accumulating kernels may allow reassocia
 (:data:`REASSOCIATE`) so LLVM vectorises their sums: the order is fixed at compile time, so results are
 still the same on every run, and no-NaN/no-inf assumptions are never made.
 
+Where the cache lives: numba's own rule, which suits a pip install. It writes next to the kernel's
+source (``__pycache__``) when that folder is writable, otherwise in the user's cache folder
+(``~/.cache/numba`` on Linux), and ``NUMBA_CACHE_DIR`` moves it anywhere. Each kernel compiles once
+per argument types (dtype, array layout), never per value: sizes, strides and flags are plain
+integer arguments. Importing numba and loading cached kernels still costs a fixed part of a second at
+a process's first numba call, and compiling the kernels an op needs costs seconds once per machine.
+
 Parallel kernels (``prange``) use numba's thread pool; :func:`match_torch_threads` gives it torch's
 thread count first, so ``OMP_NUM_THREADS`` / ``torch.set_num_threads`` bound both paths alike, and
 :func:`njit_variants` / :func:`use_parallel` keep small calls off the pool.

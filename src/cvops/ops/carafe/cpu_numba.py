@@ -202,6 +202,35 @@ def _forward(x, m, out, n_img, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw):
             _store_rows(buf, s, sw, c, out, (n * sh + y * s) * sw * c, plane, False)
 
 
+@njit(fastmath=REASSOCIATE)
+def _dots_2x4(gy, a, b, x, x_at, step, count):
+    """The eight dot products ``gy[a:a+count]`` and ``gy[b:b+count]`` with ``x[x_at + j*step:][:count]``
+    for ``j < 4``: each of the six vectors is loaded once per lane block."""
+    u = np.uint64
+    x0 = u(x_at)
+    x1 = u(x_at + step)
+    x2 = u(x_at + 2 * step)
+    x3 = u(x_at + 3 * step)
+    zero = gy.dtype.type(0)
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = zero
+    for i in range(u(count)):
+        ga = gy[a + i]
+        gb = gy[b + i]
+        v0 = x[x0 + i]
+        v1 = x[x1 + i]
+        v2 = x[x2 + i]
+        v3 = x[x3 + i]
+        a0 += ga * v0
+        a1 += ga * v1
+        a2 += ga * v2
+        a3 += ga * v3
+        b0 += gb * v0
+        b1 += gb * v1
+        b2 += gb * v2
+        b3 += gb * v3
+    return a0, a1, a2, a3, b0, b1, b2, b3
+
+
 def _grad_mask(gy, x, gm, n_img, h, w, c, k, g, s, g_sn, g_sc, g_sy, g_sx):
     """``gm[n, (g*k + ky)*k + kx, oy, ox] = sum_c gy[n, oy, ox, c] * x[n, tap, c]`` (0 off the map);
     ``gy`` and ``x`` channels-last flat, ``gm`` written through element strides ``g_s*``."""
@@ -222,24 +251,36 @@ def _grad_mask(gy, x, gm, n_img, h, w, c, k, g, s, g_sn, g_sc, g_sy, g_sx):
                 gy_b = gy_a + c if pair else gy_a
                 out_at = n * g_sn + oy * g_sy + ox * g_sx
                 for gi in range(g):
+                    a = u(gy_a + gi * cg)
+                    b = u(gy_b + gi * cg)
                     for ky in range(k):
                         iy = y + ky - r
-                        for kx in range(k):
+                        kx = 0
+                        while kx < k:
                             ix = xx + kx - r
+                            at = out_at + ((gi * k + ky) * k + kx) * g_sc
+                            x_at = ((n * h + iy) * w + ix) * c + gi * cg
+                            if iy >= 0 and iy < h and ix >= 0 and ix + 3 < w and kx + 4 <= k:
+                                # four taps of the row at once: 6 loads per 8 multiply-adds
+                                t = _dots_2x4(gy, a, b, x, x_at, c, cg)
+                                for j in range(4):
+                                    gm[u(at + j * g_sc)] = t[j]
+                                    if pair:
+                                        gm[u(at + j * g_sc + g_sx)] = t[4 + j]
+                                kx += 4
+                                continue
                             total_a = gm.dtype.type(0)
                             total_b = gm.dtype.type(0)
                             if iy >= 0 and iy < h and ix >= 0 and ix < w:
-                                a = u(gy_a + gi * cg)
-                                b = u(gy_b + gi * cg)
-                                xb = u(((n * h + iy) * w + ix) * c + gi * cg)
+                                xb = u(x_at)
                                 for ci in range(u(cg)):
                                     v = x[xb + ci]
                                     total_a += gy[a + ci] * v
                                     total_b += gy[b + ci] * v
-                            at = out_at + ((gi * k + ky) * k + kx) * g_sc
                             gm[u(at)] = total_a
                             if pair:
                                 gm[u(at + g_sx)] = total_b
+                            kx += 1
 
 
 def _grad_input(gy, m, gx, n_img, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw):
