@@ -270,8 +270,8 @@ def _dense_then_select(features: Tensor, keep: Tensor, weight: Tensor, bias: Opt
 
 
 def _onednn_matmul_usable(weight_2d: Tensor, data_col: Tensor, bias: Optional[Tensor]) -> bool:
-    """oneDNN's fp32 matmul is 2-3x faster than the BLAS one on CPUs where MKL takes its generic path
-    (AMD); it has no autograd formula, so it serves inference only."""
+    """oneDNN's fp32 matmul outruns the BLAS one on CPUs where MKL takes its generic path (AMD); it has
+    no autograd formula, so it serves inference only."""
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (weight_2d, data_col, bias))
     return (not needs_grad and data_col.device.type == "cpu" and data_col.dtype == torch.float32
