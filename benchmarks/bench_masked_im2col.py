@@ -4,7 +4,9 @@ Rows:
 * ``masked_im2col`` forward: IO = feature + both index tensors + data_col (MLU-OPS default).
   Anchor: the dense torch route, ``F.unfold`` of the whole map then picking the mask columns.
 * ``MaskedConv2d`` forward (cases with ``out_channels``): IO = input + mask + weight + bias +
-  output, FLOPs = 2*O*C*kh*kw*M. Anchor: the dense ``F.conv2d`` of the same layer.
+  output, FLOPs = 2*O*C*kh*kw*M. Anchor: the dense ``F.conv2d`` of the same layer (masked_conv2d
+  itself takes that route, plus a select, where its cost rule says gathering costs more).
+  Cases that differ only in ``out_channels`` share one masked_im2col row.
 
     python benchmarks/bench_masked_im2col.py [--tag network] [--backend cpu] [--threads 1]
 
@@ -13,6 +15,7 @@ measured with the same single thread, so the efficiencies stay comparable.
 """
 from __future__ import annotations
 
+import json
 
 import torch
 import torch.nn.functional as F
@@ -35,10 +38,16 @@ def run(limits: MachineLimits, tag: str = "network", backend: str | None = None)
     device = limits.device
     name = backend or ("triton" if device.type == "cuda" else "cpu")
     rows = []
+    gathered = set()  # cases that differ only in out_channels gather the same columns: one row
     for case in load_cases("masked_im2col", tag):
         feature, h, w, kernel, pad = case_inputs(case, device=device)
         _, channels, height, width = feature.shape
         data_col = cvops.masked_im2col(feature, h, w, kernel, pad, backend=backend)
+        key = json.dumps({k: v for k, v in case.items() if k not in ("name", "source", "out_channels")}, sort_keys=True)
+        if key in gathered:
+            _conv_row(rows, case, feature, h, w, kernel, pad, backend, name, device)
+            continue
+        gathered.add(key)
         t = time_fn(lambda: cvops.masked_im2col(feature, h, w, kernel, pad, backend=backend), device, repeats=15,
                     min_total_s=0.2)
         hl, wl = h.long(), w.long()
@@ -52,25 +61,32 @@ def run(limits: MachineLimits, tag: str = "network", backend: str | None = None)
                              tensor_bytes(feature, h, w, data_col),
                              check=_exact_on_sample(data_col, feature, h, w, kernel, pad),
                              anchor="F.unfold+pick", anchor_seconds=t_anchor))
-        if "out_channels" not in case:
-            continue
-        mask = case_mask(case, h, w)
-        conv = cvops.nn.MaskedConv2d(channels, case["out_channels"], kernel, padding=pad).to(device)
-        weight, bias = conv.weight.detach(), conv.bias.detach()
-        with torch.no_grad():
-            out = cvops.masked_conv2d(feature, mask, weight, bias, pad, backend=backend)
-            dense = F.conv2d(feature, weight, bias, padding=pad) * (mask > 0)
-            t_masked = time_fn(lambda: cvops.masked_conv2d(feature, mask, weight, bias, pad, backend=backend), device,
-                               repeats=9, min_total_s=0.2)
-            t_dense = time_fn(lambda: F.conv2d(feature, weight, bias, padding=pad), device, repeats=5)
-        m = int((mask > 0).sum())
-        ratio = f"{m / (height * width):.0%} masked"
-        rows.append(BenchRow("MaskedConv2d", f"{case['name']} ({ratio})", "forward", name, t_masked,
-                             tensor_bytes(feature, mask, weight, bias, out),
-                             flops=2.0 * case["out_channels"] * channels * kernel[0] * kernel[1] * m,
-                             check=f"diff1={diff1(out, dense):.1e}", anchor="dense F.conv2d",
-                             anchor_seconds=t_dense))
+        _conv_row(rows, case, feature, h, w, kernel, pad, backend, name, device)
     return rows
+
+
+def _conv_row(rows, case, feature, h, w, kernel, pad, backend, name, device):
+    """The MaskedConv2d row of ``case`` (if it has ``out_channels``), against the dense conv2d."""
+    if "out_channels" not in case:
+        return
+    _, channels, height, width = feature.shape
+    mask = case_mask(case, h, w)
+    conv = cvops.nn.MaskedConv2d(channels, case["out_channels"], kernel, padding=pad).to(device)
+    weight, bias = conv.weight.detach(), conv.bias.detach()
+    with torch.no_grad():
+        out = cvops.masked_conv2d(feature, mask, weight, bias, pad, backend=backend)
+        dense = F.conv2d(feature, weight, bias, padding=pad) * (mask > 0)
+        t_masked = time_fn(lambda: cvops.masked_conv2d(feature, mask, weight, bias, pad, backend=backend), device,
+                           repeats=9, min_total_s=0.2)
+        t_dense = time_fn(lambda: F.conv2d(feature, weight, bias, padding=pad), device, repeats=9,
+                          min_total_s=0.2)
+    m = int((mask > 0).sum())
+    ratio = f"{m / (height * width):.0%} masked"
+    rows.append(BenchRow("MaskedConv2d", f"{case['name']} ({ratio})", "forward", name, t_masked,
+                         tensor_bytes(feature, mask, weight, bias, out),
+                         flops=2.0 * case["out_channels"] * channels * kernel[0] * kernel[1] * m,
+                         check=f"diff1={diff1(out, dense):.1e}", anchor="dense F.conv2d",
+                         anchor_seconds=t_dense))
 
 
 if __name__ == "__main__":

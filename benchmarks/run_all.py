@@ -2,7 +2,7 @@
 
     python benchmarks/run_all.py --demo            # make demo: a subset, quick timing, words per op
     python benchmarks/run_all.py [--device cpu|cuda] [--tag network] [--only psamask,carafe]
-                                 [--results DIR] [--plot]
+                                 [--results DIR] [--plot] [--first-call]
 
 Without ``--demo`` it prints the full table (time, IO, IO / compute / roofline efficiency, anchor ratio).
 ``--results DIR`` also writes ``<device>-<date>.json`` and ``.md`` there, naming the machine; ``--plot``
@@ -33,7 +33,8 @@ DEMO_SKIP = {"psanet_b4_collect", "psanet_b4_distribute", "fpn_carafe_p4", "cent
 
 def load_bench_modules(wanted=()):
     """Every ``bench_*.py`` beside this file (or those named in ``wanted``), imported by path."""
-    for path in sorted(HERE.glob("bench_*.py")):
+    # bench_first_call.py times fresh processes, not cases: --first-call runs it on its own
+    for path in sorted(p for p in HERE.glob("bench_*.py") if p.stem != "bench_first_call"):
         if wanted and path.stem.removeprefix("bench_") not in wanted:
             continue
         spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -115,6 +116,8 @@ def main(argv=None) -> int:
     parser.add_argument("--demo", action="store_true", help="the demo: a subset of cases, quick timing, words")
     parser.add_argument("--results", type=Path, help="folder for a JSON and a markdown copy of the table")
     parser.add_argument("--plot", action="store_true", help="also draw the IO efficiencies (needs --results)")
+    parser.add_argument("--first-call", action="store_true",
+                        help="also time each op's first call in fresh processes (bench_first_call.py)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     wanted = {name.strip() for name in args.only.split(",") if name.strip()}
@@ -141,6 +144,11 @@ def main(argv=None) -> int:
         print_demo(rows, limits, title)
     else:
         print_table(rows, limits, title)
+    if args.first_call:
+        spec = importlib.util.spec_from_file_location("bench_first_call", HERE / "bench_first_call.py")
+        first_call = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(first_call)
+        first_call.print_rows(first_call.run(list(first_call.SNIPPETS)))
     if args.results:
         stem = write_results(args.results, rows, limits, device)
         if args.plot:

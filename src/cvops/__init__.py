@@ -12,5 +12,8 @@ from .ops.masked_im2col import masked_col2im, masked_conv2d, masked_im2col
 from . import mluops, nn  # noqa: E402  (after the ops they wrap)
 from . import sparse  # noqa: E402  (sparse conv layers on get_indice_pairs)
 from . import spconv  # noqa: E402  (spconv.pytorch 2.x drop-in on cvops.sparse)
+from ._core.dispatch import defer_dynamo_import  # noqa: E402
+
+defer_dynamo_import()  # the first op call imports no compiler stack it does not use
 
 __version__ = "0.1.0"

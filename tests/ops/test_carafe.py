@@ -12,7 +12,7 @@ from cvops import mluops
 from cvops._core.cases import case_id, load_cases
 from cvops._core.errors import BadParamError, NotSupportedError, Status
 from cvops._core.metrics import bit_equal, diff1, diff2
-from tests.conftest import requires_triton
+from tests.conftest import CPU_PATHS, requires_triton, selected
 
 LAYOUTS = ("NCHW", "NHWC")
 FAST_BACKENDS = ["cpu", pytest.param("triton", marks=requires_triton)]
@@ -582,3 +582,48 @@ def test_half_precision_accumulates_in_float32_triton():
     # float16 only: the interpreter truncates float32 -> bfloat16 (see tol_of), an error the size of
     # bfloat16 accumulation; on a GPU the cast rounds. About 6 s under the interpreter.
     _check_half(["triton"], *_half_case(torch.float16))
+
+
+# -------------------------------------------------------------------------------- both cpu paths (speed work)
+@pytest.mark.parametrize("path", CPU_PATHS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cpu_paths_match_reference(path, layout):
+    """The vectorised torch path and the numba loops each match the loop reference: unit cases in
+    every float dtype, ragged channel counts (not a multiple of the 8-lane transpose), borders."""
+    with selected(path) as backend:
+        for case in load_cases("carafe", "unit"):
+            check_layers(backend, case["N"], case["C"], case["H"], case["W"], case["kernel_size"],
+                         case["group_size"], case["scale_factor"], layout)
+        for dtype in DTYPES:
+            check_layers(backend, 2, 8, 3, 4, 3, 2, 2, layout, dtype)
+        check_layers(backend, 1, 13, 9, 11, 5, 1, 2, layout, torch.float64)   # 13 channels, 22 columns
+        check_layers(backend, 1, 20, 2, 9, 3, 4, 3, layout)
+
+
+@pytest.mark.parametrize("path", CPU_PATHS)
+def test_cpu_paths_deterministic_and_agree_at_fpn_shape(path, monkeypatch):
+    """A CARAFE-FPN upsampler (C 256, k5, s2) on a small map: backward bit-identical on one thread and
+    on the pool (the numba loops' serial and parallel compilations), and both directions within
+    tolerance of the other cpu path."""
+    if path == "cpu-numba":
+        from cvops.ops.carafe import cpu_numba
+        monkeypatch.setattr(cpu_numba, "_PARALLEL_WORK", 0)  # the pool even for this small call
+    x, m, gy = inputs(2, 256, 7, 10, 5, 1, 2, "NCHW")
+    m = m.view(2, 1, 25, 14, 20).softmax(2).view(2, 25, 14, 20)
+    with selected(path) as backend:
+        out = cvops.carafe(x, m, 5, 1, 2, backend=backend)
+        first = cvops.carafe_backward(gy, x, m, 5, 1, 2, backend=backend)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            single = cvops.carafe_backward(gy, x, m, 5, 1, 2, backend=backend)
+        finally:
+            torch.set_num_threads(threads)
+        assert all(bit_equal(a, b) for a, b in zip(first, single))
+    other = "cpu-torch" if path == "cpu-numba" else "cpu-numba"
+    if other == "cpu-numba" and not cvops._core.jit.numba_available():
+        return
+    with selected(other) as backend:
+        assert_close(out, cvops.carafe(x, m, 5, 1, 2, backend=backend), 3e-6)
+        for a, b in zip(first, cvops.carafe_backward(gy, x, m, 5, 1, 2, backend=backend)):
+            assert_close(a, b, 3e-6)

@@ -150,7 +150,9 @@ def test_reference_matches_formula_by_hand():
     assert out[:, 1].tolist() == [0.0] * 8
 
 
-@pytest.mark.parametrize("case", load_cases("masked_im2col", "network"), ids=case_id)
+# the GA-RetinaNet loc cases gather the same columns as their cls twins
+@pytest.mark.parametrize("case", [c for c in load_cases("masked_im2col", "network") if "_loc_" not in c["name"]],
+                         ids=case_id)
 def test_network_cases_cpu_vs_reference_subsample(case, cpu_path):
     feature, h, w, kernel, pad = case_inputs(case)
     out = cvops.masked_im2col(feature, h, w, kernel, pad)
@@ -611,3 +613,53 @@ def test_masked_conv2d_every_argument_checked_before_use(change, error, fragment
     args.update(change)
     with pytest.raises(error, match=fragment):
         cvops.masked_conv2d(**args)
+
+
+# -------------------------------------------------------------------------------- masked_conv2d route choice (speed work)
+def _routes(monkeypatch, route):
+    """Force masked_conv2d's CPU route: 'masked' (gather + matmul) or 'dense' (conv2d + select)."""
+    import cvops.ops.masked_im2col as mi
+    monkeypatch.setattr(mi, "_MASKED_FIXED_NS", 0 if route == "masked" else 1e18)
+
+
+@pytest.mark.parametrize("pad", [(1, 1), (2, 0), (0, 1)])
+def test_masked_conv2d_dense_and_masked_routes_agree(pad, monkeypatch):
+    """Both inference routes give the same values (within the accumulating tolerance) and exact zeros
+    off the mask, even with inf/NaN in the feature; outputs larger or smaller than the mask."""
+    torch.manual_seed(5)
+    x = torch.randn(1, 6, 9, 11, dtype=torch.float64)
+    x[0, 1, 0, 0] = float("inf")
+    x[0, 2, 8, 10] = float("nan")
+    weight = torch.randn(5, 6, 3, 3, dtype=torch.float64)
+    bias = torch.randn(5, dtype=torch.float64)
+    mask = (torch.rand(1, 9, 11) > 0.6).double()
+    results = {}
+    for route in ("masked", "dense"):
+        _routes(monkeypatch, route)
+        results[route] = cvops.masked_conv2d(x, mask, weight, bias, pad)
+    a, b = results["masked"], results["dense"]
+    assert a.shape == b.shape
+    assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.isinf(), b.isinf())
+    assert (b.isnan() | b.isinf()).any()
+    finite = a.isfinite()
+    assert torch.allclose(a[finite], b[finite], rtol=1e-12, atol=1e-12)
+    keep = torch.zeros(a.shape[2:], dtype=torch.bool)
+    rows, cols = min(a.shape[2], 9), min(a.shape[3], 11)
+    keep[:rows, :cols] = mask[0, :rows, :cols] > 0
+    assert bool((b[:, :, ~keep] == 0).all()) and not torch.signbit(b[:, :, ~keep]).any()
+
+
+def test_masked_conv2d_route_follows_the_cost_rule():
+    """The GA-RetinaNet head: masking 10% of P3 (100x168, 256 -> 80) gathers; the whole 7x11 P7 map, or
+    most of a map, convolves densely; other backends, dtypes and training take the masked route."""
+    import cvops.ops.masked_im2col as mi
+    weight = torch.zeros(80, 256, 3, 3)
+    p3 = torch.zeros(1, 256, 100, 168)
+    sparse = (torch.rand(1, 100, 168, generator=torch.Generator().manual_seed(0)) < 0.1).float()
+    assert mi._dense_keep(p3, sparse, weight, None, 100, 168, None) is None
+    assert mi._dense_keep(p3, torch.ones(1, 100, 168), weight, None, 100, 168, None) is not None
+    p7, ones = torch.zeros(1, 256, 7, 11), torch.ones(1, 7, 11)
+    assert mi._dense_keep(p7, ones, weight, None, 7, 11, None) is not None
+    assert mi._dense_keep(p7, ones, weight, None, 7, 11, "reference") is None
+    assert mi._dense_keep(p7.half(), ones, weight.half(), None, 7, 11, None) is None
+    assert mi._dense_keep(p7, ones, weight.requires_grad_(), None, 7, 11, None) is None  # training: masked

@@ -130,7 +130,9 @@ def test_non_contiguous_input(path):
 
 # -------------------------------------------------------------------------------- network scale
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [c for c in load_cases("psamask", "network") if c["N"] <= 2], ids=case_id)
+# the Cityscapes test map (8192 positions) is left to the benchmark: its loop reference takes minutes
+@pytest.mark.parametrize("case", [c for c in load_cases("psamask", "network")
+                                  if c["N"] <= 2 and c["H"] * c["W"] <= 49 * 49], ids=case_id)
 def test_network_scale_cpu_matches_reference(case):
     # the loop reference is the slow part: run it once, compare every cpu path with it
     paths = installed_cpu_paths()

@@ -8,8 +8,17 @@ torch cannot reach the goal. Such an op keeps its torch path and adds a fused lo
 
 Nothing here imports numba at ``import cvops`` time: an op imports its kernel module (which decorates with
 :func:`njit`) only after :func:`numba_enabled` said yes. Kernels are compiled on first call per signature
-and cached on disk (``cache=True``), never use fastmath (results must match the loop references bit for
-bit), and release the GIL.
+and cached on disk (``cache=True``) and release the GIL. Pure-IO kernels compile without fastmath (results
+match the loop references bit for bit); accumulating kernels may allow reassociation and contraction
+(:data:`REASSOCIATE`) so LLVM vectorises their sums: the order is fixed at compile time, so results are
+still the same on every run, and no-NaN/no-inf assumptions are never made.
+
+Where the cache lives: numba's own rule, which suits a pip install. It writes next to the kernel's
+source (``__pycache__``) when that folder is writable, otherwise in the user's cache folder
+(``~/.cache/numba`` on Linux), and ``NUMBA_CACHE_DIR`` moves it anywhere. Each kernel compiles once
+per argument types (dtype, array layout), never per value: sizes, strides and flags are plain
+integer arguments. Importing numba and loading cached kernels still costs a fixed part of a second at
+a process's first numba call, and compiling the kernels an op needs costs seconds once per machine.
 
 Parallel kernels (``prange``) use numba's thread pool; :func:`match_torch_threads` gives it torch's
 thread count first, so ``OMP_NUM_THREADS`` / ``torch.set_num_threads`` bound both paths alike, and
@@ -23,6 +32,9 @@ from functools import lru_cache
 from typing import Callable, Optional
 
 ENV_SWITCH = "CVOPS_NUMBA"
+# fastmath flags for accumulating kernels: sums may be reordered (vectorised) and a*b+c fused; NaN and inf
+# keep their IEEE meaning
+REASSOCIATE = frozenset({"reassoc", "contract"})
 
 
 @lru_cache(maxsize=None)
@@ -45,21 +57,24 @@ def _enabled_by(switch: Optional[str]) -> bool:
     return (switch is None or switch.strip() not in ("0", "false", "False", "no", "off")) and numba_available()
 
 
-def njit(fn: Optional[Callable] = None, *, parallel: bool = False, error_model: str = "python"):
-    """``numba.njit(cache=True, nogil=True, parallel=parallel, fastmath=False)`` as a decorator, with or
+def njit(fn: Optional[Callable] = None, *, parallel: bool = False, error_model: str = "python",
+         fastmath=False):
+    """``numba.njit(cache=True, nogil=True, parallel=parallel, fastmath=fastmath)`` as a decorator, with or
     without arguments. Imports numba, so use it only in modules imported after :func:`numba_enabled`.
+    ``fastmath`` is False (exact) or :data:`REASSOCIATE` (accumulating kernels only).
 
     ``error_model="numpy"``: divisions follow IEEE (x/0 gives inf/NaN) instead of raising
     ZeroDivisionError; without the per-division check, loops with divisions can be vectorised."""
     import numba
 
     def wrap(f):
-        return numba.njit(cache=True, nogil=True, parallel=parallel, fastmath=False, error_model=error_model)(f)
+        flags = set(fastmath) if fastmath else False
+        return numba.njit(cache=True, nogil=True, parallel=parallel, fastmath=flags, error_model=error_model)(f)
 
     return wrap(fn) if fn is not None else wrap
 
 
-def njit_variants(fn: Callable, *, error_model: str = "python"):
+def njit_variants(fn: Callable, *, error_model: str = "python", fastmath=False):
     """``(serial, parallel)`` compilations of one kernel written with ``prange``.
 
     Waking a thread pool costs from tens of microseconds (idle machine) to a scheduler tick or two (busy
@@ -73,7 +88,7 @@ def njit_variants(fn: Callable, *, error_model: str = "python"):
                                   fn.__closure__)
         copy.__qualname__ = f"{fn.__qualname__}_{suffix}"
         copy.__doc__ = fn.__doc__
-        variants.append(njit(copy, parallel=parallel, error_model=error_model))
+        variants.append(njit(copy, parallel=parallel, error_model=error_model, fastmath=fastmath))
     return tuple(variants)
 
 

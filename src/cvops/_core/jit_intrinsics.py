@@ -5,7 +5,7 @@ numba, so import it only from kernel modules (after ``jit.numba_enabled()``).
 Why these exist: gather/scatter kernels whose inner loop reads with a large stride (a new cache line
 per element) are latency-bound; the hardware prefetchers do not follow dozens of such streams, so the
 kernel prefetches the next row's lines itself (:func:`prefetch`). And LLVM turns such strided loops into
-AVX-512 gathers, which on the CI machine (AMD EPYC) run ~1.5x slower than plain scalar loads; numba has no
+AVX-512 gathers, which on AMD EPYC CPUs run slower than plain scalar loads; numba has no
 per-function switch, so :func:`compile_scalar` compiles with ``numba.config.LOOP_VECTORIZE`` off (the
 documented ``NUMBA_LOOP_VECTORIZE`` setting, which numba reads at each compilation); :func:`compile_slp`
 likewise turns ``SLP_VECTORIZE`` on for kernels written as short straight-line runs. A kernel that

@@ -23,11 +23,15 @@ with torch's blocked 2-D transpose and placed while it is in cache, so no whole-
 is made; the forward's products go from a per-span buffer straight to the output. Small fills
 and big strided copies run on run_split's single-threaded workers, not as threaded torch ops that
 wait at a barrier whenever a core is busy (milliseconds each on a shared machine).
+
+With numba installed (and ``CVOPS_NUMBA`` not ``0``) ``cpu_numba`` computes both directions as compiled
+loops with the channel loop innermost; this module is the fallback.
 """
 from __future__ import annotations
 
 import torch
 
+from cvops._core.jit import numba_enabled
 from cvops._core.memory import new_empty, new_zeros
 from cvops._core.parallel import run_split, single_threaded
 from cvops._core.transpose import to_channels_last
@@ -35,6 +39,15 @@ from cvops._core.transpose import to_channels_last
 # Accumulator elements per chunk (1 MiB of float32): stays in cache across the k products. Chunks
 # are dealt to the cores by run_split (each core runs its products single-threaded: no barriers).
 _CHUNK_ELEMS = 1 << 18
+
+
+def _numba_path(*tensors: torch.Tensor):
+    """The compiled loops (``cpu_numba``) when numba is installed, not switched off (``CVOPS_NUMBA=0``)
+    and suited to these tensors; None selects the torch code below."""
+    if not numba_enabled():
+        return None
+    from . import cpu_numba
+    return cpu_numba if cpu_numba.supports(*tensors) else None
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -196,6 +209,9 @@ def forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int, group
             scale_factor: int, layout: str = "NCHW") -> torch.Tensor:
     """features ``[N, C, H, W]`` and masks ``[N, G*k*k, sH, sW]`` (logical NCHW views) ->
     output ``[N, C, sH, sW]`` (logical NCHW view, stored in ``layout``)."""
+    fused = _numba_path(features, masks)
+    if fused is not None:
+        return fused.forward(features, masks, kernel_size, group_size, scale_factor, layout)
     n, c, h, w = features.shape
     f = _Frame(n, c, h, w, kernel_size, group_size, scale_factor)
     s, ss, cg = f.s, f.s * f.s, c // f.g
@@ -236,6 +252,9 @@ def backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Ten
              group_size: int, scale_factor: int, layout: str = "NCHW"):
     """Returns ``(grad_input [N, C, H, W], grad_mask [N, G*k*k, sH, sW])`` as logical NCHW views
     stored in ``layout``."""
+    fused = _numba_path(grad_output, features, masks)
+    if fused is not None:
+        return fused.backward(grad_output, features, masks, kernel_size, group_size, scale_factor, layout)
     n, c, h, w = features.shape
     f = _Frame(n, c, h, w, kernel_size, group_size, scale_factor)
     k, kh, kw, rh, rw, wp, ss, cg = f.k, f.kh, f.kw, f.rh, f.rw, f.wp, f.s * f.s, c // f.g

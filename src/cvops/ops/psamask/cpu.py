@@ -11,7 +11,7 @@ Per spatial axis there are two shapes of the index set:
 Backward is the same views with source and destination swapped, into a zero-filled ``dx``.
 
 With numba installed (and ``CVOPS_NUMBA`` not ``0``) ``cpu_numba`` does the same job as compiled loops,
-1.5-4x faster at PSANet scale; this module is the fallback.
+faster at PSANet scale; this module is the fallback.
 """
 from __future__ import annotations
 

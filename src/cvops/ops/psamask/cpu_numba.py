@@ -11,12 +11,11 @@ still in cache:
 * backward, ``dx [n, d, p]`` (NCHW) or ``[n, p, d]`` (NHWC): one block per ``(n, dh)`` or ``(n, ph)``,
   zero-filled in one pass, then the valid rows written while the block is still in cache.
 
-What made it fast (PSANet b1 on the 2-core CI machine, vs the strided copies: NCHW forward 7.4 -> 4 ms, NCHW
-backward 23 -> 5.5 ms):
+What makes it fast:
 * the sources of the next row are prefetched (``jit_intrinsics.prefetch``): with a strided source each
   element sits on its own cache line, and the hardware prefetchers do not follow ~100 such streams;
 * the kernels compile without LLVM's loop vectoriser (``jit_intrinsics.compile_scalar``): it turns the
-  strided loops into AVX-512 gathers, ~1.5x slower here than scalar loads;
+  strided loops into AVX-512 gathers, slower than scalar loads on AMD CPUs;
 * array indices are unsigned (no negative-index wrap test per access).
 
 Tensors reach the kernels as flat integer views of their storage (raw bits: every dtype is copied
@@ -51,7 +50,7 @@ def supports(t: torch.Tensor) -> bool:
 
 # ------------------------------------------------------------------------------------------- kernels
 # Every array index below is cast to unsigned: numba wraps signed indices (a negative index counts from
-# the end), a per-access test that keeps LLVM from vectorising the fills and made the copies ~4x slower.
+# the end), a per-access test that keeps LLVM from vectorising the fills and slows the copies several-fold.
 @njit
 def _fill_zero(out, start, stop):
     for i in range(np.uint64(start), np.uint64(stop)):
