@@ -26,6 +26,16 @@ UNIT = [c for c in load_cases("psroipool", "unit") if "error" not in c]
 ERRORS = [c for c in load_cases("psroipool", "unit") if "error" in c]
 
 
+def bottom_of(case):
+    return case.get("bottom_shape", case["input_shape"])
+
+
+def unit_rois(case, dtype=torch.float32):
+    """The case's RoIs, at most ~24 of them (the doc's cases draw hundreds; the loop reference is slow)."""
+    rois = case_rois(case, dtype)
+    return rois[::max(len(rois) // 24, 1)]
+
+
 def tol(dtype):
     # bfloat16 keeps 8 mantissa bits: two correct roundings of the same fp32 mean may differ by an ulp (2^-8)
     return {torch.float64: 1e-10, torch.bfloat16: 1e-2}.get(dtype, 3e-3)
@@ -127,7 +137,7 @@ def test_mapping_channel_formula_pooled_non_square():
 @pytest.mark.parametrize("case", UNIT, ids=case_id)
 def test_unit_cases(backend, layout, case, monkeypatch):
     x = to_layout(case_input(case), layout)
-    compare_backends(select(backend, monkeypatch), x, case_rois(case), *params(case), layout)
+    compare_backends(select(backend, monkeypatch), x, unit_rois(case), *params(case), layout)
 
 
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
@@ -218,10 +228,31 @@ def test_network_cases_cpu_vs_reference_on_a_subsample(case, cpu_path):
     assert torch.equal(mapping[pick], ref_map)
     # backward on the doc's bottom_grad shape: cpu vs reference on the same subsample
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
-    bottom = case["bottom_shape"]
+    bottom = bottom_of(case)
     expected = cvops.psroi_pool_backward(g[pick], rois[pick], mapping[pick], scale, od, bottom, "NHWC",
                                          backend="reference")
     assert_close(cvops.psroi_pool_backward(g[pick], rois[pick], mapping[pick], scale, od, bottom, "NHWC"), expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c for c in load_cases("psroipool", "network") if c["name"] in
+                                  ("rfcn_cls_r300", "rfcn_bbox_r2000")], ids=case_id)
+def test_any_mapping_backward_at_network_scale_vs_reference(case, cpu_path):
+    # a mapping_channel that is not the forward's takes the general scatter: the whole map, a RoI subsample
+    # that keeps the work of the reference loops small, every channel reachable
+    ph, pw, scale, group, od = params(case)
+    rois = case_rois(case)
+    rois = rois[::max(len(rois) // 12, 1)]
+    gen = torch.Generator().manual_seed(7)
+    c = case["input_shape"][3]
+    mapping = torch.randint(0, c, (len(rois), ph, pw, od), generator=gen, dtype=torch.int32)
+    g = torch.randn(mapping.shape, generator=gen)
+    shape = case["input_shape"]
+    expected = cvops.psroi_pool_backward(g, rois, mapping, scale, od, shape, "NHWC", backend="reference")
+    actual = cvops.psroi_pool_backward(g, rois, mapping, scale, od, shape, "NHWC")
+    assert_close(actual, expected)
+    assert torch.equal(actual == 0, expected == 0)
+    assert bit_equal(cvops.psroi_pool_backward(g, rois, mapping, scale, od, shape, "NHWC"), actual)
 
 
 @pytest.mark.parametrize("case", load_cases("psroipool", "network"), ids=case_id)
@@ -237,9 +268,9 @@ def test_network_cases_invariants(case, cpu_path):
     assert abs(float(grad.double().sum()) - float((out != 0).sum())) < 1e-2
     # determinism: the same bits on every run
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
-    first = cvops.psroi_pool_backward(g, rois, mapping, scale, od, case["bottom_shape"], "NHWC")
+    first = cvops.psroi_pool_backward(g, rois, mapping, scale, od, bottom_of(case), "NHWC")
     for _ in range(3):
-        assert bit_equal(cvops.psroi_pool_backward(g, rois, mapping, scale, od, case["bottom_shape"], "NHWC"), first)
+        assert bit_equal(cvops.psroi_pool_backward(g, rois, mapping, scale, od, bottom_of(case), "NHWC"), first)
 
 
 # ------------------------------------------------------------------------------------ numba path
@@ -255,7 +286,7 @@ def _unit_pairs(dtype, layout):
     """``(case name, cpu results, reference results)`` of :func:`_pair` for every unit case."""
     for case in UNIT:
         x = to_layout(case_input(case, dtype), layout)
-        args = (x, case_rois(case, dtype), *params(case), layout)
+        args = (x, unit_rois(case, dtype), *params(case), layout)
         yield case["name"], _pair("cpu", *args), _pair("reference", *args)
 
 
@@ -302,8 +333,8 @@ def test_numba_network_cases_bit_equal_to_reference_and_parallel_deterministic(c
         g = torch.randn(out.shape, generator=torch.Generator().manual_seed(4))
         foreign = mapping.roll(1, dims=-1)  # not the forward's mapping: the bucketed backward
         for m in (mapping, foreign):
-            first = cvops.psroi_pool_backward(g, rois, m, scale, od, case["bottom_shape"], "NHWC")
-            assert bit_equal(cvops.psroi_pool_backward(g, rois, m, scale, od, case["bottom_shape"], "NHWC"), first)
+            first = cvops.psroi_pool_backward(g, rois, m, scale, od, bottom_of(case), "NHWC")
+            assert bit_equal(cvops.psroi_pool_backward(g, rois, m, scale, od, bottom_of(case), "NHWC"), first)
     finally:
         torch.set_num_threads(threads)
 
@@ -378,7 +409,7 @@ def test_numba_table_method_network_cases(case, parallel, monkeypatch):
         assert torch.equal(mapping[pick], ref_mapping)
         assert_close(out[pick], ref)
         g = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
-        bottom = case["bottom_shape"]
+        bottom = bottom_of(case)
         grad = cvops.psroi_pool_backward(g[pick], rois[pick], mapping[pick], scale, od, bottom, "NHWC")
         ref_grad = cvops.psroi_pool_backward(g[pick], rois[pick], mapping[pick], scale, od, bottom, "NHWC",
                                              backend="reference")
@@ -515,13 +546,29 @@ def test_nan_inf_in_input_and_grad(backend, monkeypatch):
     assert torch.isnan(ref).any() and torch.isinf(ref).any()
 
 
-def test_nan_inf_rois_do_not_crash(cpu_path):
+@pytest.mark.parametrize("backend", ["reference", *CPU_PATHS, pytest.param("triton", marks=requires_triton)])
+def test_non_finite_roi_corners_raise_naming_rois(backend, monkeypatch):
+    backend = select(backend, monkeypatch)
     x = torch.randn(1, 9, 5, 5)
-    rois = torch.tensor([[0.0, float("nan"), 1, 3, 3], [0, 1, float("inf"), 3, 3], [0, float("-inf"), 0, 2, 2]])
-    ref, ref_map = cvops.psroi_pool(x, rois, 3, 3, 1.0, 3, 1, backend="reference")
-    out, out_map = cvops.psroi_pool(x, rois, 3, 3, 1.0, 3, 1)
-    assert_close(out, ref)
-    assert torch.equal(out_map, ref_map)
+    for j, v in itertools.product(range(1, 5), (float("nan"), float("inf"), float("-inf"))):
+        rois = torch.tensor([[0.0, 1, 1, 3, 3], [0, 0, 0, 4, 4]])
+        rois[1, j] = v
+        with pytest.raises(BadParamError, match=rf"rois\[1, {j}\] = {v} is not a finite coordinate"):
+            cvops.psroi_pool(x, rois, 3, 3, 1.0, 3, 1, backend=backend)
+        with pytest.raises(BadParamError, match="is not a finite coordinate"):
+            cvops.psroi_pool_backward(torch.ones(2, 1, 3, 3), rois, torch.zeros(2, 1, 3, 3, dtype=torch.int32), 1.0,
+                                      1, (1, 9, 5, 5), backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["reference", *CPU_PATHS, pytest.param("triton", marks=requires_triton)])
+def test_batch_index_checked_against_an_empty_batch(backend, monkeypatch):
+    backend = select(backend, monkeypatch)
+    rois = torch.tensor([[0.0, 0, 0, 3, 3]])
+    with pytest.raises(BadParamError, match=r"rois\[0, 0\] = 0.0 is not a batch index .*N = 0"):
+        cvops.psroi_pool(torch.zeros(0, 9, 5, 5), rois, 3, 3, 1.0, 3, 1, backend=backend)
+    with pytest.raises(BadParamError, match=r"N = 0"):
+        cvops.psroi_pool_backward(torch.ones(1, 1, 3, 3), rois, torch.zeros(1, 1, 3, 3, dtype=torch.int32), 1.0, 1,
+                                  (0, 9, 5, 5), backend=backend)
 
 
 # ------------------------------------------------------------------------------------ zero elements
@@ -539,7 +586,7 @@ def test_zero_elements(backend, layout, monkeypatch):
     out, _ = cvops.psroi_pool(x, torch.zeros(0, 5), *params(case), layout, backend=backend)
     assert out.numel() == 0
     # backward: empty bottom or empty top -> zeros of input_shape
-    shape = (0, 9, 5, 5) if layout == "NCHW" else (0, 5, 5, 9)
+    shape = (1, 9, 0, 5) if layout == "NCHW" else (1, 0, 5, 9)
     g = torch.zeros((1, 1, 3, 3) if layout == "NCHW" else (1, 3, 3, 1))
     grad = cvops.psroi_pool_backward(g, case_rois(case), mapping, 1.0, 1, shape, layout, backend=backend)
     assert grad.shape == shape

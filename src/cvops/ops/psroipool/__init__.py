@@ -38,7 +38,9 @@ def _forward_impl(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, p
 
 def _forward_nchw(x: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int, spatial_scale: float,
                   output_dim: int, layout: str, backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward from the logical NCHW view ``x`` of the input; results in ``layout``."""
+    """The forward from the logical NCHW view ``x`` of the input; results in ``layout``. The one check of the
+    RoI values (batch indices, finite corners) runs here, on real tensors, before any backend."""
+    checks.check_roi_values(checks.OP, rois, x.shape[0])
     fused = cpu.fused_forward(x, rois) if backend is None or backend == "cpu" else None
     if fused is not None:  # returns the stored tensors: no views to undo (the doc's cases take ~0.1 ms)
         return fused.forward(x, rois, pooled_height, pooled_width, spatial_scale, output_dim, layout)
@@ -66,7 +68,9 @@ def _backward_impl(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: 
 def _backward_nchw(top: torch.Tensor, rois: torch.Tensor, mapping: torch.Tensor, spatial_scale: float,
                    output_dim: int, shape_nchw: tuple[int, ...], layout: str, backend: Optional[str],
                    trusted_mapping: bool) -> torch.Tensor:
-    """The backward from logical NCHW views of top_grad and mapping_channel; bottom_grad in ``layout``."""
+    """The backward from logical NCHW views of top_grad and mapping_channel; bottom_grad in ``layout``. The RoI
+    values are checked here once, as in the forward."""
+    checks.check_roi_values(checks.OP_BACKWARD, rois, shape_nchw[0])
     fused = cpu.fused_backward(top, rois, mapping, shape_nchw) if backend is None or backend == "cpu" else None
     if fused is not None:  # returns the stored tensor
         return fused.backward(top, rois, mapping, spatial_scale, output_dim, shape_nchw, layout, trusted_mapping)
@@ -164,7 +168,8 @@ def psroi_pool(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pool
         input: ``[N, C, H, W]`` (``layout="NCHW"``) or ``[N, H, W, C]`` (``"NHWC"``), float16/bfloat16/
             float32/float64, with ``C == output_dim * pooled_height * pooled_width``.
         rois: ``[R, 5]`` rows ``(batch_index, x1, y1, x2, y2)`` in input-image coordinates, floating point;
-            ``0 <= int(batch_index) < N``.
+            ``0 <= int(batch_index) < N`` (so no RoI is valid when N == 0) and finite corners: a NaN or inf
+            coordinate raises BadParamError naming ``rois``.
         pooled_height, pooled_width: output bins per RoI (PH, PW).
         spatial_scale: factor from image to feature coordinates (> 0).
         group_size: the R-FCN group size; must equal PH when PH == PW (R-FCN, MLU-OPS). With PH != PW
@@ -198,7 +203,7 @@ def psroi_pool_backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_chan
 
     Args:
         top_grad: ``[R, output_dim, PH, PW]`` (NCHW) or ``[R, PH, PW, output_dim]`` (NHWC), floating point.
-        rois: ``[R, 5]`` as in :func:`psroi_pool`.
+        rois: ``[R, 5]`` as in :func:`psroi_pool` (batch indices in ``[0, N)``, finite corners).
         mapping_channel: int32/int64, the shape of ``top_grad``, values in ``[0, C)``.
         spatial_scale, output_dim: as in the forward.
         input_shape: shape of the returned gradient in ``layout``: ``(N, C, H, W)`` or ``(N, H, W, C)``,

@@ -170,7 +170,6 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
     mapping.copy_(chan.expand(r, od, ph_n, pw_n))
     if input.numel() == 0 or r == 0:
         return empty_nchw((r, od, ph_n, pw_n), out_layout, like=input, zero=True), mapping
-    checks.check_batch_indices(checks.OP, rois, n)
     acc = compute_dtype(input.dtype)
     grid, batch = edge_grid(rois, ph_n, pw_n, spatial_scale, h, w, acc)
     bins = r * groups
@@ -252,7 +251,6 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
     bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad)
     if top_grad.numel() == 0 or bottom.numel() == 0:
         return bottom.zero_()
-    checks.check_batch_indices(checks.OP_BACKWARD, rois, n)
     canonical = trusted_mapping or _is_canonical(mapping_channel)
     if not canonical:  # the forward's mapping is in range by construction
         checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)

@@ -67,8 +67,6 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
     ph_n, pw_n = pooled_height, pooled_width
     output = empty_nchw((r, output_dim, ph_n, pw_n), out_layout, like=input, zero=True)
     mapping = empty_nchw((r, output_dim, ph_n, pw_n), out_layout, like=input.new_empty(0, dtype=torch.int32))
-    if input.numel() > 0:
-        checks.check_batch_indices(checks.OP, rois, n)
     acc = _acc_dtype(input.dtype)
     x = input.detach().cpu().to(torch.float64 if acc is np.float64 else torch.float32).numpy()
     rois_np = rois.detach().cpu().double().numpy()
@@ -106,7 +104,6 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
     bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad, zero=True)
     if top_grad.numel() == 0 or bottom.numel() == 0:
         return bottom
-    checks.check_batch_indices(checks.OP_BACKWARD, rois, n)
     checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
     acc = _acc_dtype(top_grad.dtype)
     g = top_grad.detach().cpu().to(torch.float64 if acc is np.float64 else torch.float32).numpy()

@@ -115,7 +115,6 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
         chan = torch.arange(output_dim * pooled_height * pooled_width, dtype=torch.int32, device=input.device)
         mapping.copy_(chan.view(1, output_dim, pooled_height, pooled_width).expand_as(mapping))
         return output, mapping
-    checks.check_batch_indices(checks.OP, rois, n)
     hs, he, ws, we, batch = _edges_int32(rois, pooled_height, pooled_width, spatial_scale, h, w, input.dtype)
     block = _block(output_dim)
     grid = (r * pooled_height * pooled_width, triton.cdiv(output_dim, block))
@@ -133,7 +132,6 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
     bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad)
     if top_grad.numel() == 0 or bottom.numel() == 0:
         return bottom.zero_()
-    checks.check_batch_indices(checks.OP_BACKWARD, rois, n)
     if not trusted_mapping:
         checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
     if not trusted_mapping and not _is_canonical(mapping_channel):
