@@ -11,5 +11,6 @@ from .ops.get_indice_pairs import get_conv_output_size, get_deconv_output_size, 
 from .ops.masked_im2col import masked_col2im, masked_conv2d, masked_im2col
 from . import mluops, nn  # noqa: E402  (after the ops they wrap)
 from . import sparse  # noqa: E402  (sparse conv layers on get_indice_pairs)
+from . import torchvision  # noqa: E402  (torchvision.ops drop-ins: ps_roi_pool, PSRoIPool)
 
 __version__ = "0.1.0"

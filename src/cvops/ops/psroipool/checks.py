@@ -44,6 +44,16 @@ def check_pool_params(op: str, pooled_height, pooled_width, spatial_scale, outpu
     return ph, pw, scale, od
 
 
+CONVENTIONS = ("rfcn", "torchvision")
+
+
+def check_convention(op: str, convention) -> str:
+    """``"rfcn"`` (R-FCN / MLU-OPS bin arithmetic) or ``"torchvision"`` (torchvision.ops.ps_roi_pool's)."""
+    if convention not in CONVENTIONS:
+        raise_bad(op, f"convention must be 'rfcn' or 'torchvision', got {convention!r}")
+    return convention
+
+
 def check_rois(op: str, rois) -> None:
     check_tensor(op, "rois", rois, dim=2, dtypes=FLOAT_DTYPES)
     if rois.shape[1] != 5:
