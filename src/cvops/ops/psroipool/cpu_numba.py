@@ -3,9 +3,10 @@
 One method per direction, whose cost follows the RoIs' work:
 
 * forward: each image is walked in bands of rows that its RoIs' bins cover (and only over the columns they
-  cover). A band is regrouped into a small scratch so that the ``od`` channels one bin reads (input channel
-  ``ctop*K + k``, K = PH*PW) sit side by side as one run ``[k, 0:od]``; every bin then adds its pixels' runs,
-  rows then columns, into its accumulator (8 lanes at a time), and the last pass divides by the bin area.
+  cover). A band is regrouped into a small scratch ``[k, y, x, 0:od]`` so that the ``od`` channels one bin
+  reads (input channel ``ctop*K + k``, K = PH*PW) sit side by side as one run and the bin's pixels close
+  together; every bin then adds its pixels' runs, rows then columns, into its accumulators (8 lanes held in
+  registers), and the last pass divides by the bin area.
   That is the reference's summation order, so the output has the reference's bits, NaN/inf included.
 * backward: the adjoint, band by band over every row of the used images: each bin adds ``top_grad / area``
   to its pixels' runs in the band scratch, RoI by RoI (the reference's order: the same bits, deterministic,
@@ -28,12 +29,10 @@ import threading
 import numba
 import numpy as np
 import torch
-from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic, overload
 
 from ..._core.jit import njit
-from ..._core.jit_intrinsics import compile_slp, transpose8
+from ..._core.jit_access import load, store, transpose
+from ..._core.jit_intrinsics import compile_slp
 from ..._core.layout import empty_nchw
 from . import checks
 
@@ -46,89 +45,6 @@ _U1, _U2, _U3, _U4, _U5, _U6, _U7 = (np.uint64(j) for j in range(1, _LANES))
 def supports(*tensors: torch.Tensor) -> bool:
     """CPU tensors of a dtype this path handles (floating inputs; index tensors are checked elsewhere)."""
     return all(t.is_cpu for t in tensors) and tensors[0].dtype in SUPPORTED
-
-
-# ------------------------------------------------------------------------ 16-bit storage, read and written in place
-@intrinsic
-def _half_bits_to_float(typingctx, bits):
-    """float16 bits (uint16) -> float32, exact."""
-    if bits != types.uint16:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-
-    return types.float32(bits), codegen
-
-
-@intrinsic
-def _float_to_half_bits(typingctx, value):
-    """float32 -> float16 bits, rounded to nearest even (as torch converts)."""
-    if value != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
-
-    return types.uint16(value), codegen
-
-
-@intrinsic
-def _bits_as_float(typingctx, bits):
-    """The low 32 bits of an integer reinterpreted as float32."""
-    if not isinstance(bits, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        low = args[0] if bits.bitwidth == 32 else builder.trunc(args[0], ir.IntType(32))
-        return builder.bitcast(low, ir.FloatType())
-
-    return types.float32(bits), codegen
-
-
-@intrinsic
-def _float_as_bits(typingctx, value):
-    """float32 reinterpreted as uint32 bits."""
-    if value != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.uint32(value), codegen
-
-
-def _load(a, i):
-    """``a[i]`` as a float: float16 storage is passed as uint16 and bfloat16 as int16 (their bits)."""
-
-
-def _store(a, i, v):
-    """``a[i] = v`` rounded to a's dtype (to nearest even for float16/bfloat16 bits, as torch rounds)."""
-
-
-@overload(_load)
-def _load_impl(a, i):
-    if a.dtype == types.uint16:
-        return lambda a, i: _half_bits_to_float(a[i])
-    if a.dtype == types.int16:
-        return lambda a, i: _bits_as_float(np.uint64(np.uint16(a[i])) << np.uint64(16))
-    return lambda a, i: a[i]
-
-
-@overload(_store)
-def _store_impl(a, i, v):
-    if a.dtype == types.uint16:
-        def store_half(a, i, v):
-            a[i] = _float_to_half_bits(np.float32(v))
-        return store_half
-    if a.dtype == types.int16:
-        def store_bfloat(a, i, v):
-            u = np.int64(_float_as_bits(np.float32(v)))
-            a[i] = 0x7FC0 if v != v else (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-        return store_bfloat
-    def store(a, i, v):
-        a[i] = v
-    return store
 
 
 def _storage(t: torch.Tensor) -> np.ndarray:
@@ -212,27 +128,36 @@ def _run_length(od: int) -> int:
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _add_run(dst, d, src, s, length):
-    """``dst[d:d+length] += src[s:s+length]``: 8 lanes of straight-line code per block (vector code with the SLP
-    vectoriser, see :func:`_call`), unsigned indices so that numba adds no negative-index fix-ups."""
+def _spread_window(src, s, dst, first, row_step, rows, cols, col_step, length):
+    """The adjoint of :func:`_sum_window`: ``dst[first + y*row_step + x*col_step + j] += src[s + j]`` over the window,
+    the run held in registers 8 lanes at a time; unsigned indices."""
     if length < _LANES:
         for j in range(length):
-            dst[d + np.uint64(j)] += src[s + np.uint64(j)]
+            u = np.uint64(j)
+            v = src[s + u]
+            for y in range(rows):
+                at = first + np.uint64(y) * row_step + u
+                for x in range(cols):
+                    dst[at + np.uint64(x) * col_step] += v
         return
     for b in range(0, length, _LANES):
         u = np.uint64(b)
         a0, a1, a2, a3 = src[s + u], src[s + u + _U1], src[s + u + _U2], src[s + u + _U3]
         a4, a5, a6, a7 = src[s + u + _U4], src[s + u + _U5], src[s + u + _U6], src[s + u + _U7]
-        b0, b1, b2, b3 = dst[d + u], dst[d + u + _U1], dst[d + u + _U2], dst[d + u + _U3]
-        b4, b5, b6, b7 = dst[d + u + _U4], dst[d + u + _U5], dst[d + u + _U6], dst[d + u + _U7]
-        dst[d + u] = b0 + a0
-        dst[d + u + _U1] = b1 + a1
-        dst[d + u + _U2] = b2 + a2
-        dst[d + u + _U3] = b3 + a3
-        dst[d + u + _U4] = b4 + a4
-        dst[d + u + _U5] = b5 + a5
-        dst[d + u + _U6] = b6 + a6
-        dst[d + u + _U7] = b7 + a7
+        for y in range(rows):
+            at = first + np.uint64(y) * row_step + u
+            for x in range(cols):
+                d = at + np.uint64(x) * col_step
+                b0, b1, b2, b3 = dst[d], dst[d + _U1], dst[d + _U2], dst[d + _U3]
+                b4, b5, b6, b7 = dst[d + _U4], dst[d + _U5], dst[d + _U6], dst[d + _U7]
+                dst[d] = b0 + a0
+                dst[d + _U1] = b1 + a1
+                dst[d + _U2] = b2 + a2
+                dst[d + _U3] = b3 + a3
+                dst[d + _U4] = b4 + a4
+                dst[d + _U5] = b5 + a5
+                dst[d + _U6] = b6 + a6
+                dst[d + _U7] = b7 + a7
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -276,77 +201,43 @@ def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length):
         dst[d + u + _U7] = a7
 
 
-def _transpose(src, src_at, src_stride, rows, cols, dst, dst_at, dst_stride):
-    """``dst[dst_at + j*dst_stride + i] = src[src_at + i*src_stride + j]`` for i < rows, j < cols."""
-
-
 @njit(error_model="numpy")
-def _transpose_scalar(src, src_at, src_stride, rows, cols, dst, dst_at, dst_stride):
-    for i in range(rows):
-        for j in range(cols):
-            _store(dst, dst_at + j * dst_stride + i, _load(src, src_at + i * src_stride + j))
-
-
-@overload(_transpose)
-def _transpose_impl(src, src_at, src_stride, rows, cols, dst, dst_at, dst_stride):
-    floats = (types.float32, types.float64)
-    scalar = _transpose_scalar
-    if src.dtype not in floats or dst.dtype not in floats:
-        return lambda src, src_at, src_stride, rows, cols, dst, dst_at, dst_stride: scalar(
-            src, src_at, src_stride, rows, cols, dst, dst_at, dst_stride)
-
-    def blocked(src, src_at, src_stride, rows, cols, dst, dst_at, dst_stride):
-        # 8 x 8 register transposes; the last block of an axis overlaps the one before (no remainder loop)
-        if rows < _LANES or cols < _LANES:
-            scalar(src, src_at, src_stride, rows, cols, dst, dst_at, dst_stride)
-            return
-        for i in range(0, rows, _LANES):
-            i0 = min(i, rows - _LANES)
-            for j in range(0, cols, _LANES):
-                j0 = min(j, cols - _LANES)
-                transpose8(src, src_at + i0 * src_stride + j0, src_stride, dst, dst_at + j0 * dst_stride + i0,
-                           dst_stride)
-    return blocked
-
-
-@njit(error_model="numpy")
-def _regroup(x, xs, b, y0, y1, x0, x1, groups, od, run, g):
-    """Rows [y0, y1) x columns [x0, x1) of image b into ``g`` as ``[y, x, k, 0:od]`` runs of ``run`` entries (input
-    channel ``ctop*K + k`` at ``k*run + ctop``): NHWC storage pixel by pixel, NCHW storage plane row by row."""
+def _regroup(x, xs, b, y0, y1, x0, x1, groups, od, run, plane, g):
+    """Rows [y0, y1) x columns [x0, x1) of image b into ``g`` as ``[k, y, x, 0:od]`` runs of ``run`` entries (input
+    channel ``ctop*K + k`` at ``k*plane + pixel*run + ctop``), so that a bin's pixels lie close together:
+    NHWC storage pixel by pixel, NCHW storage channel plane row by row."""
     wc = x1 - x0
-    kr = groups * run
     if xs[1] == 1:
         for y in range(y0, y1):
             for xx in range(x0, x1):
-                _transpose(x, b * xs[0] + y * xs[2] + xx * xs[3], groups, od, groups, g,
-                           ((y - y0) * wc + xx - x0) * kr, run)
+                transpose(x, b * xs[0] + y * xs[2] + xx * xs[3], groups, od, groups, g,
+                           ((y - y0) * wc + xx - x0) * run, plane)
     else:
         for ctop in range(od):
             for k in range(groups):
-                plane = b * xs[0] + (ctop * groups + k) * xs[1]
+                src = b * xs[0] + (ctop * groups + k) * xs[1]
                 for y in range(y0, y1):
-                    at = (y - y0) * wc * kr + k * run + ctop
+                    at = k * plane + (y - y0) * wc * run + ctop
                     for xx in range(x0, x1):
-                        g[at + (xx - x0) * kr] = _load(x, plane + y * xs[2] + xx * xs[3])
+                        g[at + (xx - x0) * run] = load(x, src + y * xs[2] + xx * xs[3])
 
 
 @njit(error_model="numpy")
-def _ungroup(acc, b, y0, y1, width, groups, od, run, bottom, bs):
-    """The inverse of :func:`_regroup` over whole rows: ``acc`` ``[y, x, k, 0:od]`` runs -> image b of bottom."""
-    kr = groups * run
+def _ungroup(acc, b, y0, y1, width, groups, od, run, plane, bottom, bs):
+    """The inverse of :func:`_regroup` over whole rows: ``acc`` ``[k, y, x, 0:od]`` runs -> image b of bottom."""
     if bs[1] == 1:
         for y in range(y0, y1):
             for xx in range(width):
-                _transpose(acc, ((y - y0) * width + xx) * kr, run, groups, od, bottom, b * bs[0] + y * bs[2] + xx * bs[3],
-                           groups)
+                transpose(acc, ((y - y0) * width + xx) * run, plane, groups, od, bottom,
+                           b * bs[0] + y * bs[2] + xx * bs[3], groups)
     else:
         for ctop in range(od):
             for k in range(groups):
-                plane = b * bs[0] + (ctop * groups + k) * bs[1]
+                dst = b * bs[0] + (ctop * groups + k) * bs[1]
                 for y in range(y0, y1):
-                    at = (y - y0) * width * kr + k * run + ctop
+                    at = k * plane + (y - y0) * width * run + ctop
                     for xx in range(width):
-                        _store(bottom, plane + y * bs[2] + xx * bs[3], acc[at + xx * kr])
+                        store(bottom, dst + y * bs[2] + xx * bs[3], acc[at + xx * run])
 
 
 @njit(error_model="numpy")
@@ -354,7 +245,7 @@ def _zero_rows(bottom, bs, b, y0, y1, width, channels):
     for c in range(channels):
         for y in range(y0, y1):
             for xx in range(width):
-                _store(bottom, b * bs[0] + c * bs[1] + y * bs[2] + xx * bs[3], 0.0)
+                store(bottom, b * bs[0] + c * bs[1] + y * bs[2] + xx * bs[3], 0.0)
 
 
 # ------------------------------------------------------------------------------------------------------ kernels
@@ -364,7 +255,6 @@ def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_row
     that of ``g``, the band scratch); out / mapping: flat storage with the strides of their logical NCHW views."""
     r = rois.shape[0]
     groups = ph_n * pw_n
-    kr = np.uint64(groups * run)
     u_run = np.uint64(run)
     for b in range(n):
         y0, y1, x0, x1 = height, 0, width, 0
@@ -373,9 +263,10 @@ def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_row
                 y0, y1 = min(y0, edges[i, 0, 0]), max(y1, edges[i, 1, ph_n - 1])
                 x0, x1 = min(x0, edges[i, 2, 0]), max(x1, edges[i, 3, pw_n - 1])
         wc = np.uint64(max(x1 - x0, 0))
+        plane = np.uint64(band_rows) * wc * u_run
         for yb in range(y0, y1, band_rows):
             ye = min(yb + band_rows, y1)
-            _regroup(x, xs, b, yb, ye, x0, x1, groups, od, run, g)
+            _regroup(x, xs, b, yb, ye, x0, x1, groups, od, run, plane, g)
             for i in range(r):
                 if int(rois[i, 0]) != b or edges[i, 0, 0] >= ye or edges[i, 1, ph_n - 1] <= yb:
                     continue
@@ -387,8 +278,8 @@ def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_row
                         ws, we = edges[i, 2, pw], edges[i, 3, pw]
                         k = np.uint64(ph * pw_n + pw)
                         if we > ws:
-                            first = (np.uint64(hs - yb) * wc + np.uint64(ws - x0)) * kr + k * u_run
-                            _sum_window(g, first, wc * kr, he - hs, we - ws, kr, sums,
+                            first = k * plane + (np.uint64(hs - yb) * wc + np.uint64(ws - x0)) * u_run
+                            _sum_window(g, first, wc * u_run, he - hs, we - ws, u_run, sums,
                                         (np.uint64(i * groups) + k) * u_run, run)
     dt = sums.dtype.type
     block = groups * od  # a RoI's mapping_channel: one dense block, the same for every RoI
@@ -410,13 +301,13 @@ def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_row
                 step = np.uint64(os[1])
                 if empty:
                     for ctop in range(od):
-                        _store(out, o + np.uint64(ctop) * step, dt(0.0))
+                        store(out, o + np.uint64(ctop) * step, dt(0.0))
                 elif step == 1:  # NHWC: one contiguous run, vector divisions
                     for ctop in range(od):
-                        _store(out, o + np.uint64(ctop), sums[at + np.uint64(ctop)] / area)
+                        store(out, o + np.uint64(ctop), sums[at + np.uint64(ctop)] / area)
                 else:
                     for ctop in range(od):
-                        _store(out, o + np.uint64(ctop) * step, sums[at + np.uint64(ctop)] / area)
+                        store(out, o + np.uint64(ctop) * step, sums[at + np.uint64(ctop)] / area)
 
 
 @njit(error_model="numpy")
@@ -429,7 +320,7 @@ def _backward(top, ts, rois, edges, mapping, ms, canonical, ph_n, pw_n, od, run,
     groups = ph_n * pw_n
     dt = diffs.dtype.type
     u_run = np.uint64(run)
-    kr = np.uint64(groups * run)
+    plane = band_rows * width * run  # acc entries per channel group k
     dest = np.empty(1 if canonical else r * groups * od, np.int32)  # acc entry of each value in a pixel's runs
     used = np.zeros(n, np.bool_)
     for i in range(r):
@@ -446,15 +337,15 @@ def _backward(top, ts, rois, edges, mapping, ms, canonical, ph_n, pw_n, od, run,
                         diffs[at + np.uint64(ctop)] = dt(0.0)
                 elif step == 1:  # NHWC: one contiguous run, vector divisions
                     for ctop in range(od):
-                        diffs[at + np.uint64(ctop)] = _load(top, t + np.uint64(ctop)) / area
+                        diffs[at + np.uint64(ctop)] = load(top, t + np.uint64(ctop)) / area
                 else:
                     for ctop in range(od):
-                        diffs[at + np.uint64(ctop)] = _load(top, t + np.uint64(ctop) * step) / area
+                        diffs[at + np.uint64(ctop)] = load(top, t + np.uint64(ctop) * step) / area
                 if not canonical:
                     e = (i * groups + ph * pw_n + pw) * od
                     for ctop in range(od):
                         c = mapping[i * ms[0] + ctop * ms[1] + ph * ms[2] + pw * ms[3]]
-                        dest[e + ctop] = (c % groups) * run + c // groups
+                        dest[e + ctop] = (c % groups) * plane + c // groups
     u_width = np.uint64(width)
     for b in range(n):
         if not used[b]:
@@ -462,7 +353,7 @@ def _backward(top, ts, rois, edges, mapping, ms, canonical, ph_n, pw_n, od, run,
             continue
         for yb in range(0, height, band_rows):
             ye = min(yb + band_rows, height)
-            for j in range((ye - yb) * width * groups * run):
+            for j in range(groups * plane):
                 acc[np.uint64(j)] = 0
             for i in range(r):
                 if int(rois[i, 0]) != b or edges[i, 0, 0] >= ye or edges[i, 1, ph_n - 1] <= yb:
@@ -473,19 +364,22 @@ def _backward(top, ts, rois, edges, mapping, ms, canonical, ph_n, pw_n, od, run,
                         continue
                     for pw in range(pw_n):
                         ws, we = edges[i, 2, pw], edges[i, 3, pw]
-                        k = np.uint64(ph * pw_n + pw)
-                        s = (np.uint64(i * groups) + k) * u_run
+                        if we <= ws:
+                            continue
+                        k = ph * pw_n + pw
+                        s = np.uint64((i * groups + k) * run)
+                        first = (np.uint64(hs - yb) * u_width + np.uint64(ws)) * u_run
+                        if canonical:
+                            _spread_window(diffs, s, acc, first + np.uint64(k * plane), u_width * u_run, he - hs,
+                                           we - ws, u_run, run)
+                            continue
+                        e = (i * groups + k) * od
                         for y in range(hs, he):
-                            row = np.uint64(y - yb) * u_width
                             for xx in range(ws, we):
-                                pixel = (row + np.uint64(xx)) * kr
-                                if canonical:
-                                    _add_run(acc, pixel + k * u_run, diffs, s, run)
-                                else:
-                                    e = (i * groups + ph * pw_n + pw) * od
-                                    for ctop in range(od):
-                                        acc[pixel + np.uint64(dest[e + ctop])] += diffs[s + np.uint64(ctop)]
-            _ungroup(acc, b, yb, ye, width, groups, od, run, bottom, bs)
+                                pixel = (np.uint64(y - yb) * u_width + np.uint64(xx)) * u_run
+                                for ctop in range(od):
+                                    acc[pixel + np.uint64(dest[e + ctop])] += diffs[s + np.uint64(ctop)]
+            _ungroup(acc, b, yb, ye, width, groups, od, run, plane, bottom, bs)
 
 
 @njit(error_model="numpy")
@@ -544,8 +438,8 @@ def _plan(rois: torch.Tensor, dtype: torch.dtype, ph_n, pw_n, od, spatial_scale,
     edges = _edges(r, np.array([spatial_scale], acc), ph_n, pw_n, height, width, convention == "torchvision")
     run = _run_length(od)
     row_entries = width * ph_n * pw_n * run
-    band_rows = max(1, BAND_BYTES // (row_entries * np.dtype(acc).itemsize))
-    return r, edges, acc, run, band_rows, _band_scratch(min(band_rows, height) * row_entries, acc)
+    band_rows = max(1, min(height, BAND_BYTES // (row_entries * np.dtype(acc).itemsize)))
+    return r, edges, acc, run, band_rows, _band_scratch(band_rows * row_entries, acc)
 
 
 def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout="NCHW",
