@@ -161,8 +161,9 @@ def _rois_from_boxes(boxes, op: str) -> torch.Tensor:
 
 @torch.fx.wrap
 @torch.jit.ignore
-def _psroi_pool_layer(input: torch.Tensor, rois: Union[torch.Tensor, List[torch.Tensor]], pooled_size: Tuple[int, int],
-                      spatial_scale: float, group_size: int, output_dim: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+def _psroi_pool_layer(input: torch.Tensor, rois: Union[torch.Tensor, List[torch.Tensor]],
+                      pooled_size: Tuple[int, int], spatial_scale: float, group_size: int,
+                      output_dim: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
     """:class:`PSRoIPool`'s call: a leaf for ``torch.fx`` and plain Python under TorchScript (the checks it runs
     are not scriptable); ``torch.export`` / ``torch.compile`` trace through it to the custom op."""
     from .ops.psroipool.checks import OP
