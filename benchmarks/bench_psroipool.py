@@ -79,7 +79,7 @@ def run(limits: MachineLimits, tag: str = "network", backend: str | None = None,
             one = torch.tensor([[0.0, 100, 100, 200, 200]], device=device)
             rows.append(BenchRow("psroipool", f"{case['name']}_1roi", "forward", name, time_min(
                 lambda: cvops.psroi_pool(x, one, ph, pw, scale, group, od, "NHWC", backend=backend), device, 50),
-                tensor_bytes(x, one) + 2 * od * ph * pw * 4))
+                tensor_bytes(one) + 2 * od * ph * pw * 4))  # IO: what one RoI needs (rois + outputs)
         bottom_shape = tuple(case.get("bottom_shape", case["input_shape"]))
         grad = torch.randn(out.shape, device=device)
 
