@@ -15,5 +15,6 @@ from . import spconv  # noqa: E402  (spconv.pytorch 2.x drop-in on cvops.sparse)
 from ._core.dispatch import defer_dynamo_import  # noqa: E402
 
 defer_dynamo_import()  # the first op call imports no compiler stack it does not use
+from . import torchvision  # noqa: E402  (torchvision.ops drop-ins: ps_roi_pool, PSRoIPool)
 
 __version__ = "0.1.0"

@@ -12,6 +12,8 @@ after ``import cvops``, which registers the ``cvops::`` operators). A forward ha
   kernels rely on (``_script_require``) and calls the ``torch.ops.cvops`` operators directly.
 """
 from __future__ import annotations
+"""``torch.nn`` modules with mmcv/torchvision names and signatures."""
+from typing import List, Optional, Tuple, Union
 
 from typing import List, Optional, Tuple
 
@@ -279,8 +281,23 @@ def _rois_from_boxes(boxes, op: str) -> torch.Tensor:
     return torch.cat((index, torch.cat([b.to(dtype) for b in boxes])), 1)
 
 
+@torch.fx.wrap
+@torch.jit.ignore
+def _psroi_pool_layer(input: torch.Tensor, rois: Union[torch.Tensor, List[torch.Tensor]],
+                      pooled_size: Tuple[int, int], spatial_scale: float, group_size: int,
+                      output_dim: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:class:`PSRoIPool`'s call: a leaf for ``torch.fx`` and plain Python under TorchScript (the checks it runs
+    are not scriptable); ``torch.export`` / ``torch.compile`` trace through it to the custom op."""
+    from .ops.psroipool.checks import OP
+    ph, pw = pooled_size
+    if output_dim is None and isinstance(input, torch.Tensor) and input.dim() == 4:
+        output_dim = max(input.shape[1] // (ph * pw), 1)
+    return cvops.psroi_pool(input, _rois_from_boxes(rois, OP), ph, pw, spatial_scale, group_size, output_dim)
+
+
 class PSRoIPool(nn.Module):
-    """Position-sensitive RoI average pooling of R-FCN (torchvision ``PSRoIPool`` names, R-FCN numerics).
+    """Position-sensitive RoI average pooling of R-FCN (torchvision ``PSRoIPool`` names, R-FCN numerics; for
+    torchvision's numerics use :class:`cvops.torchvision.PSRoIPool`).
 
     Args:
         pooled_size: ``PH`` or ``(PH, PW)`` (``output_size=`` as in torchvision is accepted too).
@@ -291,7 +308,10 @@ class PSRoIPool(nn.Module):
 
     Shape: input ``[N, C, H, W]`` with ``C = output_dim * PH * PW``; rois ``Tensor[R, 5]``
     ``(batch_index, x1, y1, x2, y2)`` or a list of per-image ``Tensor[L_i, 4]`` -> ``[R, output_dim, PH, PW]``.
+    Works under ``torch.jit.script``, ``torch.fx.symbolic_trace``, ``torch.export.export`` and ``torch.compile``.
     """
+
+    last_mapping_channel: Optional[torch.Tensor]
 
     def __init__(self, pooled_size=None, spatial_scale: float = None, group_size=None, output_dim=None,
                  keep_mapping: bool = False, *, output_size=None):
@@ -311,17 +331,12 @@ class PSRoIPool(nn.Module):
         self.keep_mapping = keep_mapping
         self.last_mapping_channel = None
 
-    def forward(self, input: torch.Tensor, rois) -> torch.Tensor:
-        from .ops.psroipool.checks import OP
-        ph, pw = self.pooled_size
-        output_dim = self.output_dim
-        if output_dim is None and isinstance(input, torch.Tensor) and input.dim() == 4:
-            output_dim = max(input.shape[1] // (ph * pw), 1)
-        output, mapping = cvops.psroi_pool(input, _rois_from_boxes(rois, OP), ph, pw, self.spatial_scale,
-                                           self.group_size, output_dim)
+    def forward(self, input: torch.Tensor, rois: Union[torch.Tensor, List[torch.Tensor]]) -> torch.Tensor:
+        pooled = _psroi_pool_layer(input, rois, self.pooled_size, self.spatial_scale, self.group_size,
+                                   self.output_dim)
         if self.keep_mapping:
-            self.last_mapping_channel = mapping
-        return output
+            self.last_mapping_channel = pooled[1]
+        return pooled[0]
 
     def extra_repr(self) -> str:
         return (f"pooled_size={self.pooled_size}, spatial_scale={self.spatial_scale}, "

@@ -1,10 +1,20 @@
 """Position-sensitive RoI average pooling (R-FCN) with ``mapping_channel``, and its backward.
 
-Numerics follow R-FCN (semantics.md §3): RoI corners are rounded half away from zero *before* scaling,
-the end is inclusive (+1), the RoI is at least 0.1 wide/high, bins are clamped to [0, H] / [0, W], an
-empty bin gives 0, and ``mapping_channel`` (the input channel each output read) is always written.
-Output ``(ctop, ph, pw)`` reads input channel ``(ctop*PH + ph)*PW + pw``. (The MLU kernel floors instead
-of rounding and torchvision uses another convention; neither is followed.)
+Two conventions turn a RoI into bins; everything after the bin edges is shared. Output ``(ctop, ph, pw)``
+reads input channel ``(ctop*PH + ph)*PW + pw``, an empty bin gives 0, and ``mapping_channel`` (the input
+channel each output read) is always written.
+
+* ``"rfcn"`` (default; R-FCN, MLU-OPS' CPU reference, semantics.md §3): corners rounded half away from zero
+  *before* scaling, the end inclusive (+1), the RoI at least 0.1 wide/high, bin ``p`` spans
+  ``floor(p*bin + start)`` to ``ceil((p+1)*bin + start)`` clamped to [0, H] / [0, W]; arithmetic in float32
+  (float64 for float64 input). The MLU kernel floors instead of rounding; that is not followed.
+* ``"torchvision"`` (``torchvision.ops.ps_roi_pool``): the *scaled* corners rounded half away from zero, no +1,
+  the RoI at least 1 wide/high, bin ``p`` spans ``floor(p*bin) + start`` to ``ceil((p+1)*bin) + start`` with
+  ``bin = size / pooled`` in the input dtype (float32 for float16/bfloat16), clamped to [0, H - 1] /
+  [0, W - 1] as torchvision's forward clamps (its last row and column are never read). The backward is the
+  exact adjoint of that forward (torchvision's own backward clamps to [0, H] and so is not).
+
+RoI corners must be finite and batch indices in [0, N): anything else raises BadParamError naming ``rois``.
 """
 from __future__ import annotations
 
@@ -30,20 +40,14 @@ def _pooled_shape(layout: str, r: int, od: int, ph: int, pw: int) -> tuple[int, 
 
 
 def _forward_impl(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
-                  spatial_scale: float, output_dim: int, layout: str,
-                  backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward_nchw(as_nchw(input, layout), rois, pooled_height, pooled_width, spatial_scale, output_dim, layout,
-                         backend)
-
-
-def _forward_nchw(x: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int, spatial_scale: float,
-                  output_dim: int, layout: str, backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward from the logical NCHW view ``x`` of the input; results in ``layout``."""
-    fused = cpu.fused_forward(x, rois) if backend is None or backend == "cpu" else None
-    if fused is not None:  # returns the stored tensors: no views to undo (the doc's cases take ~0.1 ms)
-        return fused.forward(x, rois, pooled_height, pooled_width, spatial_scale, output_dim, layout)
+                  spatial_scale: float, output_dim: int, layout: str, backend: Optional[str],
+                  convention: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward on real tensors: the one check of the RoI values (batch indices, finite corners), then the
+    backend, which works on the logical NCHW view of the input; results in ``layout``."""
+    x = as_nchw(input, layout)
+    checks.check_roi_values(checks.OP, rois, x.shape[0])
     impl = _impl(backend, x.device, checks.OP)
-    output, mapping = impl.forward(x, rois, pooled_height, pooled_width, spatial_scale, output_dim, layout)
+    output, mapping = impl.forward(x, rois, pooled_height, pooled_width, spatial_scale, output_dim, layout, convention)
     return from_nchw(output, layout), from_nchw(mapping, layout)
 
 
@@ -51,27 +55,20 @@ _forward_op = torch.library.custom_op("cvops::psroi_pool_forward", _forward_impl
 
 
 @_forward_op.register_fake
-def _(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, layout, backend):
+def _(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, layout, backend, convention):
     shape = _pooled_shape(layout, rois.shape[0], output_dim, pooled_height, pooled_width)
     return input.new_empty(shape), input.new_empty(shape, dtype=torch.int32)
 
 
 def _backward_impl(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor,
                    spatial_scale: float, output_dim: int, input_shape: Sequence[int], layout: str,
-                   backend: Optional[str], trusted_mapping: bool = False) -> torch.Tensor:
-    return _backward_nchw(as_nchw(top_grad, layout), rois, as_nchw(mapping_channel, layout), spatial_scale,
-                          output_dim, _nchw_shape(tuple(input_shape), layout), layout, backend, trusted_mapping)
-
-
-def _backward_nchw(top: torch.Tensor, rois: torch.Tensor, mapping: torch.Tensor, spatial_scale: float,
-                   output_dim: int, shape_nchw: tuple[int, ...], layout: str, backend: Optional[str],
-                   trusted_mapping: bool) -> torch.Tensor:
-    """The backward from logical NCHW views of top_grad and mapping_channel; bottom_grad in ``layout``."""
-    fused = cpu.fused_backward(top, rois, mapping, shape_nchw) if backend is None or backend == "cpu" else None
-    if fused is not None:  # returns the stored tensor
-        return fused.backward(top, rois, mapping, spatial_scale, output_dim, shape_nchw, layout, trusted_mapping)
-    impl = _impl(backend, top.device, checks.OP_BACKWARD)
-    bottom = impl.backward(top, rois, mapping, spatial_scale, output_dim, shape_nchw, layout, trusted_mapping)
+                   backend: Optional[str], convention: str, trusted_mapping: bool = False) -> torch.Tensor:
+    """The backward on real tensors: the RoI values are checked here once, as in the forward."""
+    shape = _nchw_shape(tuple(input_shape), layout)
+    checks.check_roi_values(checks.OP_BACKWARD, rois, shape[0])
+    impl = _impl(backend, top_grad.device, checks.OP_BACKWARD)
+    bottom = impl.backward(as_nchw(top_grad, layout), rois, as_nchw(mapping_channel, layout), spatial_scale,
+                           output_dim, shape, layout, trusted_mapping, convention)
     return from_nchw(bottom, layout)
 
 
@@ -79,48 +76,46 @@ _backward_op = torch.library.custom_op("cvops::psroi_pool_backward", _backward_i
 
 
 @_backward_op.register_fake
-def _(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, layout, backend, trusted_mapping=False):
+def _(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, layout, backend, convention,
+      trusted_mapping=False):
     return top_grad.new_empty(tuple(input_shape))
 
 
 def _setup_context(ctx, inputs, output):
-    input, rois, _ph, _pw, spatial_scale, output_dim, layout, backend = inputs
+    input, rois, _ph, _pw, spatial_scale, output_dim, layout, backend, convention = inputs
     _, mapping = output
     ctx.save_for_backward(rois, mapping)
-    ctx.spatial_scale, ctx.output_dim, ctx.layout, ctx.backend = spatial_scale, output_dim, layout, backend
-    ctx.input_shape = tuple(input.shape)
+    ctx.args = (spatial_scale, output_dim, list(input.shape), layout, backend, convention)
 
 
 def _backward(ctx, grad_output, _grad_mapping):
     rois, mapping = ctx.saved_tensors
     grad_input = None
-    if ctx.needs_input_grad[0]:
-        grad_input = _backward_op(grad_output.contiguous() if ctx.layout == "NCHW" else grad_output, rois, mapping,
-                                  ctx.spatial_scale, ctx.output_dim, list(ctx.input_shape), ctx.layout, ctx.backend,
-                                  True)  # the forward's own mapping: no range/form check needed
-    return grad_input, None, None, None, None, None, None, None
+    if ctx.needs_input_grad[0]:  # the forward's own mapping: no range/form check needed
+        grad_input = _backward_op(grad_output, rois, mapping, *ctx.args, True)
+    return grad_input, None, None, None, None, None, None, None, None
 
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _setup_backward_context(ctx, inputs, output):
-    top_grad, rois, mapping, spatial_scale, output_dim, _shape, layout, backend, trusted = inputs
+    top_grad, rois, mapping, spatial_scale, output_dim, _shape, layout, backend, convention, trusted = inputs
     ctx.save_for_backward(rois, mapping)
     ctx.pooled = tuple(top_grad.shape[2:4]) if layout == "NCHW" else tuple(top_grad.shape[1:3])
-    ctx.spatial_scale, ctx.output_dim, ctx.layout, ctx.backend, ctx.trusted = (spatial_scale, output_dim, layout,
-                                                                               backend, trusted)
+    ctx.args = (spatial_scale, output_dim, layout, backend, convention)
+    ctx.trusted = trusted
 
 
 def _backward_backward(ctx, grad_bottom):
     """The backward is linear in top_grad; its adjoint is the forward pooling (for the forward's mapping)."""
     rois, mapping = ctx.saved_tensors
-    if not ctx.trusted and not _forward_mapping(mapping, ctx.layout):
+    spatial_scale, output_dim, layout, backend, convention = ctx.args
+    if not ctx.trusted and not _forward_mapping(mapping, layout):
         raise NotSupportedError(checks.OP_BACKWARD, "double backward needs the forward's mapping_channel")
     ph, pw = ctx.pooled
-    grad_top, _ = _forward_op(grad_bottom.contiguous(), rois, ph, pw, ctx.spatial_scale, ctx.output_dim,
-                              ctx.layout, ctx.backend)
-    return grad_top, None, None, None, None, None, None, None, None
+    grad_top, _ = _forward_op(grad_bottom, rois, ph, pw, spatial_scale, output_dim, layout, backend, convention)
+    return grad_top, None, None, None, None, None, None, None, None, None
 
 
 def _forward_mapping(mapping: torch.Tensor, layout: str) -> bool:
@@ -129,23 +124,6 @@ def _forward_mapping(mapping: torch.Tensor, layout: str) -> bool:
 
 
 _backward_op.register_autograd(_backward_backward, setup_context=_setup_backward_context)
-
-
-def _eager_call_ok(*tensors: torch.Tensor) -> bool:
-    """Whether a call may skip the torch.library op and run the implementation directly: plain CPU tensors,
-    nothing for autograd to record, no tracing (torch.compile / export / jit.trace), no functorch transform and no
-    dispatch mode. The op's own dispatch costs ~20-40 us, a large share of the doc's network cases; the
-    result is the same tensors either way."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return False
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if type(t) is not torch.Tensor or not t.is_cpu or (grad and t.requires_grad):  # is_cpu: no device object
-            return False
-    try:
-        return torch._C._len_torch_dispatch_stack() == 0 and not torch._C._are_functorch_transforms_active()
-    except AttributeError:  # private API moved: take the op's path
-        return False
 
 
 def _nchw_shape(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
@@ -157,14 +135,15 @@ def _nchw_shape(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
 
 def psroi_pool(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
                spatial_scale: float, group_size: int, output_dim: int, layout: str = "NCHW",
-               backend: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Position-sensitive RoI average pooling (R-FCN).
+               backend: Optional[str] = None, convention: str = "rfcn") -> tuple[torch.Tensor, torch.Tensor]:
+    """Position-sensitive RoI average pooling (R-FCN's numerics by default, or torchvision's).
 
     Args:
         input: ``[N, C, H, W]`` (``layout="NCHW"``) or ``[N, H, W, C]`` (``"NHWC"``), float16/bfloat16/
             float32/float64, with ``C == output_dim * pooled_height * pooled_width``.
         rois: ``[R, 5]`` rows ``(batch_index, x1, y1, x2, y2)`` in input-image coordinates, floating point;
-            ``0 <= int(batch_index) < N``.
+            ``0 <= int(batch_index) < N`` (so no RoI is valid when N == 0) and finite corners: a NaN or inf
+            coordinate raises BadParamError naming ``rois``.
         pooled_height, pooled_width: output bins per RoI (PH, PW).
         spatial_scale: factor from image to feature coordinates (> 0).
         group_size: the R-FCN group size; must equal PH when PH == PW (R-FCN, MLU-OPS). With PH != PW
@@ -172,6 +151,8 @@ def psroi_pool(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pool
         output_dim: output channels.
         layout: layout of ``input`` and of the returned tensors.
         backend: ``None`` (triton on CUDA, torch otherwise), ``"reference"``, ``"cpu"`` or ``"triton"``.
+        convention: how a RoI becomes bins (see the module docstring): ``"rfcn"`` (R-FCN, MLU-OPS) or
+            ``"torchvision"`` (``torchvision.ops.ps_roi_pool``).
 
     Returns:
         ``(output, mapping_channel)``, each ``[R, output_dim, PH, PW]`` (NCHW) or ``[R, PH, PW, output_dim]``
@@ -182,15 +163,14 @@ def psroi_pool(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pool
     is_4d = isinstance(input, torch.Tensor) and input.dim() == 4  # otherwise the checks name the problem
     x_nchw = as_nchw(input, layout) if is_4d else input
     checks.check_forward(x_nchw, rois, pooled_height, pooled_width, spatial_scale, group_size, output_dim)
-    args = (rois, int(pooled_height), int(pooled_width), float(spatial_scale), int(output_dim), layout, backend)
-    if _eager_call_ok(input, rois):
-        return _forward_nchw(x_nchw, *args)
-    return _forward_op(input, *args)
+    convention = checks.check_convention(checks.OP, convention)
+    return _forward_op(input, rois, int(pooled_height), int(pooled_width), float(spatial_scale), int(output_dim),
+                       layout, backend, convention)
 
 
 def psroi_pool_backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor,
                         spatial_scale: float, output_dim: int, input_shape: Sequence[int], layout: str = "NCHW",
-                        backend: Optional[str] = None) -> torch.Tensor:
+                        backend: Optional[str] = None, convention: str = "rfcn") -> torch.Tensor:
     """Gradient of :func:`psroi_pool` w.r.t. its input (the MLU-OPS ``psroipool_backward``).
 
     Every top element adds ``top_grad / bin_area`` to each pixel of its bin in input channel
@@ -198,11 +178,12 @@ def psroi_pool_backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_chan
 
     Args:
         top_grad: ``[R, output_dim, PH, PW]`` (NCHW) or ``[R, PH, PW, output_dim]`` (NHWC), floating point.
-        rois: ``[R, 5]`` as in :func:`psroi_pool`.
+        rois: ``[R, 5]`` as in :func:`psroi_pool` (batch indices in ``[0, N)``, finite corners).
         mapping_channel: int32/int64, the shape of ``top_grad``, values in ``[0, C)``.
         spatial_scale, output_dim: as in the forward.
         input_shape: shape of the returned gradient in ``layout``: ``(N, C, H, W)`` or ``(N, H, W, C)``,
             with ``C == output_dim * PH * PW``.
+        convention: the forward's (``"rfcn"`` or ``"torchvision"``).
     Returns:
         bottom_grad of ``input_shape``, dtype of ``top_grad``.
     """
@@ -215,8 +196,6 @@ def psroi_pool_backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_chan
     map_nchw = as_nchw(mapping_channel, layout) if dims_ok else mapping_channel
     shape_nchw = _nchw_shape(shape, layout)
     checks.check_backward(top_nchw, rois, map_nchw, spatial_scale, output_dim, shape_nchw)
-    if _eager_call_ok(top_grad, rois, mapping_channel):
-        return _backward_nchw(top_nchw, rois, map_nchw, float(spatial_scale), int(output_dim), shape_nchw, layout,
-                              backend, False)
+    convention = checks.check_convention(checks.OP_BACKWARD, convention)
     return _backward_op(top_grad, rois, mapping_channel, float(spatial_scale), int(output_dim), list(shape), layout,
-                        backend)
+                        backend, convention)

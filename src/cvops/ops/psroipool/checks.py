@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
+
 import torch
 
 from ..._core.validate import FLOAT_DTYPES, INDEX_DTYPES, check_int, check_same_device, check_tensor, require
@@ -40,6 +42,16 @@ def check_pool_params(op: str, pooled_height, pooled_width, spatial_scale, outpu
         if ph == pw and g != ph:
             raise_bad(op, f"group_size ({g}) must equal pooled_height == pooled_width ({ph})")
     return ph, pw, scale, od
+
+
+CONVENTIONS = ("rfcn", "torchvision")
+
+
+def check_convention(op: str, convention) -> str:
+    """``"rfcn"`` (R-FCN / MLU-OPS bin arithmetic) or ``"torchvision"`` (torchvision.ops.ps_roi_pool's)."""
+    if convention not in CONVENTIONS:
+        raise_bad(op, f"convention must be 'rfcn' or 'torchvision', got {convention!r}")
+    return convention
 
 
 def check_rois(op: str, rois) -> None:
@@ -92,18 +104,34 @@ def check_backward(top_grad_nchw: torch.Tensor, rois: torch.Tensor, mapping_chan
     return ph, pw, scale, od
 
 
-def check_batch_indices(op: str, rois: torch.Tensor, batch: int) -> None:
-    """0 <= int(rois[:, 0]) < N (C truncation); documented by MLU-OPS, enforced here.
+def check_roi_values(op: str, rois: torch.Tensor, batch: int) -> None:
+    """Every RoI has a batch index with ``0 <= int(b) < N`` (C truncation, also when N == 0) and finite
+    corners: a NaN or inf coordinate has no bin edges (R-FCN would read out of bounds; cvops raises).
 
-    Data-dependent, so it runs inside the kernels' entry point (real tensors only).
-    """
+    Data-dependent, so it runs once per call at the implementation entry (real tensors only), for every
+    backend; no kernel repeats it. CPU rois are read through numpy (a few microseconds for any R)."""
     if rois.shape[0] == 0:
         return
-    lo, hi = torch.aminmax(rois[:, 0])  # NaN propagates and fails both comparisons
-    if not (bool(lo > -1) and bool(hi < batch)):  # int(b) in [0, N-1]  <=>  -1 < b < N
-        b = rois[:, 0].double()
-        i = int((~((b > -1) & (b < batch))).nonzero()[0, 0])
-        raise_bad(op, f"rois[{i}, 0] = {float(rois[i, 0])} is not a batch index in [0, {batch - 1}] (N = {batch})")
+    if rois.is_cpu:
+        r = rois.detach()
+        r = (r if r.dtype in (torch.float32, torch.float64) else r.float()).numpy()
+        b = r[:, 0]
+        bad_batch = ~((b > -1) & (b < batch))  # NaN fails both comparisons
+        bad_coord = ~np.isfinite(r[:, 1:5])
+        any_batch, any_coord = bool(bad_batch.any()), bool(bad_coord.any())
+    else:
+        b = rois[:, 0]
+        bad_batch = ~((b > -1) & (b < batch))
+        bad_coord = ~torch.isfinite(rois[:, 1:5])
+        any_batch, any_coord = bool(bad_batch.any()), bool(bad_coord.any())
+    if any_batch:
+        i = int(np.flatnonzero(np.asarray(bad_batch.tolist()))[0])
+        where = f"[0, {batch - 1}]" if batch > 0 else "[] (the input has no images, N = 0)"
+        raise_bad(op, f"rois[{i}, 0] = {float(rois[i, 0])} is not a batch index in {where} (N = {batch})")
+    if any_coord:
+        i, j = (int(v) for v in np.argwhere(np.asarray(bad_coord.tolist()))[0])
+        raise_bad(op, f"rois[{i}, {j + 1}] = {float(rois[i, j + 1])} is not a finite coordinate "
+                      "(x1, y1, x2, y2 must be finite)")
 
 
 def check_mapping_values(op: str, mapping_channel: torch.Tensor, channels: int) -> None:

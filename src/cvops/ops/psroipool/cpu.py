@@ -30,32 +30,18 @@ _SIGNS = (1.0, -1.0, -1.0, 1.0)  # corners (hs,ws), (hs,we), (he,ws), (he,we)
 
 
 def _numba_path(*tensors: torch.Tensor):
-    """The fused numba kernels (``cpu_numba``) when installed, not switched off (``CVOPS_NUMBA=0``) and
-    suited to these tensors; None selects the torch code below."""
+    """The compiled loops (``cpu_numba``) when numba is installed, not switched off (``CVOPS_NUMBA=0``) and
+    suited to these tensors; None selects the torch code below. The one place that decides."""
     if not numba_enabled():
         return None
     fused = _FUSED.get("module")
-    if fused is None:  # imported on first use (it imports numba); a function-level import costs ~1 us a call
+    if fused is None:  # imported on first use (it imports numba)
         from . import cpu_numba as fused
         _FUSED["module"] = fused
     return fused if fused.supports(*tensors) else None
 
 
 _FUSED: dict = {}  # the cpu_numba module once imported
-
-
-def fused_forward(input: torch.Tensor, rois: torch.Tensor):
-    """``cpu_numba`` when it takes this forward (see :func:`forward`), else None. Its ``forward`` returns the
-    tensors as stored (the shape of ``out_layout``), so callers that want the stored layout skip two views."""
-    fused = _numba_path(input, rois)
-    return fused if fused is not None and input.numel() > 0 and rois.shape[0] > 0 else None
-
-
-def fused_backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor, input_shape):
-    """``cpu_numba`` when it takes this backward (see :func:`backward`), else None; its ``backward`` returns
-    bottom_grad as stored (the shape of ``out_layout``)."""
-    fused = _numba_path(top_grad, rois, mapping_channel)
-    return fused if fused is not None and top_grad.numel() > 0 and 0 not in input_shape else None
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -69,32 +55,39 @@ def _round_half_away(v: torch.Tensor) -> torch.Tensor:
 
 
 def edge_grid(rois: torch.Tensor, pooled_height: int, pooled_width: int, spatial_scale: float,
-              height: int, width: int, dtype: torch.dtype):
-    """Bin edges ``[R, 2, P, 2]`` int64 (axis 1: x then y; P = max(PH, PW); last axis: start, end), clamped
-    to [0, W] / [0, H], and the batch index [R] (int64).
+              height: int, width: int, dtype: torch.dtype, convention: str = "rfcn"):
+    """Bin edges ``[R, 2, P, 2]`` int64 (axis 1: x then y; P = max(PH, PW); last axis: start, end) and the batch
+    index [R] (int64), in either convention (see the package docstring): R-FCN clamps to [0, W] / [0, H],
+    torchvision to [0, W - 1] / [0, H - 1].
 
-    R-FCN arithmetic in ``dtype``, one rounding per operation as in the reference (no fused multiply-add);
-    NaN edges become 0, +inf the limit.
+    Arithmetic in ``dtype``, one rounding per operation as in the reference (no fused multiply-add); a NaN edge
+    (a scaled corner that overflowed) becomes 0.
     """
     dev = rois.device
     r = rois.to(dtype)
-    corners = _round_half_away(r[:, 1:5].view(-1, 2, 2))  # [[x1, y1], [x2, y2]]
     scale = torch.tensor(spatial_scale, dtype=dtype, device=dev)
-    start = corners[:, 0] * scale
-    end = (corners[:, 1] + 1) * scale
-    size = torch.maximum(end - start, torch.tensor(0.1, dtype=dtype, device=dev))  # NaN stays NaN
+    if convention == "torchvision":
+        corners = _round_half_away(r[:, 1:5].view(-1, 2, 2) * scale)  # [[x1, y1], [x2, y2]]
+        start = corners[:, 0]
+        size = torch.clamp_min(corners[:, 1] - start, 1.0)
+        shift, offset, drop = torch.zeros_like(start), start, 1
+    else:
+        corners = _round_half_away(r[:, 1:5].view(-1, 2, 2))
+        start = corners[:, 0] * scale
+        size = torch.maximum((corners[:, 1] + 1) * scale - start, torch.tensor(0.1, dtype=dtype, device=dev))
+        shift, offset, drop = start, torch.zeros_like(start), 0
     bins = size / torch.tensor([pooled_width, pooled_height], dtype=dtype, device=dev)
     p = torch.arange(max(pooled_height, pooled_width) + 1, dtype=dtype, device=dev)
-    edges = p * bins[:, :, None] + start[:, :, None]  # [R, 2, P+1]
-    grid = torch.stack((torch.floor(edges[:, :, :-1]), torch.ceil(edges[:, :, 1:])), -1)
-    limit = torch.tensor([width, height], dtype=dtype, device=dev).view(1, 2, 1, 1)
+    edges = p * bins[:, :, None] + shift[:, :, None]  # [R, 2, P+1]
+    grid = torch.stack((torch.floor(edges[:, :, :-1]), torch.ceil(edges[:, :, 1:])), -1) + offset[:, :, None, None]
+    limit = torch.tensor([width - drop, height - drop], dtype=dtype, device=dev).view(1, 2, 1, 1)
     grid = torch.minimum(grid.nan_to_num_(nan=0.0).clamp_(min=0), limit).to(torch.int64)
     return grid, r[:, 0].to(torch.int64)  # C truncation of the batch index (validated beforehand)
 
 
-def bin_edges(rois, pooled_height, pooled_width, spatial_scale, height, width, dtype):
+def bin_edges(rois, pooled_height, pooled_width, spatial_scale, height, width, dtype, convention="rfcn"):
     """hs, he [R, PH], ws, we [R, PW] (int64) and batch [R]: :func:`edge_grid` split up."""
-    grid, batch = edge_grid(rois, pooled_height, pooled_width, spatial_scale, height, width, dtype)
+    grid, batch = edge_grid(rois, pooled_height, pooled_width, spatial_scale, height, width, dtype, convention)
     return (grid[:, 1, :pooled_height, 0], grid[:, 1, :pooled_height, 1],
             grid[:, 0, :pooled_width, 0], grid[:, 0, :pooled_width, 1], batch)
 
@@ -153,13 +146,12 @@ def _integral_table(values: torch.Tensor, dtype: torch.dtype, centre: bool):
 
 
 def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
-            spatial_scale: float, output_dim: int, out_layout: str = "NCHW"):
+            spatial_scale: float, output_dim: int, out_layout: str = "NCHW", convention: str = "rfcn"):
     """(output, mapping_channel int32) as logical NCHW views of tensors stored in ``out_layout``."""
-    fused = fused_forward(input, rois)
+    fused = _numba_path(input, rois) if input.numel() > 0 and rois.shape[0] > 0 else None
     if fused is not None:
-        output, mapping = fused.forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
-                                        out_layout)
-        return as_nchw(output, out_layout), as_nchw(mapping, out_layout)
+        return fused.forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout,
+                             convention)
     n, c, h, w = input.shape
     r = rois.shape[0]
     ph_n, pw_n, od = pooled_height, pooled_width, output_dim
@@ -170,9 +162,8 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
     mapping.copy_(chan.expand(r, od, ph_n, pw_n))
     if input.numel() == 0 or r == 0:
         return empty_nchw((r, od, ph_n, pw_n), out_layout, like=input, zero=True), mapping
-    checks.check_batch_indices(checks.OP, rois, n)
     acc = compute_dtype(input.dtype)
-    grid, batch = edge_grid(rois, ph_n, pw_n, spatial_scale, h, w, acc)
+    grid, batch = edge_grid(rois, ph_n, pw_n, spatial_scale, h, w, acc, convention)
     bins = r * groups
 
     grouped = _grouped(input, groups)
@@ -236,29 +227,29 @@ def _splat(index: torch.Tensor, values: torch.Tensor, n_rows: int) -> torch.Tens
 
 
 def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor, spatial_scale: float,
-             output_dim: int, input_shape, out_layout: str = "NCHW", trusted_mapping: bool = False):
+             output_dim: int, input_shape, out_layout: str = "NCHW", trusted_mapping: bool = False,
+             convention: str = "rfcn"):
     """bottom_grad (logical NCHW view of a tensor stored in ``out_layout``).
 
     ``trusted_mapping``: mapping_channel comes from this library's forward (autograd), so its range and
     canonical form need no check.
     """
-    fused = fused_backward(top_grad, rois, mapping_channel, input_shape)
+    fused = _numba_path(top_grad, rois, mapping_channel) if top_grad.numel() > 0 and 0 not in input_shape else None
     if fused is not None:
-        return as_nchw(fused.backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape,
-                                      out_layout, trusted_mapping), out_layout)
+        return fused.backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, out_layout,
+                              trusted_mapping, convention)
     n, c, h, w = input_shape
     r, od, ph_n, pw_n = top_grad.shape
     groups = ph_n * pw_n
     bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad)
     if top_grad.numel() == 0 or bottom.numel() == 0:
         return bottom.zero_()
-    checks.check_batch_indices(checks.OP_BACKWARD, rois, n)
     canonical = trusted_mapping or _is_canonical(mapping_channel)
     if not canonical:  # the forward's mapping is in range by construction
         checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
     acc = compute_dtype(top_grad.dtype)
     dev = top_grad.device
-    grid, batch = edge_grid(rois, ph_n, pw_n, spatial_scale, h, w, acc)
+    grid, batch = edge_grid(rois, ph_n, pw_n, spatial_scale, h, w, acc, convention)
     bins = r * groups
     n_rows = n * groups * (h + 1) * (w + 1)
     rows = _corner_rows(grid, batch, ph_n, pw_n, h, w)

@@ -1,4 +1,5 @@
-"""psroipool as plain loops, the R-FCN pseudocode of semantics.md §3 (the test oracle, never fast).
+"""psroipool as plain loops, the R-FCN pseudocode of semantics.md §3 and torchvision's bin arithmetic (the test
+oracle, never fast).
 
 Coordinates are computed in the accumulation dtype (float32, or float64 for float64 input) one scalar
 operation at a time, exactly as R-FCN's ``Dtype`` arithmetic does, and sums accumulate in it.
@@ -34,10 +35,30 @@ def to_index(v, limit: int) -> int:
     return int(min(max(v, 0), limit))
 
 
-def bin_edges(roi, pooled_height: int, pooled_width: int, spatial_scale: float, height: int, width: int, acc):
-    """Per roi: hs[PH], he[PH], ws[PW], we[PW] as Python ints (R-FCN arithmetic in ``acc``)."""
-    with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf rois are legal input
+def bin_edges(roi, pooled_height: int, pooled_width: int, spatial_scale: float, height: int, width: int, acc,
+              convention: str = "rfcn"):
+    """Per roi: hs[PH], he[PH], ws[PW], we[PW] as Python ints (arithmetic in ``acc``)."""
+    with np.errstate(invalid="ignore", over="ignore"):  # a scaled corner may overflow
+        if convention == "torchvision":
+            return _torchvision_bin_edges(roi, pooled_height, pooled_width, spatial_scale, height, width, acc)
         return _bin_edges(roi, pooled_height, pooled_width, spatial_scale, height, width, acc)
+
+
+def _torchvision_bin_edges(roi, pooled_height, pooled_width, spatial_scale, height, width, acc):
+    """torchvision's ``ps_roi_pool`` forward: start = round(x1*s), end = round(x2*s) (half away from zero), size
+    max(end - start, 1), bin = size / pooled, edges floor(p*bin) + start and ceil((p+1)*bin) + start clamped to
+    [0, H - 1] / [0, W - 1] (its forward's clamp)."""
+    scale = acc(spatial_scale)
+    x1, y1, x2, y2 = (acc(v) for v in roi[1:5])
+    start_w, start_h = round_half_away(x1 * scale), round_half_away(y1 * scale)
+    size_w = max(round_half_away(x2 * scale) - start_w, acc(1))
+    size_h = max(round_half_away(y2 * scale) - start_h, acc(1))
+    bin_h, bin_w = size_h / acc(pooled_height), size_w / acc(pooled_width)
+    hs = [to_index(np.floor(acc(p) * bin_h) + start_h, height - 1) for p in range(pooled_height)]
+    he = [to_index(np.ceil(acc(p + 1) * bin_h) + start_h, height - 1) for p in range(pooled_height)]
+    ws = [to_index(np.floor(acc(p) * bin_w) + start_w, width - 1) for p in range(pooled_width)]
+    we = [to_index(np.ceil(acc(p + 1) * bin_w) + start_w, width - 1) for p in range(pooled_width)]
+    return hs, he, ws, we
 
 
 def _bin_edges(roi, pooled_height, pooled_width, spatial_scale, height, width, acc):
@@ -60,15 +81,13 @@ def _bin_edges(roi, pooled_height, pooled_width, spatial_scale, height, width, a
 
 @np.errstate(invalid="ignore", over="ignore")  # NaN/inf inputs are legal: their sums are the answer
 def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
-            spatial_scale: float, output_dim: int, out_layout: str = "NCHW"):
+            spatial_scale: float, output_dim: int, out_layout: str = "NCHW", convention: str = "rfcn"):
     """(output [R, od, PH, PW], mapping_channel int32 [R, od, PH, PW]), logical NCHW views."""
     n, c, h, w = input.shape
     r = rois.shape[0]
     ph_n, pw_n = pooled_height, pooled_width
     output = empty_nchw((r, output_dim, ph_n, pw_n), out_layout, like=input, zero=True)
     mapping = empty_nchw((r, output_dim, ph_n, pw_n), out_layout, like=input.new_empty(0, dtype=torch.int32))
-    if input.numel() > 0:
-        checks.check_batch_indices(checks.OP, rois, n)
     acc = _acc_dtype(input.dtype)
     x = input.detach().cpu().to(torch.float64 if acc is np.float64 else torch.float32).numpy()
     rois_np = rois.detach().cpu().double().numpy()
@@ -77,7 +96,7 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
     for i in range(r):
         roi = rois_np[i]
         batch = int(roi[0]) if n > 0 else 0
-        hs, he, ws, we = bin_edges(roi, ph_n, pw_n, spatial_scale, h, w, acc)
+        hs, he, ws, we = bin_edges(roi, ph_n, pw_n, spatial_scale, h, w, acc, convention)
         for ctop in range(output_dim):
             for ph in range(ph_n):
                 for pw in range(pw_n):
@@ -98,7 +117,8 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
 
 @np.errstate(invalid="ignore", over="ignore")
 def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor, spatial_scale: float,
-             output_dim: int, input_shape, out_layout: str = "NCHW", trusted_mapping: bool = False):
+             output_dim: int, input_shape, out_layout: str = "NCHW", trusted_mapping: bool = False,
+             convention: str = "rfcn"):
     """bottom_grad [N, C, H, W] (logical NCHW view): each top element adds grad / bin_area to every
     pixel of its bin in channel ``mapping_channel`` (R-FCN backward, in a fixed order)."""
     n, c, h, w = input_shape
@@ -106,7 +126,6 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
     bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad, zero=True)
     if top_grad.numel() == 0 or bottom.numel() == 0:
         return bottom
-    checks.check_batch_indices(checks.OP_BACKWARD, rois, n)
     checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
     acc = _acc_dtype(top_grad.dtype)
     g = top_grad.detach().cpu().to(torch.float64 if acc is np.float64 else torch.float32).numpy()
@@ -116,7 +135,7 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
     for i in range(r):
         roi = rois_np[i]
         batch = int(roi[0])
-        hs, he, ws, we = bin_edges(roi, ph_n, pw_n, spatial_scale, h, w, acc)
+        hs, he, ws, we = bin_edges(roi, ph_n, pw_n, spatial_scale, h, w, acc, convention)
         for ctop in range(output_dim):
             for ph in range(ph_n):
                 for pw in range(pw_n):

@@ -92,8 +92,8 @@ def _psroi_pool_backward_kernel(g_ptr, hs_ptr, he_ptr, ws_ptr, we_ptr, batch_ptr
     tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=live)
 
 
-def _edges_int32(rois, ph, pw, spatial_scale, h, w, dtype):
-    hs, he, ws, we, batch = bin_edges(rois, ph, pw, spatial_scale, h, w, compute_dtype(dtype))
+def _edges_int32(rois, ph, pw, spatial_scale, h, w, dtype, convention):
+    hs, he, ws, we, batch = bin_edges(rois, ph, pw, spatial_scale, h, w, compute_dtype(dtype), convention)
     return [t.to(torch.int32).contiguous() for t in (hs, he, ws, we, batch)]
 
 
@@ -102,7 +102,7 @@ def _block(n: int) -> int:
 
 
 def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
-            spatial_scale: float, output_dim: int, out_layout: str = "NCHW"):
+            spatial_scale: float, output_dim: int, out_layout: str = "NCHW", convention: str = "rfcn"):
     n, c, h, w = input.shape
     r = rois.shape[0]
     output = empty_nchw((r, output_dim, pooled_height, pooled_width), out_layout, like=input)
@@ -115,8 +115,8 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
         chan = torch.arange(output_dim * pooled_height * pooled_width, dtype=torch.int32, device=input.device)
         mapping.copy_(chan.view(1, output_dim, pooled_height, pooled_width).expand_as(mapping))
         return output, mapping
-    checks.check_batch_indices(checks.OP, rois, n)
-    hs, he, ws, we, batch = _edges_int32(rois, pooled_height, pooled_width, spatial_scale, h, w, input.dtype)
+    hs, he, ws, we, batch = _edges_int32(rois, pooled_height, pooled_width, spatial_scale, h, w, input.dtype,
+                                         convention)
     block = _block(output_dim)
     grid = (r * pooled_height * pooled_width, triton.cdiv(output_dim, block))
     _psroi_pool_forward_kernel[grid](
@@ -127,19 +127,19 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
 
 
 def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor, spatial_scale: float,
-             output_dim: int, input_shape, out_layout: str = "NCHW", trusted_mapping: bool = False):
+             output_dim: int, input_shape, out_layout: str = "NCHW", trusted_mapping: bool = False,
+             convention: str = "rfcn"):
     n, c, h, w = input_shape
     r, od, ph, pw = top_grad.shape
     bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad)
     if top_grad.numel() == 0 or bottom.numel() == 0:
         return bottom.zero_()
-    checks.check_batch_indices(checks.OP_BACKWARD, rois, n)
     if not trusted_mapping:
         checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
     if not trusted_mapping and not _is_canonical(mapping_channel):
         raise NotSupportedError(checks.OP_BACKWARD, "the triton backend needs the forward's mapping_channel "
                                 "(channel (ctop*PH + ph)*PW + pw); use backend='cpu' for any other mapping")
-    hs, he, ws, we, batch = _edges_int32(rois, ph, pw, spatial_scale, h, w, top_grad.dtype)
+    hs, he, ws, we, batch = _edges_int32(rois, ph, pw, spatial_scale, h, w, top_grad.dtype, convention)
     block = _block(c)
     grid = (n * h * w, triton.cdiv(c, block))
     _psroi_pool_backward_kernel[grid](

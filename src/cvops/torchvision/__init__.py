@@ -1,0 +1,80 @@
+"""Drop-in for ``torchvision.ops``: the names, signatures, defaults, return types and numerics of torchvision's
+position-sensitive RoI pooling, on cvops' implementation (``convention="torchvision"`` of
+:func:`cvops.psroi_pool`).
+
+Migration: ``from torchvision.ops import ps_roi_pool, PSRoIPool`` becomes
+``from cvops.torchvision import ps_roi_pool, PSRoIPool``.
+
+Numerics are those of torchvision's forward kernel: the scaled corners rounded half away from zero, no +1, a
+RoI at least 1 x 1, bin edges ``floor(p*bin) + start`` and ``ceil((p+1)*bin) + start`` clamped to [0, H - 1] /
+[0, W - 1], an empty bin 0, output channel ``c`` of bin ``(ph, pw)`` read from input channel
+``(c*PH + ph)*PW + pw``. The gradient is the exact adjoint of that forward (torchvision's own backward clamps to
+[0, H] / [0, W], so it also credits the last row and column, which its forward never reads). Unlike torchvision,
+RoIs with a batch index outside [0, N) or a non-finite corner raise ``cvops.BadParamError``, and every float
+dtype and both CPU and CUDA tensors are served.
+
+The functional is wrapped for ``torch.fx`` (a leaf call) and its checks are ignored by TorchScript, so the
+module also works under ``torch.jit.script``, ``torch.fx.symbolic_trace``, ``torch.export.export`` and
+``torch.compile(fullgraph=True)``: the pooling itself is the custom op ``torch.ops.cvops.psroi_pool_forward``.
+"""
+from typing import List, Union
+
+import torch
+from torch import Tensor, nn
+from torch._jit_internal import BroadcastingList2
+from torch.nn.modules.utils import _pair
+
+__all__ = ["ps_roi_pool", "PSRoIPool"]
+
+
+@torch.jit.ignore
+def _pool(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size: List[int], spatial_scale: float) -> Tensor:
+    """The checks (boxes as ``Tensor[K, 5]`` or a list of ``Tensor[L, 4]``, channels a multiple of PH*PW), then
+    cvops' op in the torchvision convention."""
+    from .. import psroi_pool
+    from .._core.validate import require
+    from ..nn import _rois_from_boxes
+    op = "ps_roi_pool"
+    rois = _rois_from_boxes(boxes, op)
+    require(isinstance(rois, Tensor) and rois.dim() == 2 and rois.shape[1] == 5, op,
+            f"boxes must be a Tensor[K, 5] or a list of Tensor[L, 4], got shape {tuple(rois.shape)}")
+    ph, pw = (int(v) for v in output_size)
+    require(ph >= 1 and pw >= 1, op, f"output_size must be positive, got {(ph, pw)}")
+    require(isinstance(input, Tensor) and input.dim() == 4, op, "input must be a 4-D Tensor[N, C, H, W]")
+    c = input.shape[1]
+    require(c % (ph * pw) == 0, op, f"input channels ({c}) must be a multiple of output_size[0] * output_size[1] "
+                                    f"({ph * pw})")
+    return psroi_pool(input, rois, ph, pw, float(spatial_scale), ph if ph == pw else 1, c // (ph * pw),
+                      convention="torchvision")[0]
+
+
+@torch.fx.wrap
+def ps_roi_pool(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size: BroadcastingList2[int],
+                spatial_scale: float = 1.0) -> Tensor:
+    """Position-sensitive RoI pooling (R-FCN), torchvision's ``ps_roi_pool``.
+
+    Args:
+        input: ``Tensor[N, C, H, W]`` with ``C`` a multiple of ``output_size[0] * output_size[1]``.
+        boxes: ``Tensor[K, 5]`` rows ``(batch_index, x1, y1, x2, y2)``, or a list of per-image ``Tensor[L, 4]``.
+        output_size: ``int`` or ``(height, width)`` of the pooled output.
+        spatial_scale: factor from box to input coordinates. Default: 1.0.
+
+    Returns:
+        ``Tensor[K, C / (output_size[0] * output_size[1]), output_size[0], output_size[1]]``.
+    """
+    return _pool(input, boxes, _pair(output_size), spatial_scale)
+
+
+class PSRoIPool(nn.Module):
+    """torchvision's ``PSRoIPool``: see :func:`ps_roi_pool`."""
+
+    def __init__(self, output_size: BroadcastingList2[int], spatial_scale: float):
+        super().__init__()
+        self.output_size = output_size
+        self.spatial_scale = spatial_scale
+
+    def forward(self, input: Tensor, rois: Union[Tensor, List[Tensor]]) -> Tensor:
+        return ps_roi_pool(input, rois, self.output_size, self.spatial_scale)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale})"
