@@ -168,8 +168,8 @@ def load(path: str | os.PathLike) -> list[Spec]:
 # ---------------------------------------------------------------------------------------------- discovery
 
 def launchable_kernels(package: str = "cvops") -> set[tuple[str, str]]:
-    """``(module, name)`` of every ``@triton.jit`` function in the package's ``triton`` modules that reads
-    ``tl.program_id`` (a kernel, not a device helper)."""
+    """``(module, name)`` of every ``@triton.jit`` function in the package's ``triton`` modules that no
+    other one calls (a kernel, not a device helper)."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
     root = importlib.import_module(package)
@@ -178,10 +178,12 @@ def launchable_kernels(package: str = "cvops") -> set[tuple[str, str]]:
         if info.name.rsplit(".", 1)[-1] != "triton":
             continue
         module = importlib.import_module(info.name)
-        for name, obj in vars(module).items():
-            if isinstance(obj, (InterpretedFunction, JITFunction)) and obj.fn.__module__ == info.name:
-                if "program_id" in inspect.getsource(obj.fn):
-                    found.add((info.name, name))
+        jitted = {name: inspect.getsource(obj.fn) for name, obj in vars(module).items()
+                  if isinstance(obj, (InterpretedFunction, JITFunction)) and obj.fn.__module__ == info.name}
+        for name in jitted:
+            call = re.compile(rf"\b{name}\(")
+            if not any(call.search(src) for other, src in jitted.items() if other != name):
+                found.add((info.name, name))
     return found
 
 
@@ -238,6 +240,7 @@ def compile_specs(specs: Iterable[Spec], targets: Iterable[str] = tuple(TARGETS)
         return []
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
+    env["TRITON_ALWAYS_COMPILE"] = "1"   # a cache hit would skip ptxas and its report
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # the default today; set so triton does not warn
     src = str(Path(__file__).resolve().parents[2] / "src")
     root = str(Path(__file__).resolve().parents[2])
