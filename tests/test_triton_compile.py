@@ -26,7 +26,7 @@ def recorded():
         pytest.skip("records launches under TRITON_INTERPRET=1 (set by conftest when there is no GPU)")
     from tests.support import triton_launches
     with triton_specs.Recorder() as recorder:
-        triton_launches.exercise()
+        triton_launches.exercise(recorder)
     return recorder.specs
 
 
@@ -71,3 +71,61 @@ def test_problems_name_errors_spills_and_budget():
     found = triton_specs.problems(results)
     assert len(found) == 3
     assert "65 registers > budget 64" in found[0] and "8 spill bytes" in found[1] and "boom" in found[2]
+
+
+def _triton_results():
+    """Outputs of every op's triton backend on small inputs (forward and backward)."""
+    import torch
+
+    import cvops
+    from cvops.sparse.functional import indice_conv
+    g = torch.Generator().manual_seed(0)
+    out = []
+    x = torch.randn(1, 9, 4, 5, generator=g)
+    for mode in ("collect", "distribute"):
+        y = cvops.psamask_forward(x, mode, 3, backend="triton")
+        out += [y, cvops.psamask_backward(y, mode, 3, backend="triton")]
+    f, m = torch.randn(1, 4, 3, 4, generator=g), torch.randn(1, 9, 6, 8, generator=g)
+    y = cvops.carafe_forward(f, m, 3, 1, 2, backend="triton")
+    out += [y, *cvops.carafe_backward(y, f, m, 3, 1, 2, backend="triton")]
+    feat = torch.randn(1, 3, 5, 6, generator=g, requires_grad=True)
+    mask = torch.rand(1, 5, 6, generator=g) > 0.5
+    y = cvops.masked_conv2d(feat, mask, torch.randn(2, 3, 3, 3, generator=g), padding=1, backend="triton")
+    y.sum().backward()
+    out += [y, feat.grad]
+    xp = torch.randn(1, 8, 6, 7, generator=g, requires_grad=True)
+    rois = torch.tensor([[0, 0.0, 1.0, 5.0, 4.0], [0, 2.0, 0.0, 6.0, 5.0]])
+    y, mapping = cvops.psroi_pool(xp, rois, 2, 2, 1.0, 2, 2, backend="triton")
+    y.sum().backward()
+    out += [y, mapping, xp.grad]
+    idx = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 2], [0, 2, 2, 2]], dtype=torch.int32)
+    _, pairs, num = cvops.get_indice_pairs(idx, 1, [3, 3, 3], 3, 1, 1, subm=True, backend="triton")
+    feats = torch.randn(3, 4, generator=g, requires_grad=True)
+    y = indice_conv(feats, torch.randn(27, 4, 5, generator=g), pairs, num, 3, identity_offset=13, backend="triton")
+    y.sum().backward()
+    return out + [pairs, y, feats.grad]
+
+
+def test_int64_index_variants_give_the_int32_results(recorded):
+    from cvops._core.indexing import forced_int64
+    from cvops._core.metrics import bit_equal
+    narrow = _triton_results()
+    with forced_int64():
+        wide = _triton_results()
+    assert len(narrow) == len(wide) == 15
+    for a, b in zip(narrow, wide):
+        assert bit_equal(a, b)
+
+
+def test_needs_int64_reads_tensor_spans():
+    import torch
+
+    from cvops._core.indexing import needs_int64, span
+    t = torch.empty(0)
+    assert span(t) == 0 and not needs_int64(t, 5)
+    big = torch.empty(1, 1).expand(2**30 + 1, 1)           # stride 0: one element whatever the size
+    assert span(big) == 1 and not needs_int64(big)
+    view = torch.empty_strided((2, 3), (2**29, 1), device="meta")        # offsets up to 2**29 + 2: fits, with headroom
+    assert span(view) == 2**29 + 3 and not needs_int64(view)
+    assert needs_int64(torch.empty_strided((3, 1), (2**29, 1), device="meta"))
+    assert needs_int64(2**30) and not needs_int64(2**30 - 1)

@@ -46,7 +46,7 @@ def record(from_tests: bool):
         return plugin.recorder.specs
     from tests.support import triton_launches
     with triton_specs.Recorder() as recorder:
-        triton_launches.exercise()
+        triton_launches.exercise(recorder)
     return recorder.specs
 
 

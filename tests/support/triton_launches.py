@@ -4,9 +4,11 @@ It covers what changes a kernel's compiled code: every element dtype the op acce
 mode constexpr (psamask collect/distribute, sparse subm/regular/transpose, masked accumulate or not) and
 the integer specialisations of a contiguous launch. Shapes do not change the code except through those
 specialisations, so tiny shapes are enough; ``tools/gpu_report.py --tests`` records the test suite's
-launches instead. Run under ``TRITON_INTERPRET=1`` inside a :class:`~tests.support.triton_specs.Recorder`.
+launches instead. Run under ``TRITON_INTERPRET=1`` with a :class:`~tests.support.triton_specs.Recorder`.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -73,30 +75,42 @@ def psroipool_launches(dtypes=ACC_DTYPES) -> None:
             out.sum().backward()
 
 
-def sparse_launches(dtypes=ACC_DTYPES) -> None:
+def indice_pairs_launches(dtypes=ACC_DTYPES) -> None:
+    del dtypes  # the kernel maps have no float inputs
     g = torch.Generator().manual_seed(0)
     coords = torch.unique(torch.randint(0, 6, (40, 3), generator=g), dim=0)
     indices = torch.cat([torch.zeros(len(coords), 1, dtype=torch.int64), coords], 1).to(torch.int32)
     for ndim_indices, shape in ((indices, [6, 6, 6]), (indices[:, [0, 2, 3]], [6, 6])):
         ndim_indices = torch.unique(ndim_indices, dim=0)
         for subm, transpose, stride in ((True, False, 1), (False, False, 2), (False, True, 2)):
-            out, pairs, num = cvops.get_indice_pairs(ndim_indices, 1, shape, 3, stride, 1, subm=subm,
-                                                     transpose=transpose, backend="triton")
+            cvops.get_indice_pairs(ndim_indices, 1, shape, 3, stride, 1, subm=subm, transpose=transpose,
+                                   backend="triton")
+
+
+def sparse_conv_launches(dtypes=ACC_DTYPES) -> None:
+    indices = torch.tensor([[0, 0, 0, 1], [0, 0, 0, 2], [0, 1, 1, 1]], dtype=torch.int32)
+    # a kernel map built on the cpu: the gathers and scatters need its counts, not a triton launch
+    _, pairs, num = cvops.get_indice_pairs(indices, 1, [2, 2, 4], (1, 1, 3), 1, (0, 0, 1), subm=True,
+                                           backend="cpu")
     for dtype in dtypes:
         feats = torch.randn(len(indices), 16, dtype=dtype, requires_grad=True)
-        weight = torch.randn(27, 16, 24, dtype=dtype, requires_grad=True)
-        _, pairs, num = cvops.get_indice_pairs(indices, 1, [6, 6, 6], 3, 1, 1, subm=True, backend="triton")
-        y = indice_conv(feats, weight, pairs, num, len(indices), identity_offset=13, backend="triton")
+        weight = torch.randn(3, 16, 24, dtype=dtype, requires_grad=True)
+        y = indice_conv(feats, weight, pairs, num, len(indices), identity_offset=1, backend="triton")
         y.sum().backward()
 
 
-ALL = (psamask_launches, carafe_launches, masked_im2col_launches, psroipool_launches, sparse_launches)
+ALL = (psamask_launches, carafe_launches, masked_im2col_launches, psroipool_launches, indice_pairs_launches,
+       sparse_conv_launches)
+# launches whose results steer the next launches (kernel maps: counts, unique sites) run for real
+NEED_RESULTS = (indice_pairs_launches,)
 
 
-def exercise() -> None:
-    """Every op's launches, then the float32 launches again in the int64-index variants."""
-    for launches in ALL:
-        launches()
-    with forced_int64():
-        for launches in ALL:
-            launches(dtypes=(torch.float32,))
+def exercise(recorder) -> None:
+    """Every op's launches, then the float32 launches again in the int64-index variants, recorded by
+    ``recorder``; kernels run only where later launches depend on their results."""
+    for dtypes in (None, (torch.float32,)):
+        with forced_int64() if dtypes else contextlib.nullcontext():
+            for launches in ALL:
+                recorder.execute = launches in NEED_RESULTS
+                launches() if dtypes is None else launches(dtypes=dtypes)
+    recorder.execute = True
