@@ -11,5 +11,8 @@ from .ops.get_indice_pairs import get_conv_output_size, get_deconv_output_size, 
 from .ops.masked_im2col import masked_col2im, masked_conv2d, masked_im2col
 from . import mluops, nn  # noqa: E402  (after the ops they wrap)
 from . import sparse  # noqa: E402  (sparse conv layers on get_indice_pairs)
+from ._core import autocast as _autocast  # noqa: E402
+
+_autocast.register()  # torch.autocast policies of every custom op (after the ops are defined)
 
 __version__ = "0.1.0"

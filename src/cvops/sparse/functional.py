@@ -22,6 +22,7 @@ from typing import Sequence
 
 import torch
 
+from .._core.autocast import mixed_to_float32
 from .._core.dispatch import backend_module, resolve_backend
 from .._core.validate import FLOAT_DTYPES, INDEX_DTYPES, check_int, check_tensor, require
 
@@ -226,6 +227,7 @@ def indice_conv(features: torch.Tensor, weight: torch.Tensor, indice_pairs: torc
     layers), used where rows are scattered into output rows; the result is the same without it.
     ``check_values=False`` skips scanning the pair values (only for maps from get_indice_pairs).
     """
+    features, weight = mixed_to_float32(features, weight)
     check_tensor(OP, "weight", weight, dtypes=FLOAT_DTYPES)
     require(weight.dim() >= 3, OP, f"weight must be [K, C_in, C_out] or [*k, C_in, C_out], got {tuple(weight.shape)}")
     weight = weight.reshape(math.prod(weight.shape[:-2]), weight.shape[-2], weight.shape[-1])

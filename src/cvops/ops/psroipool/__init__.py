@@ -133,11 +133,11 @@ _backward_op.register_autograd(_backward_backward, setup_context=_setup_backward
 
 def _eager_call_ok(*tensors: torch.Tensor) -> bool:
     """Whether a call may skip the torch.library op and run the implementation directly: plain CPU tensors,
-    nothing for autograd to record, no tracing (torch.compile / export / jit.trace), no functorch transform and no
+    nothing for autograd to record, no autocast, no tracing (torch.compile / export / jit.trace), no functorch transform and no
     dispatch mode. The op's own dispatch costs ~20-40 us, a large share of the doc's network cases; the
     result is the same tensors either way."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return False
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.is_autocast_enabled("cpu"):
+        return False  # autocast: the op's autocast kernel applies the mixed-precision policy
     grad = torch.is_grad_enabled()
     for t in tensors:
         if type(t) is not torch.Tensor or not t.is_cpu or (grad and t.requires_grad):  # is_cpu: no device object
