@@ -3,10 +3,14 @@
 * im2col: one program per (block of mask points, tap, block of channels). Mask indices are read
   once per program, the feature is gathered through its strides, and stores run along M, the
   contiguous axis of ``data_col``, so they coalesce.
-* col2im: zero output, then a scatter of each written point (unique targets, so no atomics).
+* col2im: zero output, then a scatter of each written point (unique targets, so no atomics; points
+  that are not written carry target -1, so the launch size is M and nothing is read back to the host).
   Its adjoint is im2col with a 1x1 window on the written points.
 * im2col backward: one launch per (tap, duplicate round); inside a launch every destination is
-  distinct, so a plain load-add-store is race-free and the sum order is fixed (deterministic).
+  distinct, so a plain load-add-store is race-free and the sum order is fixed (deterministic). The
+  number of rounds (how often one position repeats among the mask points) is read back to the host:
+  this backward synchronises once per call. (masked_conv2d's own ``nonzero`` of the mask does too: its
+  point count sets the output shape.)
 
 Offsets are int32 whenever every tensor's span fits (``_core.indexing``), int64 otherwise (an
 ``INDEX_64`` variant). Mask indices may hold any value: the window test runs in their own dtype and
@@ -56,7 +60,7 @@ def _im2col_kernel(feat_ptr, h_ptr, w_ptr, out_ptr, C, H, W, M, stride_c, stride
 @triton.jit
 def _scatter_columns_kernel(src_ptr, cols_ptr, dst_ptr, C, P, M, HW, ACCUMULATE: tl.constexpr,
                             INDEX_64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
-    """``dst[c, target[p]] (+)= src[c, col[p]]`` for P points with distinct targets.
+    """``dst[c, target[p]] (+)= src[c, col[p]]`` for P points with distinct targets (-1: skip the point).
 
     ``cols_ptr`` holds P source columns followed by P flat targets.
     """
@@ -68,7 +72,9 @@ def _scatter_columns_kernel(src_ptr, cols_ptr, dst_ptr, C, P, M, HW, ACCUMULATE:
     offs_p = pid_p * BLOCK_M + tl.arange(0, BLOCK_M)
     in_p = offs_p < P
     col = tl.load(cols_ptr + offs_p, mask=in_p, other=0)
-    target = tl.load(cols_ptr + P + offs_p, mask=in_p, other=0)
+    target = tl.load(cols_ptr + P + offs_p, mask=in_p, other=-1)
+    in_p = target >= 0
+    target = tl.where(in_p, target, 0)
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     ok = (offs_c < C)[:, None] & in_p[None, :]
     vals = tl.load(src_ptr + offs_c[:, None] * M + col[None, :], mask=ok, other=0)
@@ -137,8 +143,9 @@ def col2im_forward(masked_output, mask_h_idx, mask_w_idx, height, width):
     channels = masked_output.shape[0]
     output = torch.zeros(channels, height * width, dtype=masked_output.dtype, device=masked_output.device)
     flat, written = cpu.scatter_targets(mask_h_idx, mask_w_idx, height, width)
-    cols = written.nonzero().squeeze(1)
-    _scatter_columns(masked_output.contiguous(), cols, flat[cols], output, accumulate=False)
+    # every point, the unwritten ones with target -1: no compaction, so no host sync for its size
+    cols = torch.arange(flat.numel(), device=flat.device)
+    _scatter_columns(masked_output.contiguous(), cols, torch.where(written, flat, -1), output, accumulate=False)
     return output.view(1, channels, height, width)
 
 

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from ..._core.errors import NotSupportedError
 from ..._core.indexing import needs_int64
+from ..._core.sync import check_values
 from ..._core.layout import empty_nchw
 from . import checks
 from .cpu import _is_canonical, bin_edges, compute_dtype
@@ -97,6 +98,29 @@ def _psroi_pool_backward_kernel(g_ptr, hs_ptr, he_ptr, ws_ptr, we_ptr, batch_ptr
     tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=live)
 
 
+_NOT_CANONICAL = ("the triton backend needs the forward's mapping_channel (channel (ctop*PH + ph)*PW + pw); "
+                  "use backend='cpu' for any other mapping")
+
+
+def _check_batch_indices(op: str, rois: torch.Tensor, n: int) -> None:
+    """Batch indices in [0, N): checked on the host for CPU tensors, asynchronously on CUDA (``_core.sync``)."""
+    check_values(rois, lambda: checks.check_batch_indices(op, rois, n),
+                 lambda: ((rois[:, 0] > -1) & (rois[:, 0] < n)).all(),
+                 f"{op}: rois[:, 0] must be batch indices in [0, {n - 1}]")
+
+
+def _canonical(mapping_channel: torch.Tensor) -> torch.Tensor:
+    r, od, ph, pw = mapping_channel.shape
+    chan = torch.arange(od * ph * pw, device=mapping_channel.device, dtype=mapping_channel.dtype)
+    return (mapping_channel == chan.view(1, od, ph, pw)).all()
+
+
+def _check_canonical(mapping_channel: torch.Tensor, channels: int) -> None:
+    checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, channels)
+    if not _is_canonical(mapping_channel):
+        raise NotSupportedError(checks.OP_BACKWARD, _NOT_CANONICAL)
+
+
 def _edges_int32(rois, ph, pw, spatial_scale, h, w, dtype):
     hs, he, ws, we, batch = bin_edges(rois, ph, pw, spatial_scale, h, w, compute_dtype(dtype))
     return [t.to(torch.int32).contiguous() for t in (hs, he, ws, we, batch)]
@@ -120,7 +144,7 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
         chan = torch.arange(output_dim * pooled_height * pooled_width, dtype=torch.int32, device=input.device)
         mapping.copy_(chan.view(1, output_dim, pooled_height, pooled_width).expand_as(mapping))
         return output, mapping
-    checks.check_batch_indices(checks.OP, rois, n)
+    _check_batch_indices(checks.OP, rois, n)
     hs, he, ws, we, batch = _edges_int32(rois, pooled_height, pooled_width, spatial_scale, h, w, input.dtype)
     block = _block(output_dim)
     grid = (r * pooled_height * pooled_width, triton.cdiv(output_dim, block))
@@ -138,12 +162,10 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
     bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad)
     if top_grad.numel() == 0 or bottom.numel() == 0:
         return bottom.zero_()
-    checks.check_batch_indices(checks.OP_BACKWARD, rois, n)
+    _check_batch_indices(checks.OP_BACKWARD, rois, n)
     if not trusted_mapping:
-        checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
-    if not trusted_mapping and not _is_canonical(mapping_channel):
-        raise NotSupportedError(checks.OP_BACKWARD, "the triton backend needs the forward's mapping_channel "
-                                "(channel (ctop*PH + ph)*PW + pw); use backend='cpu' for any other mapping")
+        check_values(mapping_channel, lambda: _check_canonical(mapping_channel, c),
+                     lambda: _canonical(mapping_channel), f"{checks.OP_BACKWARD}: {_NOT_CANONICAL}")
     hs, he, ws, we, batch = _edges_int32(rois, ph, pw, spatial_scale, h, w, top_grad.dtype)
     block = _block(c)
     grid = (n * h * w, triton.cdiv(c, block))
