@@ -10,7 +10,8 @@ Determinism without atomics: within one offset a kernel map holds each output ro
 row) at most once, so every destination row of a launch is owned by exactly one program, which does
 a plain load-add-store; launches run in ascending k, so each row's sum has one fixed order. Half
 types accumulate in a float32 output, rounded once at the end. Row offsets are int32 whenever both
-matrices fit (``_core.indexing``), int64 otherwise (an ``INDEX_64`` variant).
+matrices fit (``_core.indexing``), int64 otherwise (an ``INDEX_64`` variant). The per-offset pair counts
+(``indice_num``) are read on the host to size each launch and GEMM: one synchronisation per call.
 """
 from __future__ import annotations
 
