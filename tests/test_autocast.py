@@ -12,11 +12,13 @@ import torch
 
 import cvops
 from cvops._core import autocast
+from cvops._core.dispatch import triton_interpreted
 from cvops._core.metrics import bit_equal, diff1, diff2
 from cvops.sparse.functional import indice_conv
 from tests.conftest import CPU_PATHS, requires_triton, selected
 
-BACKENDS = CPU_PATHS + [pytest.param("triton", marks=requires_triton)]
+BACKENDS = CPU_PATHS + [pytest.param("triton", marks=[requires_triton, pytest.mark.skipif(
+    not triton_interpreted(), reason="CPU autocast on the triton backend needs TRITON_INTERPRET=1")])]
 HALF = [torch.float16, torch.bfloat16]
 TOL = 3e-3
 

@@ -15,9 +15,11 @@ import torch
 
 import cvops
 from cvops._core import sync
+from cvops._core.dispatch import triton_interpreted
 from tests.conftest import requires_triton
 
-pytestmark = requires_triton
+pytestmark = [requires_triton, pytest.mark.skipif(not triton_interpreted(), reason="CPU tensors on the triton "
+                                                   "backend need TRITON_INTERPRET=1 (a GPU run checks real CUDA)")]
 
 _METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "nonzero",
             "unique", "masked_select")

@@ -12,7 +12,8 @@ import pytest
 from tests.conftest import requires_triton
 from tests.support import triton_specs
 
-pytestmark = requires_triton
+pytestmark = [requires_triton, pytest.mark.skipif(not os.environ.get("TRITON_INTERPRET"),
+                                                   reason="runs the kernels on CPU tensors under TRITON_INTERPRET=1")]
 
 
 def _ptxas_bundled() -> bool:
@@ -22,8 +23,6 @@ def _ptxas_bundled() -> bool:
 
 @pytest.fixture(scope="module")
 def recorded():
-    if not os.environ.get("TRITON_INTERPRET"):
-        pytest.skip("records launches under TRITON_INTERPRET=1 (set by conftest when there is no GPU)")
     from tests.support import triton_launches
     with triton_specs.Recorder() as recorder:
         triton_launches.exercise(recorder)
@@ -106,7 +105,7 @@ def _triton_results():
     return out + [pairs, y, feats.grad]
 
 
-def test_int64_index_variants_give_the_int32_results(recorded):
+def test_int64_index_variants_give_the_int32_results():
     from cvops._core.indexing import forced_int64
     from cvops._core.metrics import bit_equal
     narrow = _triton_results()

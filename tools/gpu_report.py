@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -61,9 +62,11 @@ def main(argv=None) -> int:
     t1 = time.perf_counter()
     results = triton_specs.compile_specs(list(specs), args.targets.split(","), workers=args.workers)
     t2 = time.perf_counter()
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     print(triton_specs.table(results))
     print(f"\n{len(specs)} specialisations of {len({(s.module, s.kernel) for s in specs})} kernels "
-          f"({sum(specs.values())} launches) recorded in {t1 - t0:.0f} s, {len(results)} compiles in {t2 - t1:.0f} s")
+          f"({sum(specs.values())} launches) recorded in {t1 - t0:.0f} s, {len(results)} compiles in {t2 - t1:.0f} s "
+          f"({cpu.ru_utime + cpu.ru_stime:.0f} CPU s in {args.workers} workers)")
     bad = triton_specs.problems(results)
     for line in bad:
         print("FAIL", line)

@@ -3,9 +3,9 @@ destination's memory order (coalesced stores), each element loading its source o
 Strides are arguments, so one kernel serves NCHW and NHWC.
 
 Index arithmetic is int32 whenever every offset fits (``_core.indexing``), int64 otherwise (a second
-compiled variant). A 4-warp program moves ``BLOCK`` = 512 elements, 4 per thread (256 in the int64 variant): few enough registers
-(the compile check holds them under 64) that an SM keeps at least half its warps resident to hide the
-latency of the gathered loads.
+compiled variant). A 4-warp program moves ``BLOCK`` = 512 elements, 4 per thread (256 in the int64
+variant): few enough registers (the compile check holds them under 64) that an SM keeps at least half
+its warps resident to hide the latency of the gathered loads.
 """
 from __future__ import annotations
 
