@@ -9,7 +9,8 @@
 
 Offsets are int32 whenever every tensor's span fits (``_core.indexing``), int64 otherwise (an
 ``INDEX_64`` variant). Accumulating kernels hold a float32 (float64) accumulator per tile element, so
-their budget is 128 registers per thread (``REGISTER_BUDGET``, checked by the compile test).
+their budget is 128 registers per thread (``REGISTER_BUDGET``, checked by the compile test). Tiles are
+16 pixels x 32 channels on 4 warps (4 elements per thread): 32 x 32 tiles took 140-255 registers.
 """
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def _carafe_forward_kernel(x_ptr, m_ptr, out_ptr, C, H, W, OW, OHW, Cg, K, R, S,
 def _carafe_grad_input_kernel(gy_ptr, m_ptr, gx_ptr, C, H, W, HW, Cg, K, R, S,
                               gs_n, gs_c, gs_h, gs_w, ms_n, ms_c, ms_h, ms_w, xs_n, xs_c, xs_h, xs_w,
                               IS_F64: tl.constexpr, INDEX_64: tl.constexpr, BLOCK_P: tl.constexpr,
-                           BLOCK_C: tl.constexpr):
+                              BLOCK_C: tl.constexpr):
     n, pid_p, pid_c = _program_ids(INDEX_64)
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -119,7 +120,7 @@ def _carafe_grad_input_kernel(gy_ptr, m_ptr, gx_ptr, C, H, W, HW, Cg, K, R, S,
 def _carafe_grad_mask_kernel(gy_ptr, x_ptr, gm_ptr, H, W, OW, OHW, Cg, K, R, S,
                              gs_n, gs_c, gs_h, gs_w, xs_n, xs_c, xs_h, xs_w, ms_n, ms_c, ms_h, ms_w,
                              IS_F64: tl.constexpr, INDEX_64: tl.constexpr, BLOCK_P: tl.constexpr,
-                           BLOCK_C: tl.constexpr):
+                             BLOCK_C: tl.constexpr):
     n, pid_p, mc = _program_ids(INDEX_64)   # mc: mask channel (g*K + ky)*K + kx
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     live_p = offs_p < OHW
