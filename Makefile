@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 BENCH  := $(VENV)/.installed-bench
 
-.PHONY: demo test bench bench-gpu clean
+.PHONY: demo test bench bench-gpu clean gpu-report
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -38,3 +38,8 @@ clean:
 bench-gpu: $(BENCH)
 	$(PY) -m pip install -q triton
 	$(PY) benchmarks/run_all.py --device cuda --results benchmarks/results
+
+# No GPU needed: compiles every Triton kernel for sm_80 and sm_90a and prints registers, spills, shared
+# memory and occupancy per kernel (tools/gpu_report.py --tests records the triton op tests' launches instead).
+gpu-report: $(STAMP)
+	$(PY) tools/gpu_report.py

@@ -16,5 +16,8 @@ from ._core.dispatch import defer_dynamo_import  # noqa: E402
 
 defer_dynamo_import()  # the first op call imports no compiler stack it does not use
 from . import torchvision  # noqa: E402  (torchvision.ops drop-ins: ps_roi_pool, PSRoIPool)
+from ._core import autocast as _autocast  # noqa: E402
+
+_autocast.register()  # torch.autocast policies of every custom op (after the ops are defined)
 
 __version__ = "0.1.0"

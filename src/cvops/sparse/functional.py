@@ -22,6 +22,7 @@ from typing import Sequence
 
 import torch
 
+from .._core.autocast import mixed_to_float32
 from .._core.dispatch import backend_module, resolve_backend
 from .._core.validate import FLOAT_DTYPES, INDEX_DTYPES, check_int, check_tensor, require
 
@@ -237,6 +238,7 @@ def _indice_conv(features, weight, indice_pairs, indice_num, num_out, *, inverse
     values for a map that :func:`cvops.get_indice_pairs` built on exactly these ``features``' sites in
     the same call chain. Shapes and counts are still checked, and the compiled row loops check every
     row index themselves, so even a wrong map cannot reach memory outside the arrays."""
+    features, weight = mixed_to_float32(features, weight)
     check_tensor(OP, "weight", weight, dtypes=FLOAT_DTYPES)
     require(weight.dim() >= 3, OP, f"weight must be [K, C_in, C_out] or [*k, C_in, C_out], got {tuple(weight.shape)}")
     weight = weight.reshape(math.prod(weight.shape[:-2]), weight.shape[-2], weight.shape[-1])

@@ -2,14 +2,16 @@
 
 Per kernel offset k (ascending):
 
-    buf = gather_rows(features, src_k)      # Triton: coalesced row copies, int64 addressing
+    buf = gather_rows(features, src_k)      # Triton: coalesced row copies
     buf = buf @ weight[k]                   # one GEMM per offset
     scatter_add_rows(out, dst_k, buf)       # Triton: out[dst_k[i]] += buf[i]
 
 Determinism without atomics: within one offset a kernel map holds each output row (and each input
 row) at most once, so every destination row of a launch is owned by exactly one program, which does
 a plain load-add-store; launches run in ascending k, so each row's sum has one fixed order. Half
-types accumulate in a float32 output, rounded once at the end.
+types accumulate in a float32 output, rounded once at the end. Row offsets are int32 whenever both
+matrices fit (``_core.indexing``), int64 otherwise (an ``INDEX_64`` variant). The per-offset pair counts
+(``indice_num``) are read on the host to size each launch and GEMM: one synchronisation per call.
 """
 from __future__ import annotations
 
@@ -17,32 +19,40 @@ import torch
 import triton
 import triton.language as tl
 
+from .._core.indexing import needs_int64
+
 _BLOCK_ROWS = 32
 
 
 @triton.jit
-def _gather_rows_kernel(src_ptr, idx_ptr, dst_ptr, n_rows, n_cols,
-                        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+def _tile(n_rows, n_cols, INDEX_64: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    """This program's rows and columns (int64 rows in the large-matrix variant) and their masks."""
+    pid = tl.program_id(0)
+    if INDEX_64:
+        pid = pid.to(tl.int64)
+    rows = pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
     row_ok = rows < n_rows
-    mask = row_ok[:, None] & (cols < n_cols)[None, :]
-    src_rows = tl.load(idx_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    return rows, cols, row_ok[:, None] & (cols < n_cols)[None, :], row_ok
+
+
+@triton.jit
+def _gather_rows_kernel(src_ptr, idx_ptr, dst_ptr, n_rows, n_cols,
+                        INDEX_64: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    rows, cols, mask, row_ok = _tile(n_rows, n_cols, INDEX_64, BLOCK_ROWS, BLOCK_COLS)
+    src_rows = tl.load(idx_ptr + rows, mask=row_ok, other=0).to(rows.dtype)
     vals = tl.load(src_ptr + src_rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
-    tl.store(dst_ptr + rows.to(tl.int64)[:, None] * n_cols + cols[None, :], vals, mask=mask)
+    tl.store(dst_ptr + rows[:, None] * n_cols + cols[None, :], vals, mask=mask)
 
 
 @triton.jit
 def _scatter_add_rows_kernel(src_ptr, idx_ptr, dst_ptr, n_rows, n_cols,
-                             BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+                             INDEX_64: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
     # dst[idx[r]] += src[r]; idx holds distinct rows within a launch, so no two programs touch one row
-    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
-    row_ok = rows < n_rows
-    mask = row_ok[:, None] & (cols < n_cols)[None, :]
-    dst_rows = tl.load(idx_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    rows, cols, mask, row_ok = _tile(n_rows, n_cols, INDEX_64, BLOCK_ROWS, BLOCK_COLS)
+    dst_rows = tl.load(idx_ptr + rows, mask=row_ok, other=0).to(rows.dtype)
     dst_offs = dst_rows[:, None] * n_cols + cols[None, :]
-    add = tl.load(src_ptr + rows.to(tl.int64)[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
+    add = tl.load(src_ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
     cur = tl.load(dst_ptr + dst_offs, mask=mask, other=0.0)
     tl.store(dst_ptr + dst_offs, cur + add.to(cur.dtype), mask=mask)
 
@@ -58,7 +68,8 @@ def gather_rows(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     dst = torch.empty(n, c, dtype=src.dtype, device=src.device)
     if n and c:
         grid, block_cols = _grid(n, c)
-        _gather_rows_kernel[grid](src, idx.contiguous(), dst, n, c, BLOCK_ROWS=_BLOCK_ROWS, BLOCK_COLS=block_cols)
+        _gather_rows_kernel[grid](src, idx.contiguous(), dst, n, c, INDEX_64=needs_int64(src, dst),
+                                  BLOCK_ROWS=_BLOCK_ROWS, BLOCK_COLS=block_cols)
     return dst
 
 
@@ -67,7 +78,8 @@ def scatter_add_rows(dst: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) ->
     n, c = idx.shape[0], src.shape[1]
     if n and c:
         grid, block_cols = _grid(n, c)
-        _scatter_add_rows_kernel[grid](src.contiguous(), idx.contiguous(), dst, n, c,
+        src = src.contiguous()
+        _scatter_add_rows_kernel[grid](src, idx.contiguous(), dst, n, c, INDEX_64=needs_int64(src, dst),
                                        BLOCK_ROWS=_BLOCK_ROWS, BLOCK_COLS=block_cols)
     return dst
 

@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from cvops._core.autocast import mixed_to_float32
 from cvops._core.dispatch import backend_module
 from cvops._core.layout import as_nchw, from_nchw, parse_layout
 
@@ -103,6 +104,7 @@ def carafe_forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int
         ``[N, C, sH, sW]`` (or ``[N, sH, sW, C]``), accumulated in float32 (float64 for float64).
     """
     layout = parse_layout("carafe", layout)
+    features, masks = mixed_to_float32(features, masks)
     k, g, s = checks.check_forward(features, masks, kernel_size, group_size, scale_factor,
                                    as_nchw(features, layout) if isinstance(features, torch.Tensor) and features.dim() == 4 else None,
                                    as_nchw(masks, layout) if isinstance(masks, torch.Tensor) and masks.dim() == 4 else None)
@@ -122,6 +124,7 @@ def carafe_backward(grad_output: torch.Tensor, features: torch.Tensor, masks: to
     gradient element is one gather-sum in a fixed order (no atomics).
     """
     layout = parse_layout("carafe", layout)
+    grad_output, features, masks = mixed_to_float32(grad_output, features, masks)
     nchw = (lambda t: as_nchw(t, layout) if isinstance(t, torch.Tensor) and t.dim() == 4 else None)
     k, g, s = checks.check_backward(grad_output, features, masks, kernel_size, group_size, scale_factor,
                                     nchw(grad_output), nchw(features), nchw(masks))

@@ -1,4 +1,4 @@
-"""carafe Triton kernels. Strides are arguments, so one kernel serves NCHW and NHWC; offsets are int64.
+"""carafe Triton kernels. Strides are arguments, so one kernel serves NCHW and NHWC.
 
 - forward: one program per tile of (output pixels x channels); it walks the k*k taps and reads the
   tap's input pixel and mask value, accumulating in float32 (float64 for float64).
@@ -6,6 +6,11 @@
   whose window covers the pixel (k*k taps x s*s sub-pixels), in a fixed order: deterministic, no atomics.
 - grad_mask: one program per (mask channel, tile of output pixels); it reduces gy * x over the
   group's channels in fixed-size chunks.
+
+Offsets are int32 whenever every tensor's span fits (``_core.indexing``), int64 otherwise (an
+``INDEX_64`` variant). Accumulating kernels hold a float32 (float64) accumulator per tile element, so
+their budget is 128 registers per thread (``REGISTER_BUDGET``, checked by the compile test). Tiles are
+16 pixels x 32 channels on 4 warps (4 elements per thread): 32 x 32 tiles took 140-255 registers.
 """
 from __future__ import annotations
 
@@ -13,19 +18,37 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._core.indexing import needs_int64
 from ..._core.layout import empty_nchw
 
-BLOCK_P = 32
+REGISTER_BUDGET = 128
+
+BLOCK_P = 16
 BLOCK_C = 32
+NUM_WARPS = 4
+
+
+@triton.jit
+def _program_ids(INDEX_64: tl.constexpr):
+    """(batch, axis-0, axis-1) program ids, widened to int64 in the large-tensor variant."""
+    n = tl.program_id(2)
+    p0 = tl.program_id(0)
+    p1 = tl.program_id(1)
+    if INDEX_64:
+        n = n.to(tl.int64)
+        p0 = p0.to(tl.int64)
+        p1 = p1.to(tl.int64)
+    return n, p0, p1
 
 
 @triton.jit
 def _carafe_forward_kernel(x_ptr, m_ptr, out_ptr, C, H, W, OW, OHW, Cg, K, R, S,
                            xs_n, xs_c, xs_h, xs_w, ms_n, ms_c, ms_h, ms_w, os_n, os_c, os_h, os_w,
-                           IS_F64: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    n = tl.program_id(2).to(tl.int64)
-    offs_p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_c = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+                           IS_F64: tl.constexpr, INDEX_64: tl.constexpr, BLOCK_P: tl.constexpr,
+                           BLOCK_C: tl.constexpr):
+    n, pid_p, pid_c = _program_ids(INDEX_64)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     live_p = offs_p < OHW
     live_c = offs_c < C
     oy = offs_p // OW
@@ -56,10 +79,11 @@ def _carafe_forward_kernel(x_ptr, m_ptr, out_ptr, C, H, W, OW, OHW, Cg, K, R, S,
 @triton.jit
 def _carafe_grad_input_kernel(gy_ptr, m_ptr, gx_ptr, C, H, W, HW, Cg, K, R, S,
                               gs_n, gs_c, gs_h, gs_w, ms_n, ms_c, ms_h, ms_w, xs_n, xs_c, xs_h, xs_w,
-                              IS_F64: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    n = tl.program_id(2).to(tl.int64)
-    offs_p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_c = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+                              IS_F64: tl.constexpr, INDEX_64: tl.constexpr, BLOCK_P: tl.constexpr,
+                              BLOCK_C: tl.constexpr):
+    n, pid_p, pid_c = _program_ids(INDEX_64)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     live_p = offs_p < HW
     live_c = offs_c < C
     iy = offs_p // W
@@ -71,21 +95,23 @@ def _carafe_grad_input_kernel(gy_ptr, m_ptr, gx_ptr, C, H, W, HW, Cg, K, R, S,
         acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
     gy_base = gy_ptr + n * gs_n + offs_c[None, :] * gs_c
     m_base = m_ptr + n * ms_n
-    for ky in range(0, K):
-        by = iy - ky + R          # input-resolution row of the output block that reads (iy, ix) at tap ky
-        row_ok = live_p & (by >= 0) & (by < H)
-        for kx in range(0, K):
-            bx = ix - kx + R
-            ok = (row_ok & (bx >= 0) & (bx < W))[:, None] & live_c[None, :]
-            mc = (g * K + ky) * K + kx
-            for py in range(0, S):
-                oy = by * S + py
-                for px in range(0, S):
-                    ox = bx * S + px
-                    gv = tl.load(gy_base + oy[:, None] * gs_h + ox[:, None] * gs_w, mask=ok, other=0.0)
-                    mv = tl.load(m_base + mc[None, :] * ms_c + oy[:, None] * ms_h + ox[:, None] * ms_w,
-                                 mask=ok, other=0.0)
-                    acc += gv.to(acc.dtype) * mv.to(acc.dtype)
+    # one flat loop over (ky, kx, py, px), in that nesting order: nested loops made ptxas keep (and spill)
+    # a set of strength-reduced addresses per level
+    subs = S * S
+    for t in range(0, K * K * subs):
+        tap = t // subs
+        sub = t % subs
+        ky = tap // K
+        kx = tap % K
+        by = iy - ky + R          # input-resolution block (row, col) whose window reads (iy, ix) at this tap
+        bx = ix - kx + R
+        ok = (live_p & (by >= 0) & (by < H) & (bx >= 0) & (bx < W))[:, None] & live_c[None, :]
+        oy = by * S + sub // S
+        ox = bx * S + sub % S
+        mc = (g * K + ky) * K + kx
+        gv = tl.load(gy_base + oy[:, None] * gs_h + ox[:, None] * gs_w, mask=ok, other=0.0)
+        mv = tl.load(m_base + mc[None, :] * ms_c + oy[:, None] * ms_h + ox[:, None] * ms_w, mask=ok, other=0.0)
+        acc += gv.to(acc.dtype) * mv.to(acc.dtype)
     out = gx_ptr + n * xs_n + offs_c[None, :] * xs_c + iy[:, None] * xs_h + ix[:, None] * xs_w
     tl.store(out, acc.to(gx_ptr.dtype.element_ty), mask=live_p[:, None] & live_c[None, :])
 
@@ -93,10 +119,10 @@ def _carafe_grad_input_kernel(gy_ptr, m_ptr, gx_ptr, C, H, W, HW, Cg, K, R, S,
 @triton.jit
 def _carafe_grad_mask_kernel(gy_ptr, x_ptr, gm_ptr, H, W, OW, OHW, Cg, K, R, S,
                              gs_n, gs_c, gs_h, gs_w, xs_n, xs_c, xs_h, xs_w, ms_n, ms_c, ms_h, ms_w,
-                             IS_F64: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    n = tl.program_id(2).to(tl.int64)
-    mc = tl.program_id(1).to(tl.int64)   # mask channel (g*K + ky)*K + kx
-    offs_p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+                             IS_F64: tl.constexpr, INDEX_64: tl.constexpr, BLOCK_P: tl.constexpr,
+                             BLOCK_C: tl.constexpr):
+    n, pid_p, mc = _program_ids(INDEX_64)   # mc: mask channel (g*K + ky)*K + kx
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     live_p = offs_p < OHW
     g = mc // (K * K)
     tap = mc % (K * K)
@@ -127,10 +153,12 @@ def forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int, group
     n, c, h, w = features.shape
     s, k = scale_factor, kernel_size
     out = empty_nchw((n, c, h * s, w * s), layout, like=features)
+    index_64 = needs_int64(features, masks, out, h * s * w * s + BLOCK_P, c + BLOCK_C)
     grid = (triton.cdiv(h * s * w * s, BLOCK_P), triton.cdiv(c, BLOCK_C), n)
     _carafe_forward_kernel[grid](features, masks, out, c, h, w, w * s, h * s * w * s, c // group_size, k,
                                  (k - 1) // 2, s, *features.stride(), *masks.stride(), *out.stride(),
-                                 IS_F64=features.dtype == torch.float64, BLOCK_P=BLOCK_P, BLOCK_C=BLOCK_C)
+                                 IS_F64=features.dtype == torch.float64, INDEX_64=index_64,
+                                 BLOCK_P=BLOCK_P, BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
     return out
 
 
@@ -141,13 +169,15 @@ def backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Ten
     is_f64 = features.dtype == torch.float64
     grad_input = empty_nchw((n, c, h, w), layout, like=features)
     grad_mask = empty_nchw(tuple(masks.shape), layout, like=masks)
+    index_64 = needs_int64(grad_output, features, masks, h * s * w * s + BLOCK_P, c + BLOCK_C)
     grid = (triton.cdiv(h * w, BLOCK_P), triton.cdiv(c, BLOCK_C), n)
     _carafe_grad_input_kernel[grid](grad_output, masks, grad_input, c, h, w, h * w, c // group_size, k,
                                     (k - 1) // 2, s, *grad_output.stride(), *masks.stride(),
-                                    *grad_input.stride(), IS_F64=is_f64, BLOCK_P=BLOCK_P, BLOCK_C=BLOCK_C)
+                                    *grad_input.stride(), IS_F64=is_f64, INDEX_64=index_64,
+                                    BLOCK_P=BLOCK_P, BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
     grid = (triton.cdiv(h * s * w * s, BLOCK_P), group_size * k * k, n)
     _carafe_grad_mask_kernel[grid](grad_output, features, grad_mask, h, w, w * s, h * s * w * s,
                                    c // group_size, k, (k - 1) // 2, s, *grad_output.stride(),
-                                   *features.stride(), *grad_mask.stride(), IS_F64=is_f64,
-                                   BLOCK_P=BLOCK_P, BLOCK_C=BLOCK_C)
+                                   *features.stride(), *grad_mask.stride(), IS_F64=is_f64, INDEX_64=index_64,
+                                   BLOCK_P=BLOCK_P, BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
     return grad_input, grad_mask

@@ -10,7 +10,12 @@ Kernels do the per-slot work, torch does the sorts (a sort-based join, no dense 
   the rows gives the position), so pairs stay in ascending input row within each offset.
 
 Geometry is padded to 4 dimensions (missing leading dimensions have size 1 and kernel 1) so one
-kernel serves 1-D to 4-D. All offsets are int64.
+kernel serves 1-D to 4-D. All offsets are int64 (linear site keys span B * prod(spatial shape)).
+
+Host synchronisation is inherent here: the number of output sites (``torch.unique``) sets the shape of
+``out_indices``, and subm's duplicate-site check reads a flag back, so each call waits for the GPU once
+or twice. It cannot run inside a CUDA graph; build kernel maps outside the captured region (the sparse
+layers cache them per ``indice_key``).
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..._core.autocast import to_autocast_dtype
 from ..._core.dispatch import backend_module, resolve_backend
 from ..._core.validate import pair, require
 from . import checks
@@ -199,6 +200,7 @@ def masked_conv2d(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional
         point, exact zeros elsewhere (no bias there, as in mmcv).
     """
     op = "masked_conv2d"
+    features, weight, bias = to_autocast_dtype(features, weight, bias)  # autocast: computes like torch.conv2d
     stride, dilation = pair(op, "stride", stride), pair(op, "dilation", dilation)
     pad_h, pad_w = pair(op, "padding", padding, min_value=0)  # torch's conv rejects negative padding too
     checks.check_masked_conv2d(op, features, mask, weight, bias, stride, dilation, groups)

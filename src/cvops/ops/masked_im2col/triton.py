@@ -2,11 +2,20 @@
 
 * im2col: one program per (block of mask points, tap, block of channels). Mask indices are read
   once per program, the feature is gathered through its strides, and stores run along M, the
-  contiguous axis of ``data_col``, so they coalesce. Offsets are int64.
-* col2im: zero output, then a scatter of each written point (unique targets, so no atomics).
+  contiguous axis of ``data_col``, so they coalesce.
+* col2im: zero output, then a scatter of each written point (unique targets, so no atomics; points
+  that are not written carry target -1, so the launch size is M and nothing is read back to the host).
   Its adjoint is im2col with a 1x1 window on the written points.
 * im2col backward: one launch per (tap, duplicate round); inside a launch every destination is
-  distinct, so a plain load-add-store is race-free and the sum order is fixed (deterministic).
+  distinct, so a plain load-add-store is race-free and the sum order is fixed (deterministic). The
+  number of rounds (how often one position repeats among the mask points) is read back to the host:
+  this backward synchronises once per call. (masked_conv2d's own ``nonzero`` of the mask does too: its
+  point count sets the output shape.)
+
+Offsets are int32 whenever every tensor's span fits (``_core.indexing``), int64 otherwise (an
+``INDEX_64`` variant). Mask indices may hold any value: the window test runs in their own dtype and
+only in-range positions are narrowed. Tiles are 16 channels x 64 points (8 elements per thread of 4
+warps), which keeps every kernel under 64 registers.
 """
 from __future__ import annotations
 
@@ -14,24 +23,33 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._core.indexing import needs_int64
 from . import cpu
 
 BLOCK_M = 64
-BLOCK_C = 32
+BLOCK_C = 16
+NUM_WARPS = 4
 
 
 @triton.jit
 def _im2col_kernel(feat_ptr, h_ptr, w_ptr, out_ptr, C, H, W, M, stride_c, stride_h, stride_w,
-                   kernel_w, taps, pad_h, pad_w, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+                   kernel_w, taps, pad_h, pad_w, INDEX_64: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_C: tl.constexpr):
     pid_m = tl.program_id(0)
     tap = tl.program_id(1)
     pid_c = tl.program_id(2)
-    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    if INDEX_64:
+        pid_m = pid_m.to(tl.int64)
+        pid_c = pid_c.to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     in_m = offs_m < M
-    h_im = tl.load(h_ptr + offs_m, mask=in_m, other=0).to(tl.int64) - pad_h + tap // kernel_w
-    w_im = tl.load(w_ptr + offs_m, mask=in_m, other=0).to(tl.int64) - pad_w + tap % kernel_w
+    # the window test in the indices' own dtype (any value is legal), offsets only where it passes
+    h_im = tl.load(h_ptr + offs_m, mask=in_m, other=0) - pad_h + tap // kernel_w
+    w_im = tl.load(w_ptr + offs_m, mask=in_m, other=0) - pad_w + tap % kernel_w
     inside = in_m & (h_im >= 0) & (h_im < H) & (w_im >= 0) & (w_im < W)
-    offs_c = pid_c.to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    h_im = tl.where(inside, h_im, 0).to(offs_m.dtype)
+    w_im = tl.where(inside, w_im, 0).to(offs_m.dtype)
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     in_c = offs_c < C
     src = feat_ptr + offs_c[:, None] * stride_c + (h_im * stride_h + w_im * stride_w)[None, :]
     vals = tl.load(src, mask=in_c[:, None] & inside[None, :], other=0)
@@ -41,18 +59,23 @@ def _im2col_kernel(feat_ptr, h_ptr, w_ptr, out_ptr, C, H, W, M, stride_c, stride
 
 @triton.jit
 def _scatter_columns_kernel(src_ptr, cols_ptr, dst_ptr, C, P, M, HW, ACCUMULATE: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
-    """``dst[c, target[p]] (+)= src[c, col[p]]`` for P points with distinct targets.
+                            INDEX_64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    """``dst[c, target[p]] (+)= src[c, col[p]]`` for P points with distinct targets (-1: skip the point).
 
     ``cols_ptr`` holds P source columns followed by P flat targets.
     """
     pid_p = tl.program_id(0)
     pid_c = tl.program_id(1)
-    offs_p = pid_p.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    if INDEX_64:
+        pid_p = pid_p.to(tl.int64)
+        pid_c = pid_c.to(tl.int64)
+    offs_p = pid_p * BLOCK_M + tl.arange(0, BLOCK_M)
     in_p = offs_p < P
     col = tl.load(cols_ptr + offs_p, mask=in_p, other=0)
-    target = tl.load(cols_ptr + P + offs_p, mask=in_p, other=0)
-    offs_c = pid_c.to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    target = tl.load(cols_ptr + P + offs_p, mask=in_p, other=-1)
+    in_p = target >= 0
+    target = tl.where(in_p, target, 0)
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     ok = (offs_c < C)[:, None] & in_p[None, :]
     vals = tl.load(src_ptr + offs_c[:, None] * M + col[None, :], mask=ok, other=0)
     dst = dst_ptr + offs_c[:, None] * HW + target[None, :]
@@ -72,7 +95,9 @@ def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, p
     grid = (triton.cdiv(mask_cnt, BLOCK_M), taps, triton.cdiv(channels, BLOCK_C))
     _im2col_kernel[grid](feature, mask_h_idx.contiguous(), mask_w_idx.contiguous(), data_col,
                          channels, height, width, mask_cnt, feature.stride(1), feature.stride(2),
-                         feature.stride(3), kernel_w, taps, pad_h, pad_w, BLOCK_M=BLOCK_M, BLOCK_C=BLOCK_C)
+                         feature.stride(3), kernel_w, taps, pad_h, pad_w,
+                         INDEX_64=needs_int64(feature, data_col, mask_cnt + BLOCK_M, channels + BLOCK_C),
+                         BLOCK_M=BLOCK_M, BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
     return data_col
 
 
@@ -81,10 +106,12 @@ def _scatter_columns(src, cols, targets, dst, accumulate):
     if points == 0:
         return
     channels, mask_cnt = src.shape
-    index = torch.cat([cols, targets]).to(torch.int64).contiguous()
+    index_64 = needs_int64(src, dst, 2 * points + BLOCK_M, channels + BLOCK_C)
+    index = torch.cat([cols, targets]).to(torch.int64 if index_64 else torch.int32).contiguous()
     grid = (triton.cdiv(points, BLOCK_M), triton.cdiv(channels, BLOCK_C))
     _scatter_columns_kernel[grid](src, index, dst, channels, points, mask_cnt, dst.shape[1],
-                                  ACCUMULATE=accumulate, BLOCK_M=BLOCK_M, BLOCK_C=BLOCK_C)
+                                  ACCUMULATE=accumulate, INDEX_64=index_64, BLOCK_M=BLOCK_M, BLOCK_C=BLOCK_C,
+                                  num_warps=NUM_WARPS)
 
 
 def im2col_backward(grad_col, mask_h_idx, mask_w_idx, channels, height, width, kernel_h, kernel_w, pad_h, pad_w):
@@ -116,8 +143,9 @@ def col2im_forward(masked_output, mask_h_idx, mask_w_idx, height, width):
     channels = masked_output.shape[0]
     output = torch.zeros(channels, height * width, dtype=masked_output.dtype, device=masked_output.device)
     flat, written = cpu.scatter_targets(mask_h_idx, mask_w_idx, height, width)
-    cols = written.nonzero().squeeze(1)
-    _scatter_columns(masked_output.contiguous(), cols, flat[cols], output, accumulate=False)
+    # every point, the unwritten ones with target -1: no compaction, so no host sync for its size
+    cols = torch.arange(flat.numel(), device=flat.device)
+    _scatter_columns(masked_output.contiguous(), cols, torch.where(written, flat, -1), output, accumulate=False)
     return output.view(1, channels, height, width)
 
 

@@ -1,16 +1,33 @@
 """psamask Triton kernels: one program per block of destination elements, walked in the
 destination's memory order (coalesced stores), each element loading its source or writing 0.
-Strides are arguments, so one kernel serves NCHW and NHWC; offsets are int64.
+Strides are arguments, so one kernel serves NCHW and NHWC.
+
+Index arithmetic is int32 whenever every offset fits (``_core.indexing``), int64 otherwise (a second
+compiled variant). A 4-warp program moves ``BLOCK`` = 512 elements, 4 per thread (256 in the int64
+variant): few enough registers (the compile check holds them under 64) that an SM keeps at least half
+its warps resident to hide the latency of the gathered loads.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from ..._core.indexing import needs_int64
 from ..._core.layout import empty_nchw
 from .checks import COLLECT
 
-BLOCK = 1024
+BLOCK = 512
+BLOCK_64 = 256   # int64 values take two registers each: half the elements per thread
+NUM_WARPS = 4
+
+
+@triton.jit
+def _block_offsets(INDEX_64: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's linear offsets, int64 for the large-tensor variant, int32 otherwise."""
+    pid = tl.program_id(0)
+    if INDEX_64:
+        pid = pid.to(tl.int64)
+    return pid * BLOCK + tl.arange(0, BLOCK)
 
 
 @triton.jit
@@ -36,8 +53,9 @@ def _decode(offs, C, H, W, CHANNELS_LAST: tl.constexpr):
 @triton.jit
 def _psamask_forward_kernel(x_ptr, out_ptr, total, H, W, h_mask, w_mask, half_h, half_w,
                             xs_n, xs_c, xs_h, xs_w, os_n, os_c, os_h, os_w,
-                            COLLECT_MODE: tl.constexpr, CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+                            COLLECT_MODE: tl.constexpr, CHANNELS_LAST: tl.constexpr, INDEX_64: tl.constexpr,
+                            BLOCK: tl.constexpr):
+    offs = _block_offsets(INDEX_64, BLOCK)
     live = offs < total
     n, c, h, w = _decode(offs, H * W, H, W, CHANNELS_LAST)
     if COLLECT_MODE:   # out[n, q=c, p=(h, w)]
@@ -55,8 +73,9 @@ def _psamask_forward_kernel(x_ptr, out_ptr, total, H, W, h_mask, w_mask, half_h,
 @triton.jit
 def _psamask_backward_kernel(dy_ptr, dx_ptr, total, H, W, h_mask, w_mask, half_h, half_w,
                              ys_n, ys_c, ys_h, ys_w, xs_n, xs_c, xs_h, xs_w,
-                             COLLECT_MODE: tl.constexpr, CHANNELS_LAST: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+                             COLLECT_MODE: tl.constexpr, CHANNELS_LAST: tl.constexpr, INDEX_64: tl.constexpr,
+                             BLOCK: tl.constexpr):
+    offs = _block_offsets(INDEX_64, BLOCK)
     live = offs < total
     n, m, ph, pw = _decode(offs, h_mask * w_mask, H, W, CHANNELS_LAST)
     qh = ph + m // w_mask - half_h
@@ -73,10 +92,13 @@ def _psamask_backward_kernel(dy_ptr, dx_ptr, total, H, W, h_mask, w_mask, half_h
 def _launch(kernel, src, dst, psa_type, h_mask, w_mask, layout):
     n, _, h, w = src.shape
     total = dst.numel()
-    kernel[(triton.cdiv(total, BLOCK),)](
+    index_64 = needs_int64(src, dst, total + BLOCK)
+    block = BLOCK_64 if index_64 else BLOCK
+    kernel[(triton.cdiv(total, block),)](
         src, dst, total, h, w, h_mask, w_mask, (h_mask - 1) // 2, (w_mask - 1) // 2,
         *src.stride(), *dst.stride(),
-        COLLECT_MODE=psa_type == COLLECT, CHANNELS_LAST=layout == "NHWC", BLOCK=BLOCK)
+        COLLECT_MODE=psa_type == COLLECT, CHANNELS_LAST=layout == "NHWC",
+        INDEX_64=index_64, BLOCK=block, num_warps=NUM_WARPS)
     return dst
 
 

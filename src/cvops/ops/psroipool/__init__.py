@@ -26,7 +26,7 @@ from ..._core.dispatch import backend_module
 from ..._core.errors import NotSupportedError
 from ..._core.layout import as_nchw, from_nchw, parse_layout
 from ..._core.validate import require
-from . import checks, cpu
+from . import checks
 
 __all__ = ["psroi_pool", "psroi_pool_backward"]
 

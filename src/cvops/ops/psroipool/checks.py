@@ -12,6 +12,7 @@ import numpy as np
 
 import torch
 
+from ..._core.sync import check_values
 from ..._core.validate import FLOAT_DTYPES, INDEX_DTYPES, check_int, check_same_device, check_tensor, require
 
 OP = "psroi_pool"
@@ -109,9 +110,21 @@ def check_roi_values(op: str, rois: torch.Tensor, batch: int) -> None:
     corners: a NaN or inf coordinate has no bin edges (R-FCN would read out of bounds; cvops raises).
 
     Data-dependent, so it runs once per call at the implementation entry (real tensors only), for every
-    backend; no kernel repeats it. CPU rois are read through numpy (a few microseconds for any R)."""
+    backend; no kernel repeats it. On CUDA it is an asynchronous device assertion (no host sync,
+    ``_core.sync``); elsewhere it raises :class:`BadParamError` naming the first bad entry."""
     if rois.shape[0] == 0:
         return
+    check_values(rois, lambda: _check_roi_values_on_host(op, rois, batch), lambda: _roi_values_ok(rois, batch),
+                 f"{op}: rois must hold batch indices in [0, N) (N = {batch}) and finite corners")
+
+
+def _roi_values_ok(rois: torch.Tensor, batch: int) -> torch.Tensor:
+    b = rois[:, 0]
+    return ((b > -1) & (b < batch)).all() & torch.isfinite(rois[:, 1:5]).all()
+
+
+def _check_roi_values_on_host(op: str, rois: torch.Tensor, batch: int) -> None:
+    """CPU rois are read through numpy (a few microseconds for any R); other host-readable devices through torch."""
     if rois.is_cpu:
         r = rois.detach()
         r = (r if r.dtype in (torch.float32, torch.float64) else r.float()).numpy()

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..._core.jit import numba_enabled
-from ..._core.layout import as_nchw, empty_nchw
+from ..._core.layout import empty_nchw
 from . import checks
 
 _SIGNS = (1.0, -1.0, -1.0, 1.0)  # corners (hs,ws), (hs,we), (he,ws), (he,we)

@@ -8,7 +8,8 @@ accumulates in fp32 (fp64 for float64). backward: a gather, so no atomics and a 
 one program per input pixel and block of channels loops over the RoIs in order and adds
 ``grad / area`` of the one bin of each RoI that owns that channel and covers the pixel. The gather relies
 on ``mapping_channel`` being the forward's (channel ``(ctop*PH + ph)*PW + pw``); any other mapping is
-rejected on this backend. Offsets are int64.
+rejected on this backend. Offsets are int32 whenever every tensor's span fits (``_core.indexing``), int64
+otherwise (an ``INDEX_64`` variant).
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import triton
 import triton.language as tl
 
 from ..._core.errors import NotSupportedError
+from ..._core.indexing import needs_int64
+from ..._core.sync import check_values
 from ..._core.layout import empty_nchw
 from . import checks
 from .cpu import _is_canonical, bin_edges, compute_dtype
@@ -26,7 +29,7 @@ from .cpu import _is_canonical, bin_edges, compute_dtype
 def _psroi_pool_forward_kernel(x_ptr, hs_ptr, he_ptr, ws_ptr, we_ptr, batch_ptr, out_ptr, map_ptr,
                                PH, PW, OD, xs_n, xs_c, xs_h, xs_w, os_r, os_c, os_h, os_w,
                                ms_r, ms_c, ms_h, ms_w,
-                               ACC_F64: tl.constexpr, BLOCK_C: tl.constexpr):
+                               ACC_F64: tl.constexpr, INDEX_64: tl.constexpr, BLOCK_C: tl.constexpr):
     pid = tl.program_id(0)
     pw = pid % PW
     ph = (pid // PW) % PH
@@ -35,7 +38,9 @@ def _psroi_pool_forward_kernel(x_ptr, hs_ptr, he_ptr, ws_ptr, we_ptr, batch_ptr,
     he = tl.load(he_ptr + r * PH + ph)
     ws = tl.load(ws_ptr + r * PW + pw)
     we = tl.load(we_ptr + r * PW + pw)
-    b = tl.load(batch_ptr + r).to(tl.int64)
+    b = tl.load(batch_ptr + r)
+    if INDEX_64:
+        b = b.to(tl.int64)
     ctop = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     live = ctop < OD
     chan = (ctop * PH + ph) * PW + pw
@@ -43,25 +48,24 @@ def _psroi_pool_forward_kernel(x_ptr, hs_ptr, he_ptr, ws_ptr, we_ptr, batch_ptr,
         acc = tl.zeros([BLOCK_C], dtype=tl.float64)
     else:
         acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-    src = x_ptr + b * xs_n + chan.to(tl.int64) * xs_c
-    zero64 = b * 0  # loop counters may be plain ints: adding an int64 zero widens the offsets
+    zero = b * 0  # loop counters may be plain ints: adding this zero gives them the index width
+    src = x_ptr + b * xs_n + (chan + zero) * xs_c
     for h in range(hs, he):
         for w in range(ws, we):
-            v = tl.load(src + (h + zero64) * xs_h + (w + zero64) * xs_w, mask=live, other=0.0)
+            v = tl.load(src + (h + zero) * xs_h + (w + zero) * xs_w, mask=live, other=0.0)
             acc += v.to(acc.dtype)
     area = (he - hs) * (we - ws)
     mean = tl.where(area > 0, acc / tl.maximum(area, 1).to(acc.dtype), 0.0)
-    r64 = r.to(tl.int64)
-    c64 = ctop.to(tl.int64)
-    tl.store(out_ptr + r64 * os_r + c64 * os_c + ph * os_h + pw * os_w,
-             mean.to(out_ptr.dtype.element_ty), mask=live)
-    tl.store(map_ptr + r64 * ms_r + c64 * ms_c + ph * ms_h + pw * ms_w, chan, mask=live)
+    ri = r + zero
+    ci = ctop + zero
+    tl.store(out_ptr + ri * os_r + ci * os_c + ph * os_h + pw * os_w, mean.to(out_ptr.dtype.element_ty), mask=live)
+    tl.store(map_ptr + ri * ms_r + ci * ms_c + ph * ms_h + pw * ms_w, chan, mask=live)
 
 
 @triton.jit
 def _psroi_pool_backward_kernel(g_ptr, hs_ptr, he_ptr, ws_ptr, we_ptr, batch_ptr, out_ptr,
                                 R, PH, PW, C, H, W, gs_r, gs_c, gs_h, gs_w, os_n, os_c, os_h, os_w,
-                                ACC_F64: tl.constexpr, BLOCK_C: tl.constexpr):
+                                ACC_F64: tl.constexpr, INDEX_64: tl.constexpr, BLOCK_C: tl.constexpr):
     pix = tl.program_id(0)
     w = pix % W
     h = (pix // W) % H
@@ -76,7 +80,9 @@ def _psroi_pool_backward_kernel(g_ptr, hs_ptr, he_ptr, ws_ptr, we_ptr, batch_ptr
         acc = tl.zeros([BLOCK_C], dtype=tl.float64)
     else:
         acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-    zero64 = n.to(tl.int64) * 0  # the loop counter may be a plain int: widen its offsets to int64
+    zero = n * 0  # the loop counter may be a plain int: adding this zero gives it the index width
+    if INDEX_64:
+        zero = zero.to(tl.int64)
     for r in range(0, R):
         if tl.load(batch_ptr + r) == n:
             hs = tl.load(hs_ptr + r * PH + ph, mask=live, other=0)
@@ -84,12 +90,28 @@ def _psroi_pool_backward_kernel(g_ptr, hs_ptr, he_ptr, ws_ptr, we_ptr, batch_ptr
             ws = tl.load(ws_ptr + r * PW + pw, mask=live, other=0)
             we = tl.load(we_ptr + r * PW + pw, mask=live, other=0)
             inside = live & (hs <= h) & (h < he) & (ws <= w) & (w < we)
-            g = tl.load(g_ptr + (r + zero64) * gs_r + ctop.to(tl.int64) * gs_c + ph * gs_h + pw * gs_w,
+            g = tl.load(g_ptr + (r + zero) * gs_r + (ctop + zero) * gs_c + ph * gs_h + pw * gs_w,
                         mask=inside, other=0.0).to(acc.dtype)
             area = tl.maximum((he - hs) * (we - ws), 1).to(acc.dtype)
             acc += tl.where(inside, g / area, 0.0)
-    dst = out_ptr + n.to(tl.int64) * os_n + c.to(tl.int64) * os_c + h.to(tl.int64) * os_h + w.to(tl.int64) * os_w
+    dst = out_ptr + (n + zero) * os_n + (c + zero) * os_c + (h + zero) * os_h + (w + zero) * os_w
     tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=live)
+
+
+_NOT_CANONICAL = ("the triton backend needs the forward's mapping_channel (channel (ctop*PH + ph)*PW + pw); "
+                  "use backend='cpu' for any other mapping")
+
+
+def _canonical(mapping_channel: torch.Tensor) -> torch.Tensor:
+    r, od, ph, pw = mapping_channel.shape
+    chan = torch.arange(od * ph * pw, device=mapping_channel.device, dtype=mapping_channel.dtype)
+    return (mapping_channel == chan.view(1, od, ph, pw)).all()
+
+
+def _check_canonical(mapping_channel: torch.Tensor, channels: int) -> None:
+    checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, channels)
+    if not _is_canonical(mapping_channel):
+        raise NotSupportedError(checks.OP_BACKWARD, _NOT_CANONICAL)
 
 
 def _edges_int32(rois, ph, pw, spatial_scale, h, w, dtype, convention):
@@ -122,7 +144,7 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
     _psroi_pool_forward_kernel[grid](
         input, hs, he, ws, we, batch, output, mapping, pooled_height, pooled_width, output_dim,
         *input.stride(), *output.stride(), *mapping.stride(),
-        ACC_F64=input.dtype == torch.float64, BLOCK_C=block)
+        ACC_F64=input.dtype == torch.float64, INDEX_64=needs_int64(input, output, mapping), BLOCK_C=block)
     return output, mapping
 
 
@@ -135,14 +157,12 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
     if top_grad.numel() == 0 or bottom.numel() == 0:
         return bottom.zero_()
     if not trusted_mapping:
-        checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
-    if not trusted_mapping and not _is_canonical(mapping_channel):
-        raise NotSupportedError(checks.OP_BACKWARD, "the triton backend needs the forward's mapping_channel "
-                                "(channel (ctop*PH + ph)*PW + pw); use backend='cpu' for any other mapping")
+        check_values(mapping_channel, lambda: _check_canonical(mapping_channel, c),
+                     lambda: _canonical(mapping_channel), f"{checks.OP_BACKWARD}: {_NOT_CANONICAL}")
     hs, he, ws, we, batch = _edges_int32(rois, ph, pw, spatial_scale, h, w, top_grad.dtype, convention)
     block = _block(c)
     grid = (n * h * w, triton.cdiv(c, block))
     _psroi_pool_backward_kernel[grid](
         top_grad, hs, he, ws, we, batch, bottom, r, ph, pw, c, h, w, *top_grad.stride(), *bottom.stride(),
-        ACC_F64=top_grad.dtype == torch.float64, BLOCK_C=block)
+        ACC_F64=top_grad.dtype == torch.float64, INDEX_64=needs_int64(top_grad, bottom), BLOCK_C=block)
     return bottom
