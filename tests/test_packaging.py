@@ -84,8 +84,10 @@ def test_wheel_installs_into_fresh_venv_and_runs_every_op(tmp_path):
                                check=True, capture_output=True, text=True).stdout.strip())
     # this interpreter's site-packages as a plain path line: its own .pth files (an editable cvops) stay inert
     (site / "host_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # --ignore-installed: the host's own (editable) cvops is visible through that path line, and pip would
+    # otherwise count it as installed and skip the wheel
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
-                    str(wheel)], check=True, capture_output=True, text=True)
+                    "--ignore-installed", str(wheel)], check=True, capture_output=True, text=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CVOPS_CASES")}
     run = subprocess.run([str(python), "-c", SMOKE], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300)

@@ -13,20 +13,21 @@ _NUMPY_OF = {torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16, 
 
 
 class _Interface:
-    """Carries an ``__array_interface__`` (NumPy's protocol for foreign memory)."""
+    """Carries an ``__array_interface__`` (NumPy's protocol for foreign memory) and the tensor that owns
+    the memory; the array keeps this object as its ``base``, so the tensor lives as long as the array."""
 
-    __slots__ = ("__array_interface__",)
+    __slots__ = ("__array_interface__", "owner")
 
 
 def numpy_alias(t: torch.Tensor) -> np.ndarray:
     """An ndarray over ``t``'s memory (same shape and strides) for the numba kernels.
 
     ``Tensor.numpy()`` would mark the storage non-resizable for good, so the caller's inputs and
-    cvops' outputs could no longer be resized; this alias leaves the storage as it is. The array does
-    not keep ``t`` alive: use it only while the caller holds ``t``. bfloat16 goes through
-    :func:`as_bits` first.
+    cvops' outputs could no longer be resized; this alias leaves the storage as it is and keeps ``t``
+    alive as long as the array, as ``Tensor.numpy()`` does. bfloat16 goes through :func:`as_bits` first.
     """
     holder = _Interface()
+    holder.owner = t
     holder.__array_interface__ = {
         "version": 3, "shape": tuple(t.shape), "typestr": np.dtype(_NUMPY_OF[t.dtype]).str,
         "data": (t.data_ptr() if t.numel() else 0, False),

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from numba import prange
 
+from ..._core.bits import numpy_alias
 from ..._core.jit import REASSOCIATE, match_torch_threads, njit, njit_variants, use_parallel
 from ..._core.jit_intrinsics import transpose8
 from ..._core.memory import new_empty
@@ -286,7 +287,6 @@ def _grad_mask(gy, x, gm, n_img, h, w, c, k, g, s, g_sn, g_sc, g_sy, g_sx):
 def _grad_input(gy, m, gx, n_img, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw):
     """``gx[n, iy, ix, c] = sum mask[n, tap, oy, ox] * gy[n, oy, ox, c]`` over the output pixels
     ``(oy, ox)`` whose tap reads ``(iy, ix)``; ``gy`` channels-last flat, ``gx`` flat NHWC or NCHW."""
-    u = np.uint64
     r = (k - 1) // 2
     cg = c // g
     sw = s * w
@@ -356,11 +356,11 @@ def _channels_last(t: torch.Tensor, acc: torch.dtype) -> np.ndarray:
     if t.is_contiguous():
         n, c, h, w = t.shape
         out = new_empty((n, h, w, c), acc, t.device)
-        flat = out.view(-1).numpy()
+        flat = numpy_alias(out.view(-1))
         _run(_to_channels_last_serial, _to_channels_last_parallel, t.numel() * 8,
-             t.view(-1).numpy(), flat, n, c, h * w)
+             numpy_alias(t.view(-1)), flat, n, c, h * w)
         return flat
-    return to_channels_last(t).reshape(-1).numpy()
+    return numpy_alias(to_channels_last(t).reshape(-1))
 
 
 def _strided(t: torch.Tensor, acc: torch.dtype):
@@ -370,7 +370,7 @@ def _strided(t: torch.Tensor, acc: torch.dtype):
         t = t.to(acc)
     span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
     flat = torch.as_strided(t, (span,), (1,), t.storage_offset())
-    return flat.numpy(), t.stride()
+    return numpy_alias(flat), t.stride()
 
 
 def _run(serial, parallel, work, *args):
@@ -395,7 +395,7 @@ def forward(features, masks, kernel_size, group_size, scale_factor, layout="NCHW
     shape = (n, c, h * s, w * s) if nchw else (n, h * s, w * s, c)
     out = new_empty(shape, acc, features.device)
     _run(_forward_serial, _forward_parallel, n * c * h * w * s * s * k * k,
-         x, m, out.view(-1).numpy(), n, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw)
+         x, m, numpy_alias(out.view(-1)), n, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw)
     out = out.to(features.dtype)
     return out if nchw else out.permute(0, 3, 1, 2)
 
@@ -420,9 +420,9 @@ def backward(grad_output, features, masks, kernel_size, group_size, scale_factor
         gm = gm_nhwc.permute(0, 3, 1, 2)
         gm_strides = gm.stride()
         gx = new_empty((n, h, w, c), acc, features.device)
-    gm_flat = (gm if nchw else gm_nhwc).view(-1).numpy()
+    gm_flat = numpy_alias((gm if nchw else gm_nhwc).view(-1))
     _run(_grad_mask_serial, _grad_mask_parallel, work, gy, x, gm_flat, n, h, w, c, k, g, s, *gm_strides)
-    _run(_grad_input_serial, _grad_input_parallel, work, gy, m, gx.view(-1).numpy(), n, h, w, c, k, g, s,
+    _run(_grad_input_serial, _grad_input_parallel, work, gy, m, numpy_alias(gx.view(-1)), n, h, w, c, k, g, s,
          m_sn, m_sc, m_sy, m_sx, nchw)
     gi = gx if nchw else gx.permute(0, 3, 1, 2)
     return gi.to(features.dtype), gm.to(masks.dtype)

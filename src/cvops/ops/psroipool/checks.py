@@ -12,6 +12,7 @@ import numpy as np
 
 import torch
 
+from ..._core.bits import numpy_alias
 from ..._core.sync import check_values
 from ..._core.validate import FLOAT_DTYPES, INDEX_DTYPES, check_int, check_same_device, check_tensor, require
 
@@ -127,7 +128,7 @@ def _check_roi_values_on_host(op: str, rois: torch.Tensor, batch: int) -> None:
     """CPU rois are read through numpy (a few microseconds for any R); other host-readable devices through torch."""
     if rois.is_cpu:
         r = rois.detach()
-        r = (r if r.dtype in (torch.float32, torch.float64) else r.float()).numpy()
+        r = numpy_alias(r if r.dtype in (torch.float32, torch.float64) else r.float())
         b = r[:, 0]
         bad_batch = ~((b > -1) & (b < batch))  # NaN fails both comparisons
         bad_coord = ~np.isfinite(r[:, 1:5])

@@ -30,6 +30,7 @@ import numba
 import numpy as np
 import torch
 
+from ..._core.bits import numpy_alias
 from ..._core.jit import njit
 from ..._core.jit_access import load, store, transpose
 from ..._core.jit_intrinsics import compile_slp
@@ -51,10 +52,10 @@ def _storage(t: torch.Tensor) -> np.ndarray:
     """The flat numpy array over a dense tensor's storage (16-bit floats as their bits)."""
     if t.dtype == torch.float16:
         t = t.view(torch.int16)
-        return t.numpy().reshape(-1).view(np.uint16)
+        return numpy_alias(t).reshape(-1).view(np.uint16)
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
-    return t.numpy().reshape(-1)
+    return numpy_alias(t).reshape(-1)
 
 
 def _dense(t: torch.Tensor) -> tuple[np.ndarray, tuple[int, ...]]:
@@ -434,7 +435,7 @@ def _plan(rois: torch.Tensor, dtype: torch.dtype, ph_n, pw_n, od, spatial_scale,
     """(rois array, bin edges, accumulation dtype, run length, rows per band, band scratch)."""
     acc = _acc_dtype(dtype)
     r = rois.detach()
-    r = (r if r.dtype in (torch.float32, torch.float64) else r.float()).contiguous().numpy()
+    r = numpy_alias((r if r.dtype in (torch.float32, torch.float64) else r.float()).contiguous())
     edges = _edges(r, np.array([spatial_scale], acc), ph_n, pw_n, height, width, convention == "torchvision")
     run = _run_length(od)
     row_entries = width * ph_n * pw_n * run
