@@ -11,11 +11,7 @@ after ``import cvops``, which registers the ``cvops::`` operators). A forward ha
 - TorchScript cannot compile those Python checks, so a scripted forward checks the shape rules the
   kernels rely on (``_script_require``) and calls the ``torch.ops.cvops`` operators directly.
 """
-from __future__ import annotations
-"""``torch.nn`` modules with mmcv/torchvision names and signatures."""
 from typing import List, Optional, Tuple, Union
-
-from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn

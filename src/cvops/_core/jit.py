@@ -26,6 +26,8 @@ thread count first, so ``OMP_NUM_THREADS`` / ``torch.set_num_threads`` bound bot
 """
 from __future__ import annotations
 
+import importlib
+
 import os
 import types
 from functools import lru_cache
@@ -50,6 +52,20 @@ def numba_available() -> bool:
 def numba_enabled() -> bool:
     """numba is installed and not switched off with ``CVOPS_NUMBA=0`` (read on every call: tests flip it)."""
     return _enabled_by(os.environ.get(ENV_SWITCH))
+
+
+def numba_kernels(package: str, *tensors):
+    """The op's compiled loops (``<package>.cpu_numba``) when numba is enabled and they take these
+    tensors (``cpu_numba.supports``); None selects the op's torch code. Every op decides here."""
+    if not numba_enabled():
+        return None
+    module = _kernels_module(package)
+    return module if module.supports(*tensors) else None
+
+
+@lru_cache(maxsize=None)
+def _kernels_module(package: str):
+    return importlib.import_module(f"{package}.cpu_numba")  # imported on first use (it imports numba)
 
 
 @lru_cache(maxsize=16)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from cvops._core.jit import numba_enabled
+from ..._core.jit import numba_kernels
 from cvops._core.memory import new_empty, new_zeros
 from cvops._core.parallel import run_split, single_threaded
 from cvops._core.transpose import to_channels_last
@@ -39,15 +39,6 @@ from cvops._core.transpose import to_channels_last
 # Accumulator elements per chunk (1 MiB of float32): stays in cache across the k products. Chunks
 # are dealt to the cores by run_split (each core runs its products single-threaded: no barriers).
 _CHUNK_ELEMS = 1 << 18
-
-
-def _numba_path(*tensors: torch.Tensor):
-    """The compiled loops (``cpu_numba``) when numba is installed, not switched off (``CVOPS_NUMBA=0``)
-    and suited to these tensors; None selects the torch code below."""
-    if not numba_enabled():
-        return None
-    from . import cpu_numba
-    return cpu_numba if cpu_numba.supports(*tensors) else None
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -209,7 +200,7 @@ def forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int, group
             scale_factor: int, layout: str = "NCHW") -> torch.Tensor:
     """features ``[N, C, H, W]`` and masks ``[N, G*k*k, sH, sW]`` (logical NCHW views) ->
     output ``[N, C, sH, sW]`` (logical NCHW view, stored in ``layout``)."""
-    fused = _numba_path(features, masks)
+    fused = numba_kernels(__package__, features, masks)
     if fused is not None:
         return fused.forward(features, masks, kernel_size, group_size, scale_factor, layout)
     n, c, h, w = features.shape
@@ -252,7 +243,7 @@ def backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Ten
              group_size: int, scale_factor: int, layout: str = "NCHW"):
     """Returns ``(grad_input [N, C, H, W], grad_mask [N, G*k*k, sH, sW])`` as logical NCHW views
     stored in ``layout``."""
-    fused = _numba_path(grad_output, features, masks)
+    fused = numba_kernels(__package__, grad_output, features, masks)
     if fused is not None:
         return fused.backward(grad_output, features, masks, kernel_size, group_size, scale_factor, layout)
     n, c, h, w = features.shape

@@ -14,17 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ..._core.jit import numba_enabled
+from ..._core.jit import numba_kernels
 from ..._core.memory import new_empty, new_zeros
-
-
-def _numba_path(*tensors: torch.Tensor):
-    """The fused numba kernels (``cpu_numba``) when installed, not switched off (``CVOPS_NUMBA=0``) and
-    suited to these tensors; None selects the torch code below."""
-    if not numba_enabled():
-        return None
-    from . import cpu_numba
-    return cpu_numba if cpu_numba.supports(*tensors) else None
 
 
 def tap_positions(mask_h_idx, mask_w_idx, height, width, kernel_h, kernel_w, pad_h, pad_w):
@@ -42,7 +33,7 @@ def tap_positions(mask_h_idx, mask_w_idx, height, width, kernel_h, kernel_w, pad
 
 def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w):
     """``feature [1, C, H, W]`` -> ``data_col [C*kh*kw, M]`` (see the module docstring)."""
-    fused = _numba_path(feature, mask_h_idx, mask_w_idx)
+    fused = numba_kernels(__package__, feature, mask_h_idx, mask_w_idx)
     if fused is not None:
         return fused.im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w)
     _, channels, height, width = feature.shape

@@ -20,20 +20,11 @@ from typing import NamedTuple
 
 import torch
 
-from ..._core.jit import numba_enabled
+from ..._core.jit import numba_kernels
 from ..._core.layout import empty_nchw
 from ..._core.parallel import run_split
 from ..._core.strided import View, strided_copy, zero_fill
 from .checks import COLLECT
-
-
-def _numba_path(t: torch.Tensor):
-    """The compiled loops (``cpu_numba``) when numba is installed, not switched off (``CVOPS_NUMBA=0``)
-    and suited to ``t``; None selects the strided copies below."""
-    if not numba_enabled():
-        return None
-    from . import cpu_numba
-    return cpu_numba if cpu_numba.supports(t) else None
 
 
 class _Piece(NamedTuple):
@@ -110,7 +101,7 @@ def _covers(t_size_h, t_size_w, h_mask, w_mask) -> bool:
 
 def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
     """x: logical NCHW ``[N, h_mask*w_mask, H, W]`` -> logical NCHW ``[N, H*W, H, W]`` stored in ``layout``."""
-    fast = _numba_path(x)
+    fast = numba_kernels(__package__, x)
     if fast is not None:
         return fast.forward(x, psa_type, h_mask, w_mask, layout)
     n, _, h, w = x.shape
@@ -123,7 +114,7 @@ def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: st
 
 def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
     """dy: logical NCHW ``[N, H*W, H, W]`` -> dx logical NCHW ``[N, h_mask*w_mask, H, W]``."""
-    fast = _numba_path(dy)
+    fast = numba_kernels(__package__, dy)
     if fast is not None:
         return fast.backward(dy, psa_type, h_mask, w_mask, layout)
     n, _, h, w = dy.shape

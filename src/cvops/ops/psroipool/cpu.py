@@ -22,26 +22,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..._core.jit import numba_enabled
+from ..._core.jit import numba_kernels
 from ..._core.layout import empty_nchw
 from . import checks
 
 _SIGNS = (1.0, -1.0, -1.0, 1.0)  # corners (hs,ws), (hs,we), (he,ws), (he,we)
-
-
-def _numba_path(*tensors: torch.Tensor):
-    """The compiled loops (``cpu_numba``) when numba is installed, not switched off (``CVOPS_NUMBA=0``) and
-    suited to these tensors; None selects the torch code below. The one place that decides."""
-    if not numba_enabled():
-        return None
-    fused = _FUSED.get("module")
-    if fused is None:  # imported on first use (it imports numba)
-        from . import cpu_numba as fused
-        _FUSED["module"] = fused
-    return fused if fused.supports(*tensors) else None
-
-
-_FUSED: dict = {}  # the cpu_numba module once imported
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -148,7 +133,7 @@ def _integral_table(values: torch.Tensor, dtype: torch.dtype, centre: bool):
 def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
             spatial_scale: float, output_dim: int, out_layout: str = "NCHW", convention: str = "rfcn"):
     """(output, mapping_channel int32) as logical NCHW views of tensors stored in ``out_layout``."""
-    fused = _numba_path(input, rois) if input.numel() > 0 and rois.shape[0] > 0 else None
+    fused = numba_kernels(__package__, input, rois) if input.numel() > 0 and rois.shape[0] > 0 else None
     if fused is not None:
         return fused.forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout,
                              convention)
@@ -234,7 +219,7 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
     ``trusted_mapping``: mapping_channel comes from this library's forward (autograd), so its range and
     canonical form need no check.
     """
-    fused = _numba_path(top_grad, rois, mapping_channel) if top_grad.numel() > 0 and 0 not in input_shape else None
+    fused = numba_kernels(__package__, top_grad, rois, mapping_channel) if top_grad.numel() > 0 and 0 not in input_shape else None
     if fused is not None:
         return fused.backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, out_layout,
                               trusted_mapping, convention)
