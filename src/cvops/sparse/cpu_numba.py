@@ -135,6 +135,115 @@ def scatter_add_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor)
     _raise_if_bad(kernel(out.numpy(), index.numpy(), rows.contiguous().numpy()), index, out.shape[0])
 
 
+# The chunk-list kernels below serve one round of ``cpu.py``: ``chunks[q] = (k, c0, c1, pos)`` names the
+# pairs ``c0:c1`` of offset ``k``, whose rows sit at ``pos:pos + c1 - c0`` of the work buffers. One call
+# moves the rows of every chunk of the round, so the Python and dispatch cost is paid per round, not per
+# offset. Chunks run in list order (ascending offset) and the rows of one chunk in parallel at most, so
+# every output element receives its additions in the same order as the per-offset loop.
+
+def _gather_chunks(out, src, pairs, col, chunks):
+    c = src.shape[1]
+    limit = src.shape[0]
+    bad = 0
+    for q in range(chunks.shape[0]):
+        k, c0, c1, pos = chunks[q, 0], chunks[q, 1], chunks[q, 2], chunks[q, 3]
+        for i in prange(c1 - c0):
+            row = pairs[k, col, c0 + i]
+            if row < 0 or row >= limit:
+                bad += 1
+                continue
+            for j in range(c):
+                out[pos + i, j] = src[row, j]
+    return bad
+
+
+def _scatter_add_chunks(out, pairs, col, chunks, rows):
+    c = rows.shape[1]
+    limit = out.shape[0]
+    bad = 0
+    for q in range(chunks.shape[0]):
+        k, c0, c1, pos = chunks[q, 0], chunks[q, 1], chunks[q, 2], chunks[q, 3]
+        for i in prange(c1 - c0):
+            dst = pairs[k, col, c0 + i]
+            if dst < 0 or dst >= limit:
+                bad += 1
+                continue
+            for j in range(c):
+                out[dst, j] += rows[pos + i, j]
+    return bad
+
+
+def _scatter_add_gather_chunks(out, pairs, col, chunks, rows, taken, src):
+    c = rows.shape[1]
+    c_src = src.shape[1]
+    limit = min(out.shape[0], src.shape[0])
+    bad = 0
+    for q in range(chunks.shape[0]):
+        k, c0, c1, pos = chunks[q, 0], chunks[q, 1], chunks[q, 2], chunks[q, 3]
+        for i in prange(c1 - c0):
+            row = pairs[k, col, c0 + i]
+            if row < 0 or row >= limit:
+                bad += 1
+                continue
+            for j in range(c):
+                out[row, j] += rows[pos + i, j]
+            for j in range(c_src):
+                taken[pos + i, j] = src[row, j]
+    return bad
+
+
+_gather_chunks_variants = njit_variants(_gather_chunks)
+_scatter_chunks_variants = njit_variants(_scatter_add_chunks)
+_fused_chunks_variants = njit_variants(_scatter_add_gather_chunks)
+
+
+def _chunk_kernel(variants, work: int):
+    if jit.use_parallel(work):
+        match_torch_threads()
+        return variants[1]
+    return variants[0]
+
+
+def _chunk_rows_used(chunks) -> int:
+    return int(chunks[-1, 3] + chunks[-1, 2] - chunks[-1, 1]) if len(chunks) else 0
+
+
+def gather_chunks(out: torch.Tensor, src: torch.Tensor, pairs: torch.Tensor, col: int, chunks) -> None:
+    """``out[pos + i] = src[pairs[k, col, c0 + i]]`` for every chunk ``(k, c0, c1, pos)`` (int64 numpy)."""
+    n = _chunk_rows_used(chunks)
+    if n == 0:
+        return
+    require(out.shape[0] >= n and out.shape[1] == src.shape[1], "indice_conv", "gather_chunks: buffer shapes do not match")
+    kernel = _chunk_kernel(_gather_chunks_variants, n * out.shape[1])
+    bad = kernel(out.numpy(), src.numpy(), pairs.numpy(), col, chunks)
+    _raise_if_bad(bad, pairs, src.shape[0])
+
+
+def scatter_add_chunks(out: torch.Tensor, pairs: torch.Tensor, col: int, chunks, rows: torch.Tensor) -> None:
+    """``out[pairs[k, col, c0 + i]] += rows[pos + i]`` for every chunk, in chunk order."""
+    n = _chunk_rows_used(chunks)
+    if n == 0:
+        return
+    require(rows.shape[0] >= n and out.shape[1] == rows.shape[1], "indice_conv",
+            "scatter_add_chunks: buffer shapes do not match")
+    kernel = _chunk_kernel(_scatter_chunks_variants, n * out.shape[1])
+    bad = kernel(out.numpy(), pairs.numpy(), col, chunks, rows.numpy())
+    _raise_if_bad(bad, pairs, out.shape[0])
+
+
+def scatter_add_gather_chunks(out: torch.Tensor, pairs: torch.Tensor, col: int, chunks, rows: torch.Tensor,
+                              taken: torch.Tensor, src: torch.Tensor) -> None:
+    """:func:`scatter_add_chunks` into ``out`` and ``taken[pos + i] = src[same row]``, one pass."""
+    n = _chunk_rows_used(chunks)
+    if n == 0:
+        return
+    require(rows.shape[0] >= n and taken.shape[0] >= n and out.shape[1] == rows.shape[1] and
+            taken.shape[1] == src.shape[1], "indice_conv", "scatter_add_gather_chunks: buffer shapes do not match")
+    kernel = _chunk_kernel(_fused_chunks_variants, n * (out.shape[1] + src.shape[1]))
+    bad = kernel(out.numpy(), pairs.numpy(), col, chunks, rows.numpy(), taken.numpy(), src.numpy())
+    _raise_if_bad(bad, pairs, min(out.shape[0], src.shape[0]))
+
+
 def _block_bounds(pairs, counts, col, block_rows, bounds, ascending):
     n_blocks = bounds.shape[1] - 1
     for k in prange(pairs.shape[0]):
