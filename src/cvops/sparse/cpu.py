@@ -3,17 +3,20 @@
 Gather-GEMM-scatter, one GEMM per kernel offset, in blocks of destination rows:
 
     for each block of destination rows [r0, r1)  (the blocks run in parallel, one per core)
-        for each offset k, ascending
-            rows = features[src_k]           pairs of offset k whose destination lies in the block
-            out[dst_k] += rows @ weight[k]   (mm, then a row scatter-add: index_add_, or cpu_numba's loop)
+        for each round: the block's pairs, offsets ascending, cut into runs of at most CHUNK_BYTES rows
+            rows = features[src]                 one gather for every offset of the round
+            prods[offset k] = rows[k] @ weight[k] one mm per offset
+            out[dst] += prods                    one scatter-add, offset after offset
 
 Each offset's pairs are sorted by destination row (the layers pass maps in that order; others are
 sorted here), so a block's pairs of one offset are one contiguous segment. Working block by block keeps
 the block's output rows and the gathered rows / products in cache between the gather, the GEMM and the
 scatter, instead of streaming offset-sized workspaces through memory three times; and the blocks need
-no barrier between offsets, because no two blocks write the same row.
+no barrier between offsets, because no two blocks write the same row. A round costs two or three
+compiled row loops (cpu_numba's chunk kernels) whatever the number of offsets in it, so the Python and
+dispatch cost does not grow with the kernel volume.
 
-Determinism and thread count: the blocks and the chunks within a segment have fixed sizes (they depend
+Determinism and thread count: the blocks and the rounds within a block have fixed sizes (they depend
 on the channels and the dtype, never on the number of threads), each block runs single-threaded (one
 MKL call per chunk), and within one offset every destination row occurs at most once. So every output
 element receives the same additions in the same order (identity offset first, then ascending k)

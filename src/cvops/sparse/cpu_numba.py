@@ -2,15 +2,17 @@
 
 Why: ``Tensor.index_add_`` on CPU walks the index serially and pays a tensor-iterator step per row, about
 twice the cost of the matching ``index_select``; at network scale it was a fifth of the encoder's time.
-Here ``out[index[i]] += rows[i]`` is one tight loop per row, parallel over rows when torch uses several
-threads (``cpu.py`` calls them from its single-threaded block workers, so there they run serially).
+Here ``out[index[i]] += rows[i]`` is one tight loop per row. One call moves the rows of a whole round of
+``cpu.py`` (a list of chunks, each a run of one offset's pairs), parallel over the rows of a chunk when
+torch uses several threads (``cpu.py`` calls them from its single-threaded block workers, so there they
+run serially).
 
 Also here: the per-offset block bounds of a sorted map (binary search, plus a branch-free sortedness pass)
 and the stable per-offset sort of a map by one column, both without the int64 copy the torch versions make.
 
-Determinism: callers pass one kernel offset at a time, whose destination rows are unique, so every output
-element receives at most one addition per call, in the same offset order as the torch path: the bits equal
-``index_add_``'s whatever the thread count.
+Determinism: chunks run in list order and the destination rows of one chunk (one offset) are unique, so
+every output element receives its additions in the same order as the torch path (``index_add_`` offset
+after offset): the bits are the same whatever the thread count.
 """
 from __future__ import annotations
 
@@ -33,106 +35,10 @@ def supports(out: torch.Tensor) -> bool:
 # range, so no index, whatever its origin, reads or writes outside an array; the wrappers raise on a
 # non-zero count. The check is one compare per row, beside a loop over the row's channels.
 
-def _gather(out, src, index):
-    n, c = out.shape
-    limit = src.shape[0]
-    bad = 0
-    for i in prange(n):
-        row = index[i]
-        if row < 0 or row >= limit:
-            bad += 1
-            continue
-        for j in range(c):
-            out[i, j] = src[row, j]
-    return bad
-
-
-def _scatter_add(out, index, rows):
-    n, c = rows.shape
-    limit = out.shape[0]
-    bad = 0
-    for i in prange(n):
-        dst = index[i]
-        if dst < 0 or dst >= limit:
-            bad += 1
-            continue
-        for j in range(c):
-            out[dst, j] += rows[i, j]
-    return bad
-
-
-def _scatter_add_gather(out, index, rows, taken, src):
-    n, c = rows.shape
-    c_src = src.shape[1]
-    limit = min(out.shape[0], src.shape[0])
-    bad = 0
-    for i in prange(n):
-        row = index[i]
-        if row < 0 or row >= limit:
-            bad += 1
-            continue
-        for j in range(c):
-            out[row, j] += rows[i, j]
-        for j in range(c_src):
-            taken[i, j] = src[row, j]
-    return bad
-
-
 def _raise_if_bad(bad: int, index: torch.Tensor, rows: int) -> None:
     if bad:
         lo, hi = (int(v) for v in torch.aminmax(index))
         require(False, "indice_conv", f"{bad} row index(es) outside [0, {rows}) (indices in [{lo}, {hi}])")
-
-
-_serial, _parallel = njit_variants(_scatter_add)
-_fused_serial, _fused_parallel = njit_variants(_scatter_add_gather)
-_gather_serial, _gather_parallel = njit_variants(_gather)
-
-
-def scatter_add_gather_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor, taken: torch.Tensor,
-                            src: torch.Tensor) -> None:
-    """``out[index[i]] += rows[i]`` and ``taken[i] = src[index[i]]`` in one pass over ``index`` (backward:
-    the input-gradient scatter and the input-row gather for the weight gradient share their rows)."""
-    n = rows.shape[0]
-    if n == 0:
-        return
-    if jit.use_parallel(n * (rows.shape[1] + src.shape[1])):
-        match_torch_threads()
-        kernel = _fused_parallel
-    else:
-        kernel = _fused_serial
-    require(taken.shape[0] >= n and taken.shape[1] == src.shape[1] and index.shape[0] >= n and
-            out.shape[1] == rows.shape[1], "indice_conv", "scatter_add_gather_rows: buffer shapes do not match")
-    bad = kernel(out.numpy(), index.numpy(), rows.contiguous().numpy(), taken.numpy(), src.numpy())
-    _raise_if_bad(bad, index, min(out.shape[0], src.shape[0]))
-
-
-def gather_rows(out: torch.Tensor, src: torch.Tensor, index: torch.Tensor) -> None:
-    """``out[i] = src[index[i]]`` (``index_select`` into a contiguous ``out``; a plain copy, same bits)."""
-    n, c = out.shape
-    if n == 0:
-        return
-    if jit.use_parallel(n * c):
-        match_torch_threads()
-        kernel = _gather_parallel
-    else:
-        kernel = _gather_serial
-    require(index.shape[0] >= n and src.shape[1] == c, "indice_conv", "gather_rows: buffer shapes do not match")
-    _raise_if_bad(kernel(out.numpy(), src.numpy(), index.numpy()), index, src.shape[0])
-
-
-def scatter_add_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> None:
-    """``out[index[i]] += rows[i]`` in place; ``index`` must not repeat (one kernel offset's rows)."""
-    n, c = rows.shape
-    if n == 0:
-        return
-    if jit.use_parallel(n * c):  # looked up on the module so tests can force either variant
-        match_torch_threads()
-        kernel = _parallel
-    else:
-        kernel = _serial
-    require(index.shape[0] >= n and out.shape[1] == c, "indice_conv", "scatter_add_rows: buffer shapes do not match")
-    _raise_if_bad(kernel(out.numpy(), index.numpy(), rows.contiguous().numpy()), index, out.shape[0])
 
 
 # The chunk-list kernels below serve one round of ``cpu.py``: ``chunks[q] = (k, c0, c1, pos)`` names the
