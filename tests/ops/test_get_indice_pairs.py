@@ -180,6 +180,26 @@ def test_property_cpu_matches_reference(ndim, batch, data):
     assert_same(cvops.get_indice_pairs(idx, batch, shape, k, s, p, d, **kw, backend="cpu"), expected)
 
 
+@pytest.mark.parametrize("shape,k,p,d", [((20, 30, 25), 3, 1, 1), ((9, 11, 7), (3, 1, 5), (0, 2, 1), (2, 1, 1)),
+                                         ((6, 5, 4, 7), 3, 1, 1)])
+def test_subm_numba_merge_equals_torch_join(shape, k, p, d, monkeypatch):
+    """The numba subm map (one merge of sorted keys per offset) is the torch join's map, bit for bit, on
+    unsorted sites (the pairs listed in input-row order either way)."""
+    from cvops._core import jit
+    if not jit.numba_available():
+        pytest.skip("numba not installed")
+    n = len(shape)
+    idx = synth.uniform_voxels(400, 2, list(shape), seed=3)
+    idx = idx[torch.randperm(idx.shape[0], generator=torch.Generator().manual_seed(0))]
+    args = (idx, 2, list(shape), list(_tuple(k, n)), [1] * n, list(_tuple(p, n)), list(_tuple(d, n)))
+    results = []
+    for switch in ("0", "1"):
+        monkeypatch.setenv("CVOPS_NUMBA", switch)
+        results.append(cvops.get_indice_pairs(*args, subm=True, backend="cpu"))
+    assert int(results[0][2].sum()) > idx.shape[0]
+    assert_same(results[1], results[0])
+
+
 @requires_triton
 @settings(max_examples=6, deadline=None)
 @given(subm=st.booleans(), seed=st.integers(0, 50), k=st.integers(1, 3), s=st.integers(1, 2))

@@ -2,6 +2,7 @@
 numba and the torch path (``cpu_path`` fixture), never reads out of bounds or wraps silently."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -55,14 +56,17 @@ def test_numba_row_kernels_are_bounds_safe(which):
     src = torch.randn(8, 4)
     out = torch.zeros(8, 4)
     rows = torch.randn(3, 4)
+    chunks = np.array([[0, 0, 3, 0]], dtype=np.int64)   # offset 0, pairs 0:3, buffer rows 0:3
     for index in (torch.tensor([0, 1, 1 << 28], dtype=torch.int32), torch.tensor([0, -3, 2], dtype=torch.int32)):
+        pairs = torch.stack([index, index])[None].contiguous()
         with pytest.raises(BadParamError, match="row index"):
             if which == "gather":
-                cpu_numba.gather_rows(torch.empty(3, 4), src, index)
+                cpu_numba.gather_chunks(torch.empty(3, 4), src, pairs, 0, chunks)
             elif which == "scatter":
-                cpu_numba.scatter_add_rows(out, index, rows)
+                cpu_numba.scatter_add_chunks(out, pairs, 1, chunks, rows)
             else:
-                cpu_numba.scatter_add_gather_rows(out, index, rows, torch.empty(3, 4), src)
+                cpu_numba.scatter_add_gather_chunks(out, pairs, 0, chunks, rows, torch.empty(3, 4), src)
+    assert torch.equal(out[3:], torch.zeros(5, 4))  # rows no index reached stay untouched
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])

@@ -3,17 +3,20 @@
 Gather-GEMM-scatter, one GEMM per kernel offset, in blocks of destination rows:
 
     for each block of destination rows [r0, r1)  (the blocks run in parallel, one per core)
-        for each offset k, ascending
-            rows = features[src_k]           pairs of offset k whose destination lies in the block
-            out[dst_k] += rows @ weight[k]   (mm, then a row scatter-add: index_add_, or cpu_numba's loop)
+        for each round: the block's pairs, offsets ascending, cut into runs of at most CHUNK_BYTES rows
+            rows = features[src]                 one gather for every offset of the round
+            prods[offset k] = rows[k] @ weight[k] one mm per offset
+            out[dst] += prods                    one scatter-add, offset after offset
 
 Each offset's pairs are sorted by destination row (the layers pass maps in that order; others are
 sorted here), so a block's pairs of one offset are one contiguous segment. Working block by block keeps
 the block's output rows and the gathered rows / products in cache between the gather, the GEMM and the
 scatter, instead of streaming offset-sized workspaces through memory three times; and the blocks need
-no barrier between offsets, because no two blocks write the same row.
+no barrier between offsets, because no two blocks write the same row. A round costs two or three
+compiled row loops (cpu_numba's chunk kernels) whatever the number of offsets in it, so the Python and
+dispatch cost does not grow with the kernel volume.
 
-Determinism and thread count: the blocks and the chunks within a segment have fixed sizes (they depend
+Determinism and thread count: the blocks and the rounds within a block have fixed sizes (they depend
 on the channels and the dtype, never on the number of threads), each block runs single-threaded (one
 MKL call per chunk), and within one offset every destination row occurs at most once. So every output
 element receives the same additions in the same order (identity offset first, then ascending k)
@@ -28,6 +31,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import wait
 
+import numpy as np
 import torch
 
 from .._core.jit import numba_enabled
@@ -49,35 +53,49 @@ def _chunk_rows(channels: int, itemsize: int) -> int:
     return max(1, CHUNK_BYTES // max(1, channels * itemsize))
 
 
-def _scatter(out: torch.Tensor):
-    """``scatter(index, rows)``: ``out[index] += rows`` for one offset (unique rows), numba when enabled."""
-    if numba_enabled():
+def _numba_rows(*tensors) -> bool:
+    if not numba_enabled():
+        return False
+    from . import cpu_numba
+    return all(cpu_numba.supports(t) for t in tensors)
+
+
+def _gather(src: torch.Tensor, pairs: torch.Tensor, col: int):
+    """``gather(chunks, out)``: ``out[pos + i] = src[pairs[k, col, c0 + i]]`` for every chunk of a round."""
+    if _numba_rows(src):
         from . import cpu_numba
-        if cpu_numba.supports(out):
-            return lambda index, rows: cpu_numba.scatter_add_rows(out, index, rows)
-    return lambda index, rows: out.index_add_(0, index, rows)
+        return lambda chunks, out: cpu_numba.gather_chunks(out, src, pairs, col, chunks)
+
+    def each(chunks, out):
+        for k, c0, c1, pos in chunks.tolist():
+            torch.index_select(src, 0, pairs[k, col, c0:c1], out=out[pos:pos + c1 - c0])
+    return each
 
 
-def _gather(src: torch.Tensor):
-    """``gather(index, out)``: ``out[:] = src[index]``, numba when enabled."""
-    if numba_enabled():
+def _scatter(out: torch.Tensor, pairs: torch.Tensor, col: int):
+    """``scatter(chunks, rows)``: ``out[pairs[k, col, c0 + i]] += rows[pos + i]``, chunk by chunk in order."""
+    if _numba_rows(out):
         from . import cpu_numba
-        if cpu_numba.supports(src):
-            return lambda index, out: cpu_numba.gather_rows(out, src, index)
-    return lambda index, out: torch.index_select(src, 0, index, out=out)
+        return lambda chunks, rows: cpu_numba.scatter_add_chunks(out, pairs, col, chunks, rows)
+
+    def each(chunks, rows):
+        for k, c0, c1, pos in chunks.tolist():
+            out.index_add_(0, pairs[k, col, c0:c1].long(), rows[pos:pos + c1 - c0])
+    return each
 
 
-def _scatter_gather(out: torch.Tensor, src: torch.Tensor):
-    """``scatter_gather(index, rows, taken)``: ``out[index] += rows`` and ``taken[:] = src[index]``, one
-    numba pass over ``index`` when enabled (both touch the same rows)."""
-    if numba_enabled():
+def _scatter_gather(out: torch.Tensor, src: torch.Tensor, pairs: torch.Tensor, col: int):
+    """``scatter_gather(chunks, rows, taken)``: the scatter of :func:`_scatter` into ``out`` and the gather
+    of :func:`_gather` from ``src`` on the same rows, one numba pass when enabled."""
+    if _numba_rows(out, src):
         from . import cpu_numba
-        if cpu_numba.supports(out) and cpu_numba.supports(src):
-            return lambda index, rows, taken: cpu_numba.scatter_add_gather_rows(out, index, rows, taken, src)
+        return lambda chunks, rows, taken: cpu_numba.scatter_add_gather_chunks(out, pairs, col, chunks, rows,
+                                                                                taken, src)
+    scatter, gather = _scatter(out, pairs, col), _gather(src, pairs, col)
 
-    def separate(index, rows, taken):
-        out.index_add_(0, index, rows)
-        torch.index_select(src, 0, index, out=taken)
+    def separate(chunks, rows, taken):
+        scatter(chunks, rows)
+        gather(chunks, taken)
     return separate
 
 
@@ -153,18 +171,28 @@ def _offsets(counts: list[int], identity_offset: int):
 
 
 def _row_buffers(todo, chunk: int, dtype, device, *widths: int):
-    """One ``[rows, c]`` work buffer per width c; rows: the longest chunk any offset of ``todo`` needs."""
-    rows = min(chunk, max((n for _, n in todo), default=0))
+    """One ``[rows, c]`` work buffer per width c; rows: the most pairs one round holds."""
+    rows = min(chunk, sum(n for _, n in todo))
     return tuple(torch.empty((rows, c), dtype=dtype, device=device) for c in widths)
 
 
-def _block_chunks(todo, bounds, b: int, chunk: int):
-    """``(k, c0, c1)``: the pairs of each offset k (in ``todo`` order) whose blocking row lies in block b
-    (``bounds`` from :func:`_segments`), in runs of at most ``chunk`` pairs."""
+def _rounds(todo, bounds, b: int, chunk: int):
+    """The pairs of block ``b`` (offsets in ``todo`` order, each one's pairs whose blocking row lies in the
+    block) in rounds of at most ``chunk`` pairs: each round an int64 array of chunks ``(k, c0, c1, pos)``,
+    the pairs ``c0:c1`` of offset ``k`` at rows ``pos:pos + c1 - c0`` of the round's work buffers."""
+    round_, used = [], 0
     for k, _ in todo:
         start, end = bounds[k][b], bounds[k][b + 1]
-        for c0 in range(start, end, chunk):
-            yield k, c0, min(end, c0 + chunk)
+        while start < end:
+            if used == chunk:
+                yield np.array(round_, dtype=np.int64)
+                round_, used = [], 0
+            stop = min(end, start + chunk - used)
+            round_.append((k, start, stop, used))
+            used += stop - start
+            start = stop
+    if round_:
+        yield np.array(round_, dtype=np.int64)
 
 
 def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, identity_offset: int):
@@ -180,7 +208,7 @@ def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, id
     n_blocks = -(-num_out // block)
     pairs, bounds = _segments(pairs, counts, dst_col, block, n_blocks)
     chunk = _chunk_rows(max(c_in, c_out), itemsize)
-    scatter, gather = _scatter(out), _gather(f)
+    scatter, gather = _scatter(out, pairs, dst_col), _gather(f, pairs, src_col)
 
     def body(b, bufs):
         rows, prods = bufs
@@ -189,11 +217,12 @@ def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, id
             torch.mm(f[r0:r1], w[identity_offset], out=out[r0:r1])
         else:
             out[r0:r1].zero_()
-        for k, c0, c1 in _block_chunks(todo, bounds, b, chunk):
-            n = c1 - c0
-            gather(pairs[k, src_col, c0:c1], rows[:n])
-            torch.mm(rows[:n], w[k], out=prods[:n])
-            scatter(pairs[k, dst_col, c0:c1], prods[:n])
+        for chunks in _rounds(todo, bounds, b, chunk):
+            gather(chunks, rows)
+            for k, c0, c1, pos in chunks.tolist():
+                end = pos + c1 - c0
+                torch.mm(rows[pos:end], w[k], out=prods[pos:end])
+            scatter(chunks, prods)
 
     _run_blocks(n_blocks, body, lambda: _row_buffers(todo, chunk, ct, f.device, c_in, c_out))
     return out.to(features.dtype)
@@ -215,7 +244,7 @@ def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, ident
     # the input gradient scatters into the source rows: blocks of source rows
     pairs, bounds = _segments(pairs, counts, src_col, block, n_blocks)
     chunk = _chunk_rows(max(c_in, c_out), itemsize)
-    gather_g, scatter_gather_f = _gather(g), _scatter_gather(grad_features, f)
+    gather_g, scatter_gather_f = _gather(g, pairs, dst_col), _scatter_gather(grad_features, f, pairs, src_col)
     # per-block weight-gradient partials, added to grad_weight in block order as blocks finish
     added = threading.Condition()
     finished: dict[int, torch.Tensor] = {}
@@ -258,16 +287,20 @@ def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, ident
         else:
             grad_features[r0:r1].zero_()
         done = {identity_offset}
-        for k, c0, c1 in _block_chunks(todo, bounds, b, chunk):
-            n = c1 - c0
-            gather_g(pairs[k, dst_col, c0:c1], g_rows[:n])
-            torch.mm(g_rows[:n], w[k].t(), out=prods[:n])
-            scatter_gather_f(pairs[k, src_col, c0:c1], prods[:n], f_rows[:n])
-            if k in done:
-                partial[k].addmm_(f_rows[:n].t(), g_rows[:n])
-            else:
-                torch.mm(f_rows[:n].t(), g_rows[:n], out=partial[k])
-                done.add(k)
+        for chunks in _rounds(todo, bounds, b, chunk):
+            gather_g(chunks, g_rows)
+            chunk_list = chunks.tolist()
+            for k, c0, c1, pos in chunk_list:
+                end = pos + c1 - c0
+                torch.mm(g_rows[pos:end], w[k].t(), out=prods[pos:end])
+            scatter_gather_f(chunks, prods, f_rows)
+            for k, c0, c1, pos in chunk_list:
+                end = pos + c1 - c0
+                if k in done:
+                    partial[k].addmm_(f_rows[pos:end].t(), g_rows[pos:end])
+                else:
+                    torch.mm(f_rows[pos:end].t(), g_rows[pos:end], out=partial[k])
+                    done.add(k)
         for k in range(K):
             if k not in done:
                 partial[k].zero_()

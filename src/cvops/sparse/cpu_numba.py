@@ -2,15 +2,17 @@
 
 Why: ``Tensor.index_add_`` on CPU walks the index serially and pays a tensor-iterator step per row, about
 twice the cost of the matching ``index_select``; at network scale it was a fifth of the encoder's time.
-Here ``out[index[i]] += rows[i]`` is one tight loop per row, parallel over rows when torch uses several
-threads (``cpu.py`` calls them from its single-threaded block workers, so there they run serially).
+Here ``out[index[i]] += rows[i]`` is one tight loop per row. One call moves the rows of a whole round of
+``cpu.py`` (a list of chunks, each a run of one offset's pairs), parallel over the rows of a chunk when
+torch uses several threads (``cpu.py`` calls them from its single-threaded block workers, so there they
+run serially).
 
 Also here: the per-offset block bounds of a sorted map (binary search, plus a branch-free sortedness pass)
 and the stable per-offset sort of a map by one column, both without the int64 copy the torch versions make.
 
-Determinism: callers pass one kernel offset at a time, whose destination rows are unique, so every output
-element receives at most one addition per call, in the same offset order as the torch path: the bits equal
-``index_add_``'s whatever the thread count.
+Determinism: chunks run in list order and the destination rows of one chunk (one offset) are unique, so
+every output element receives its additions in the same order as the torch path (``index_add_`` offset
+after offset): the bits are the same whatever the thread count.
 """
 from __future__ import annotations
 
@@ -33,106 +35,119 @@ def supports(out: torch.Tensor) -> bool:
 # range, so no index, whatever its origin, reads or writes outside an array; the wrappers raise on a
 # non-zero count. The check is one compare per row, beside a loop over the row's channels.
 
-def _gather(out, src, index):
-    n, c = out.shape
-    limit = src.shape[0]
-    bad = 0
-    for i in prange(n):
-        row = index[i]
-        if row < 0 or row >= limit:
-            bad += 1
-            continue
-        for j in range(c):
-            out[i, j] = src[row, j]
-    return bad
-
-
-def _scatter_add(out, index, rows):
-    n, c = rows.shape
-    limit = out.shape[0]
-    bad = 0
-    for i in prange(n):
-        dst = index[i]
-        if dst < 0 or dst >= limit:
-            bad += 1
-            continue
-        for j in range(c):
-            out[dst, j] += rows[i, j]
-    return bad
-
-
-def _scatter_add_gather(out, index, rows, taken, src):
-    n, c = rows.shape
-    c_src = src.shape[1]
-    limit = min(out.shape[0], src.shape[0])
-    bad = 0
-    for i in prange(n):
-        row = index[i]
-        if row < 0 or row >= limit:
-            bad += 1
-            continue
-        for j in range(c):
-            out[row, j] += rows[i, j]
-        for j in range(c_src):
-            taken[i, j] = src[row, j]
-    return bad
-
-
 def _raise_if_bad(bad: int, index: torch.Tensor, rows: int) -> None:
     if bad:
         lo, hi = (int(v) for v in torch.aminmax(index))
         require(False, "indice_conv", f"{bad} row index(es) outside [0, {rows}) (indices in [{lo}, {hi}])")
 
 
-_serial, _parallel = njit_variants(_scatter_add)
-_fused_serial, _fused_parallel = njit_variants(_scatter_add_gather)
-_gather_serial, _gather_parallel = njit_variants(_gather)
+# The chunk-list kernels below serve one round of ``cpu.py``: ``chunks[q] = (k, c0, c1, pos)`` names the
+# pairs ``c0:c1`` of offset ``k``, whose rows sit at ``pos:pos + c1 - c0`` of the work buffers. One call
+# moves the rows of every chunk of the round, so the Python and dispatch cost is paid per round, not per
+# offset. Chunks run in list order (ascending offset) and the rows of one chunk in parallel at most, so
+# every output element receives its additions in the same order as the per-offset loop.
+
+def _gather_chunks(out, src, pairs, col, chunks):
+    c = src.shape[1]
+    limit = src.shape[0]
+    bad = 0
+    for q in range(chunks.shape[0]):
+        k, c0, c1, pos = chunks[q, 0], chunks[q, 1], chunks[q, 2], chunks[q, 3]
+        for i in prange(c1 - c0):
+            row = pairs[k, col, c0 + i]
+            if row < 0 or row >= limit:
+                bad += 1
+                continue
+            for j in range(c):
+                out[pos + i, j] = src[row, j]
+    return bad
 
 
-def scatter_add_gather_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor, taken: torch.Tensor,
-                            src: torch.Tensor) -> None:
-    """``out[index[i]] += rows[i]`` and ``taken[i] = src[index[i]]`` in one pass over ``index`` (backward:
-    the input-gradient scatter and the input-row gather for the weight gradient share their rows)."""
-    n = rows.shape[0]
+def _scatter_add_chunks(out, pairs, col, chunks, rows):
+    c = rows.shape[1]
+    limit = out.shape[0]
+    bad = 0
+    for q in range(chunks.shape[0]):
+        k, c0, c1, pos = chunks[q, 0], chunks[q, 1], chunks[q, 2], chunks[q, 3]
+        for i in prange(c1 - c0):
+            dst = pairs[k, col, c0 + i]
+            if dst < 0 or dst >= limit:
+                bad += 1
+                continue
+            for j in range(c):
+                out[dst, j] += rows[pos + i, j]
+    return bad
+
+
+def _scatter_add_gather_chunks(out, pairs, col, chunks, rows, taken, src):
+    c = rows.shape[1]
+    c_src = src.shape[1]
+    limit = min(out.shape[0], src.shape[0])
+    bad = 0
+    for q in range(chunks.shape[0]):
+        k, c0, c1, pos = chunks[q, 0], chunks[q, 1], chunks[q, 2], chunks[q, 3]
+        for i in prange(c1 - c0):
+            row = pairs[k, col, c0 + i]
+            if row < 0 or row >= limit:
+                bad += 1
+                continue
+            for j in range(c):
+                out[row, j] += rows[pos + i, j]
+            for j in range(c_src):
+                taken[pos + i, j] = src[row, j]
+    return bad
+
+
+_gather_chunks_variants = njit_variants(_gather_chunks)
+_scatter_chunks_variants = njit_variants(_scatter_add_chunks)
+_fused_chunks_variants = njit_variants(_scatter_add_gather_chunks)
+
+
+def _chunk_kernel(variants, work: int):
+    if jit.use_parallel(work):
+        match_torch_threads()
+        return variants[1]
+    return variants[0]
+
+
+def _chunk_rows_used(chunks) -> int:
+    return int(chunks[-1, 3] + chunks[-1, 2] - chunks[-1, 1]) if len(chunks) else 0
+
+
+def gather_chunks(out: torch.Tensor, src: torch.Tensor, pairs: torch.Tensor, col: int, chunks) -> None:
+    """``out[pos + i] = src[pairs[k, col, c0 + i]]`` for every chunk ``(k, c0, c1, pos)`` (int64 numpy)."""
+    n = _chunk_rows_used(chunks)
     if n == 0:
         return
-    if jit.use_parallel(n * (rows.shape[1] + src.shape[1])):
-        match_torch_threads()
-        kernel = _fused_parallel
-    else:
-        kernel = _fused_serial
-    require(taken.shape[0] >= n and taken.shape[1] == src.shape[1] and index.shape[0] >= n and
-            out.shape[1] == rows.shape[1], "indice_conv", "scatter_add_gather_rows: buffer shapes do not match")
-    bad = kernel(out.numpy(), index.numpy(), rows.contiguous().numpy(), taken.numpy(), src.numpy())
-    _raise_if_bad(bad, index, min(out.shape[0], src.shape[0]))
+    require(out.shape[0] >= n and out.shape[1] == src.shape[1], "indice_conv", "gather_chunks: buffer shapes do not match")
+    kernel = _chunk_kernel(_gather_chunks_variants, n * out.shape[1])
+    bad = kernel(out.numpy(), src.numpy(), pairs.numpy(), col, chunks)
+    _raise_if_bad(bad, pairs, src.shape[0])
 
 
-def gather_rows(out: torch.Tensor, src: torch.Tensor, index: torch.Tensor) -> None:
-    """``out[i] = src[index[i]]`` (``index_select`` into a contiguous ``out``; a plain copy, same bits)."""
-    n, c = out.shape
+def scatter_add_chunks(out: torch.Tensor, pairs: torch.Tensor, col: int, chunks, rows: torch.Tensor) -> None:
+    """``out[pairs[k, col, c0 + i]] += rows[pos + i]`` for every chunk, in chunk order."""
+    n = _chunk_rows_used(chunks)
     if n == 0:
         return
-    if jit.use_parallel(n * c):
-        match_torch_threads()
-        kernel = _gather_parallel
-    else:
-        kernel = _gather_serial
-    require(index.shape[0] >= n and src.shape[1] == c, "indice_conv", "gather_rows: buffer shapes do not match")
-    _raise_if_bad(kernel(out.numpy(), src.numpy(), index.numpy()), index, src.shape[0])
+    require(rows.shape[0] >= n and out.shape[1] == rows.shape[1], "indice_conv",
+            "scatter_add_chunks: buffer shapes do not match")
+    kernel = _chunk_kernel(_scatter_chunks_variants, n * out.shape[1])
+    bad = kernel(out.numpy(), pairs.numpy(), col, chunks, rows.numpy())
+    _raise_if_bad(bad, pairs, out.shape[0])
 
 
-def scatter_add_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> None:
-    """``out[index[i]] += rows[i]`` in place; ``index`` must not repeat (one kernel offset's rows)."""
-    n, c = rows.shape
+def scatter_add_gather_chunks(out: torch.Tensor, pairs: torch.Tensor, col: int, chunks, rows: torch.Tensor,
+                              taken: torch.Tensor, src: torch.Tensor) -> None:
+    """:func:`scatter_add_chunks` into ``out`` and ``taken[pos + i] = src[same row]``, one pass."""
+    n = _chunk_rows_used(chunks)
     if n == 0:
         return
-    if jit.use_parallel(n * c):  # looked up on the module so tests can force either variant
-        match_torch_threads()
-        kernel = _parallel
-    else:
-        kernel = _serial
-    require(index.shape[0] >= n and out.shape[1] == c, "indice_conv", "scatter_add_rows: buffer shapes do not match")
-    _raise_if_bad(kernel(out.numpy(), index.numpy(), rows.contiguous().numpy()), index, out.shape[0])
+    require(rows.shape[0] >= n and taken.shape[0] >= n and out.shape[1] == rows.shape[1] and
+            taken.shape[1] == src.shape[1], "indice_conv", "scatter_add_gather_chunks: buffer shapes do not match")
+    kernel = _chunk_kernel(_fused_chunks_variants, n * (out.shape[1] + src.shape[1]))
+    bad = kernel(out.numpy(), pairs.numpy(), col, chunks, rows.numpy(), taken.numpy(), src.numpy())
+    _raise_if_bad(bad, pairs, min(out.shape[0], src.shape[0]))
 
 
 def _block_bounds(pairs, counts, col, block_rows, bounds, ascending):
