@@ -35,7 +35,7 @@ import torch
 
 from ..._core.bits import as_bits, numpy_alias, storage_bits
 from ..._core.jit import njit
-from ..._core.jit_intrinsics import compile_scalar, prefetch, store_fence, stream_store, transpose8
+from ..._core.jit_intrinsics import STREAMING, compile_scalar, prefetch, store_fence, stream_store, transpose8
 from ..._core.layout import empty_nchw
 from ..._core.parallel import pool
 from .checks import COLLECT
@@ -229,12 +229,13 @@ def _prefetch_rows(a, base, stride, rows, length, line):
 
 @njit
 def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a,
-                buf, pitch, w, b0, b1, na, nc, off, k0, sgn):
+                buf, stream, pitch, w, b0, b1, na, nc, off, k0, sgn):
     """One chunk ``b0 <= b < b1`` of one slab: ``buf[b - b0, off + a] = near[a, b]`` (``a < na``) from
     ``src``, then ``far[c, b] = buf[b - b0, c + k0 + sgn*b]`` (``c < nc``) to ``dst``. ``src_rows_a``:
     near rows are ``a`` (stride ``sstride``, b innermost) rather than ``b``; ``dst_rows_c`` likewise.
     Each side's next rows are prefetched while the current ones move: they lie a whole plane apart, where
-    the hardware prefetchers do not follow."""
+    the hardware prefetchers do not follow. ``stream``: far rows are whole cache lines, so row copies
+    (and zero slabs) use streaming stores, which skip reading the destination lines first."""
     nb = b1 - b0
     line = 64 // dst.itemsize
     nb8, na8, nc8 = nb - nb % 8, na - na % 8, nc - nc % 8
@@ -271,11 +272,15 @@ def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a
                 dst[np.uint64(dbase + c * dstride + b0 + i)] = buf[np.uint64(i * step + shift + c)]
     else:
         for i in range(nb):
-            if i + 2 < nb:
+            if i + 2 < nb and not stream:
                 _prefetch_rows(dst, dbase + (b0 + i + 2) * dstride, dstride, 1, nc, line)
             d, t = dbase + (b0 + i) * dstride, i * (pitch + sgn) + shift
-            for c in range(nc):
-                dst[np.uint64(d + c)] = buf[np.uint64(t + c)]
+            if stream:
+                for c in range(nc):
+                    stream_store(dst, np.uint64(d + c), buf[np.uint64(t + c)])
+            else:
+                for c in range(nc):
+                    dst[np.uint64(d + c)] = buf[np.uint64(t + c)]
 
 
 @njit
@@ -298,7 +303,7 @@ def _slab_bases(forward, collect, blk, r, h, w, hm, wm):
 
 
 @njit
-def _shear_blocks(dst, src, forward, collect, h, w, hm, wm, lo, hi):
+def _shear_blocks(dst, src, forward, collect, stream, h, w, hm, wm, lo, hi):
     """Blocks ``[lo, hi)`` of psamask on contiguous NCHW tensors (float views of the raw bits).
 
     forward: block ``n*h + qh`` (COLLECT, out ``[q, p]``) or ``n*h + ph`` (DISTRIBUTE, out ``[p, q]``),
@@ -323,12 +328,15 @@ def _shear_blocks(dst, src, forward, collect, h, w, hm, wm, lo, hi):
             valid, sbase, dbase = _slab_bases(forward, collect, blk, r, h, w, hm, wm)
             if valid:
                 _shear_slab(dst, dbase, hwsz, far_rows_c, src, sbase, hwsz, near_rows_a,
-                            buf, pitch, w, 0, w, na, nc, off, k0, sgn)
-            else:  # whole rows written once: streaming stores skip reading their lines first
+                            buf, stream, pitch, w, 0, w, na, nc, off, k0, sgn)
+            else:
                 rows, length = (nc, w) if far_rows_c else (w, nc)
                 for i in range(rows):
                     for j in range(length):
-                        stream_store(dst, np.uint64(dbase + i * hwsz + j), 0)
+                        if stream:
+                            stream_store(dst, np.uint64(dbase + i * hwsz + j), 0)
+                        else:
+                            dst[np.uint64(dbase + i * hwsz + j)] = 0
     store_fence()
 
 
@@ -375,7 +383,9 @@ def _flat(t: torch.Tensor) -> np.ndarray:
 
 
 def _launch_sheared(out, src, is_forward, collect, h, w, hm, wm, blocks):
-    _split(_shear_blocks, (_flat(out), _flat(src), is_forward, collect, h, w, hm, wm), (), blocks, out.numel())
+    stream = STREAMING and out.data_ptr() % 64 == 0 and (w * out.element_size()) % 64 == 0  # whole lines
+    _split(_shear_blocks, (_flat(out), _flat(src), is_forward, collect, stream, h, w, hm, wm), (), blocks,
+           out.numel())
 
 
 def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
