@@ -313,3 +313,59 @@ def test_module_under_torch_compile_with_backward():
     dy = make(1, 4, 5, 20, "NCHW", seed=5)
     out.backward(dy)
     assert bit_equal(x.grad, cvops.psamask_backward(dy, "distribute", (4, 3), backend="reference"))
+
+
+# -------------------------------------------------------------------------------- numba sheared tiles (NCHW)
+# Contiguous NCHW maps at least 8 wide whose mask does not cover the whole width take cpu_numba's
+# sheared-tile kernels; these shapes cover full and partial 8 x 8 blocks on both sides, odd and even masks
+# and masks both narrower and wider than the map.
+SHEARED_SHAPES = ((2, 5, 13, 3, 5), (1, 9, 16, 7, 9), (1, 4, 24, 4, 6), (2, 3, 17, 5, 30), (1, 6, 8, 2, 1))
+
+
+@requires_numba
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_numba_sheared_tiles_bit_exact(dtype, monkeypatch):
+    from cvops.ops.psamask import cpu_numba
+    monkeypatch.setattr(cpu_numba, "_PARALLEL_ELEMENTS", 1)  # split even tiny calls over the threads
+    threads = torch.get_num_threads()
+    try:
+        for n, h, w, hm, wm in SHEARED_SHAPES:
+            assert cpu_numba._sheared(make(n, h, w, hm * wm, "NCHW", dtype), "NCHW", w, wm)
+            for count in (1, 3):
+                torch.set_num_threads(count)
+                for mode in MODES:
+                    run_case("cpu-numba", n, h, w, hm, wm, mode, "NCHW", dtype)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@requires_numba
+def test_numba_sheared_tiles_copy_nan_payloads():
+    x = make(1, 5, 12, 15, "NCHW", torch.float64)
+    x.view(torch.int64)[0, 7, 2, 3] = 0x7FF0000000000123  # a signalling NaN with a payload
+    x[0, 8, 1, 9] = float("-inf")
+    x32 = make(1, 5, 12, 15, "NCHW")
+    x32.view(torch.int32)[0, 7, 2, 3] = 0x7F800123
+    for t in (x, x32):
+        for mode in MODES:
+            expected = cvops.psamask(t, mode, (3, 5), backend="reference")
+            with selected("cpu-numba") as name:
+                actual = cvops.psamask(t, mode, (3, 5), backend=name)
+            assert bit_equal(actual, expected)
+            assert torch.isnan(actual).any()
+
+
+@pytest.mark.slow
+@requires_numba
+@pytest.mark.parametrize("mode", MODES)
+def test_numba_cityscapes_map_matches_strided_copies(mode):
+    """PSANet's whole-image test map through the sheared tiles, against the (reference-tested) strided copies."""
+    case = next(c for c in load_cases("psamask", "network") if c["name"] == f"psanet_cityscapes_test_{mode}")
+    h, w, mask = case["H"], case["W"], (case["h_mask"], case["w_mask"])
+    x = make(1, h, w, mask[0] * mask[1], "NCHW")
+    dy = make(1, h, w, h * w, "NCHW", seed=1)
+    for fn, t in ((cvops.psamask_forward, x), (cvops.psamask_backward, dy)):
+        with selected("cpu-torch"):
+            expected = fn(t, mode, mask, "NCHW")
+        with selected("cpu-numba"):
+            assert bit_equal(fn(t, mode, mask, "NCHW"), expected), fn.__name__

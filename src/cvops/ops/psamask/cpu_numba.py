@@ -18,6 +18,10 @@ What makes it fast:
   strided loops into AVX-512 gathers, slower than scalar loads on AMD CPUs;
 * array indices are unsigned (no negative-index wrap test per access).
 
+Contiguous NCHW calls whose mask does not cover the whole width (PSANet's whole-image test map) take
+the sheared-tile kernels instead (``_shear_blocks``, described above them): there the row kernels'
+strided side maps every row to the same cache sets.
+
 Tensors reach the kernels as flat integer views of their storage (raw bits: every dtype is copied
 exactly, NaN payloads included) plus element strides of the logical ``[n, mask/position axes]`` view,
 so each kernel compiles once per element width whatever the layout or strides. Blocks are independent
@@ -29,9 +33,9 @@ import numba
 import numpy as np
 import torch
 
-from ..._core.bits import storage_bits
+from ..._core.bits import as_bits, numpy_alias, storage_bits
 from ..._core.jit import njit
-from ..._core.jit_intrinsics import compile_scalar, prefetch
+from ..._core.jit_intrinsics import STREAMING, compile_scalar, prefetch, store_fence, stream_store, transpose8
 from ..._core.layout import empty_nchw
 from ..._core.parallel import pool
 from .checks import COLLECT
@@ -201,14 +205,154 @@ def _backward_p_major(dx, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, lo, hi, 
                         s += sqw
 
 
+# ------------------------------------------------------------------------------- sheared tiles (NCHW)
+# Along W every (mask row, position row) pair is a 2-D shear between the mask-indexed slab M[dw, pw] (in x
+# or dx) and the position-indexed slab Q[qw, pw] (in out or dy): Q[qw, pw] = M[qw - pw + hw, pw]. In NCHW
+# the rows of both slabs lie a whole plane (H*W elements) apart, a power of two at network shapes, so
+# every row maps to the same few cache sets: a slab walked element by element along the shear keeps
+# evicting its own lines. Here each slab passes once through a per-thread buffer ``buf[b, j]`` (b = pw)
+# that holds one slab column per row, zero-padded, so that every row of the far side is a plain shifted
+# run of a buffer row: ``far[c, b] = buf[b, c + k0 + sgn*b]``. A side stored with pw innermost is moved
+# by 8 x 8 register transposes (``transpose8``) reading or writing 8 whole rows at a time, a side stored
+# with pw outermost by row copies; the padding supplies the zeros outside the window, so every output
+# element is written once and every input line read once.
+
+
+@njit
+def _prefetch_rows(a, base, stride, rows, length, line):
+    """Prefetch ``rows`` rows of ``length`` elements at ``base + k*stride`` (one hint per cache line)."""
+    for k in range(rows):
+        for e in range(0, length, line):
+            prefetch(a, base + k * stride + e)
+        prefetch(a, base + k * stride + length - 1)
+
+
+@njit
+def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a,
+                buf, stream, pitch, w, b0, b1, na, nc, off, k0, sgn):
+    """One chunk ``b0 <= b < b1`` of one slab: ``buf[b - b0, off + a] = near[a, b]`` (``a < na``) from
+    ``src``, then ``far[c, b] = buf[b - b0, c + k0 + sgn*b]`` (``c < nc``) to ``dst``. ``src_rows_a``:
+    near rows are ``a`` (stride ``sstride``, b innermost) rather than ``b``; ``dst_rows_c`` likewise.
+    Each side's next rows are prefetched while the current ones move: they lie a whole plane apart, where
+    the hardware prefetchers do not follow. ``stream``: far rows are whole cache lines, so row copies
+    (and zero slabs) use streaming stores, which skip reading the destination lines first."""
+    nb = b1 - b0
+    line = 64 // dst.itemsize
+    nb8, na8, nc8 = nb - nb % 8, na - na % 8, nc - nc % 8
+    if src_rows_a:
+        for a0 in range(0, na8, 8):
+            _prefetch_rows(src, sbase + (a0 + 8) * sstride + b0, sstride, min(8, na - a0 - 8), nb, line)
+            for i in range(0, nb8, 8):
+                transpose8(src, sbase + a0 * sstride + b0 + i, sstride, buf, i * pitch + off + a0, pitch)
+        for a in range(na8, na):
+            for i in range(nb8):
+                buf[np.uint64(i * pitch + off + a)] = src[np.uint64(sbase + a * sstride + b0 + i)]
+        for a in range(na):
+            for i in range(nb8, nb):
+                buf[np.uint64(i * pitch + off + a)] = src[np.uint64(sbase + a * sstride + b0 + i)]
+    else:
+        for i in range(nb):
+            if i + 2 < nb:
+                _prefetch_rows(src, sbase + (b0 + i + 2) * sstride, sstride, 1, na, line)
+            s, t = sbase + (b0 + i) * sstride, i * pitch + off
+            for a in range(na):
+                buf[np.uint64(t + a)] = src[np.uint64(s + a)]
+    shift = k0 + sgn * b0
+    if dst_rows_c:
+        step = pitch + sgn
+        for c0 in range(0, nc8, 8):
+            _prefetch_rows(dst, dbase + (c0 + 8) * dstride + b0, dstride, min(8, nc - c0 - 8), nb, line)
+            for i in range(0, nb8, 8):
+                transpose8(buf, i * step + shift + c0, step, dst, dbase + c0 * dstride + b0 + i, dstride)
+        for c in range(nc8, nc):
+            for i in range(nb8):
+                dst[np.uint64(dbase + c * dstride + b0 + i)] = buf[np.uint64(i * step + shift + c)]
+        for c in range(nc):
+            for i in range(nb8, nb):
+                dst[np.uint64(dbase + c * dstride + b0 + i)] = buf[np.uint64(i * step + shift + c)]
+    else:
+        for i in range(nb):
+            if i + 2 < nb and not stream:
+                _prefetch_rows(dst, dbase + (b0 + i + 2) * dstride, dstride, 1, nc, line)
+            d, t = dbase + (b0 + i) * dstride, i * (pitch + sgn) + shift
+            if stream:
+                for c in range(nc):
+                    stream_store(dst, np.uint64(d + c), buf[np.uint64(t + c)])
+            else:
+                for c in range(nc):
+                    dst[np.uint64(d + c)] = buf[np.uint64(t + c)]
+
+
+@njit
+def _slab_bases(forward, collect, blk, r, h, w, hm, wm):
+    """(valid, near base, far base) of slab ``r`` of block ``blk`` (see :func:`_shear_blocks`)."""
+    hh, hwsz = (hm - 1) // 2, h * w
+    if forward:
+        n, o = blk // h, blk % h
+        qh, ph = (o, r) if collect else (r, o)
+        dh = qh - ph + hh
+        mask_base = ((n * hm + dh) * wm) * hwsz + ph * w
+    else:
+        n, dh = blk // hm, blk % hm
+        ph = r
+        qh = ph + dh - hh
+        mask_base = ((n * hm + dh) * wm) * hwsz + ph * w
+    pos_base = (n * hwsz + (qh * w if collect else ph * w)) * hwsz + (ph if collect else qh) * w
+    valid = 0 <= dh < hm and 0 <= qh < h
+    return (valid, mask_base, pos_base) if forward else (valid, pos_base, mask_base)
+
+
+@njit
+def _shear_blocks(dst, src, forward, collect, stream, h, w, hm, wm, lo, hi):
+    """Blocks ``[lo, hi)`` of psamask on contiguous NCHW tensors (float views of the raw bits).
+
+    forward: block ``n*h + qh`` (COLLECT, out ``[q, p]``) or ``n*h + ph`` (DISTRIBUTE, out ``[p, q]``),
+    one slab per other row; backward: block ``n*hm + dh`` of dx, one slab per ``ph``. Slabs whose mask
+    row lies outside the window are zero-filled. Blocks are independent and each output element has
+    one writer, so the split over threads does not change the result."""
+    hh, hw, hwsz = (hm - 1) // 2, (wm - 1) // 2, h * w
+    if forward:   # near = x slab [dw, pw], far = out slab [qw, pw]
+        na, nc, off = wm, w, max(0, w - 1 - hw)
+        k0, sgn = hw + off, -1
+        pitch = max(off + na, nc + k0) + 8
+    else:         # near = dy slab [qw, pw], far = dx slab [dw, pw]
+        na, nc, off = w, wm, hw
+        k0, sgn = 0, 1
+        pitch = max(off + na, nc + w) + 8
+    buf = np.zeros(w * pitch + 16, dtype=dst.dtype)
+    # which index the rows of each side run over: a / c (rows a plane apart, pw innermost) or b = pw
+    near_rows_a = forward or collect
+    far_rows_c = (not forward) or collect
+    for blk in range(lo, hi):
+        for r in range(h):
+            valid, sbase, dbase = _slab_bases(forward, collect, blk, r, h, w, hm, wm)
+            if valid:
+                _shear_slab(dst, dbase, hwsz, far_rows_c, src, sbase, hwsz, near_rows_a,
+                            buf, stream, pitch, w, 0, w, na, nc, off, k0, sgn)
+            else:
+                rows, length = (nc, w) if far_rows_c else (w, nc)
+                for i in range(rows):
+                    for j in range(length):
+                        if stream:
+                            stream_store(dst, np.uint64(dbase + i * hwsz + j), 0)
+                        else:
+                            dst[np.uint64(dbase + i * hwsz + j)] = 0
+    store_fence()
+
+
 # ------------------------------------------------------------------------------------------- driver
 def _launch(kernel, tile, out: torch.Tensor, src: torch.Tensor, strides, h, w, hm, wm, blocks: int) -> None:
     out_bits, src_bits = storage_bits(out), storage_bits(src)
     args = (out_bits, src_bits, src.storage_offset(), *strides, h, w, hm, wm)
     tail = (max(1, tile), 64 // out.element_size())  # planes per tile, elements per cache line
     compile_scalar(kernel, tuple(numba.typeof(a) for a in args + (0, blocks) + tail))
+    _split(kernel, args, tail, blocks, out.numel())
+
+
+def _split(kernel, args, tail, blocks: int, elements: int) -> None:
+    """``kernel(*args, lo, hi, *tail)`` over the blocks ``[0, blocks)``, split over the thread pool."""
     workers = torch.get_num_threads()
-    if workers < 2 or blocks < 2 or out.numel() < _PARALLEL_ELEMENTS:
+    if workers < 2 or blocks < 2 or elements < _PARALLEL_ELEMENTS:
         kernel(*args, 0, blocks, *tail)
         return
     # More chunks than threads, taken from the pool's queue as threads come free: on a shared machine one
@@ -220,10 +364,37 @@ def _launch(kernel, tile, out: torch.Tensor, src: torch.Tensor, strides, h, w, h
         future.result()
 
 
+_FLOAT_OF_WIDTH = {4: np.float32, 8: np.float64}  # transpose8's element types, used as raw-bit carriers
+
+
+def _sheared(t: torch.Tensor, layout: str, w: int, w_mask: int) -> bool:
+    """Whether the sheared-tile kernel takes this call: contiguous NCHW, 4- or 8-byte elements, W >= 8,
+    and a mask that does not cover the whole width from every position. (When it does, most of each
+    slab is either all of the map or zeros, and the row kernels above are as fast or faster.)"""
+    hw = (w_mask - 1) // 2
+    covers = hw >= w - 1 and w_mask - 1 - hw >= w - 1
+    return (layout == "NCHW" and t.is_contiguous() and t.element_size() in _FLOAT_OF_WIDTH and w >= 8
+            and not covers)
+
+
+def _flat(t: torch.Tensor) -> np.ndarray:
+    """A contiguous tensor's elements as a flat float array of the same width (its raw bits)."""
+    return numpy_alias(as_bits(t).reshape(-1)).view(_FLOAT_OF_WIDTH[t.element_size()])
+
+
+def _launch_sheared(out, src, is_forward, collect, h, w, hm, wm, blocks):
+    stream = STREAMING and out.data_ptr() % 64 == 0 and (w * out.element_size()) % 64 == 0  # whole lines
+    _split(_shear_blocks, (_flat(out), _flat(src), is_forward, collect, stream, h, w, hm, wm), (), blocks,
+           out.numel())
+
+
 def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
     """x: logical NCHW ``[N, h_mask*w_mask, H, W]`` -> logical NCHW ``[N, H*W, H, W]`` stored in ``layout``."""
     n, _, h, w = x.shape
     out = empty_nchw((n, h * w, h, w), layout, like=x)
+    if _sheared(x, layout, w, w_mask):
+        _launch_sheared(out, x, True, psa_type == COLLECT, h, w, h_mask, w_mask, n * h)
+        return out
     sn, sc, sh, sw = x.stride()
     q_major = (psa_type == COLLECT) == (layout == "NCHW")  # storage [n, q, p] rather than [n, p, q]
     if q_major:
@@ -238,6 +409,9 @@ def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: 
     """dy: logical NCHW ``[N, H*W, H, W]`` -> dx logical NCHW ``[N, h_mask*w_mask, H, W]``."""
     n, _, h, w = dy.shape
     dx = empty_nchw((n, h_mask * w_mask, h, w), layout, like=dy)
+    if _sheared(dy, layout, w, w_mask):
+        _launch_sheared(dx, dy, False, psa_type == COLLECT, h, w, h_mask, w_mask, n * h_mask)
+        return dx
     sn, sc, sh, sw = dy.stride()
     if psa_type == COLLECT:   # channel holds q, spatial holds p
         strides = (sn, w * sc, sc, sh, sw)
