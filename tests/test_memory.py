@@ -88,6 +88,14 @@ def test_op_outputs_are_resizable(path, monkeypatch):
     outs = [cvops.masked_im2col(feature, idx, idx, 3, 1),                     # 9 MiB: a recycled buffer
             cvops.psamask(torch.randn(1, 9, 32, 32), "collect", 3),          # 4 MiB
             cvops.carafe(torch.randn(1, 64, 32, 32), torch.rand(1, 25, 64, 64), 5, 1, 2)]
+    rois = torch.tensor([[0, 1.0, 2, 9, 11], [0, 0, 0, 13, 13]])
+    outs += cvops.psroi_pool(torch.randn(1, 392, 14, 14), rois, 7, 7, 1.0, 7, 8)
+    sites = torch.tensor([[0, 0, 1, 2], [0, 1, 1, 2], [0, 3, 0, 0]], dtype=torch.int32)
+    feats = torch.randn(3, 4)
+    sparse = cvops.sparse.SparseConvTensor(feats, sites, [4, 4, 4], 1)
+    outs.append(cvops.sparse.SubMConv3d(4, 8, 3, indice_key="k")(sparse).features.detach())
+    # the callers' inputs stay resizable too (Tensor.numpy() would have pinned their storages)
+    outs += [feature, idx, rois, sites, feats]
     for out in outs:
         shape = out.shape
         out.untyped_storage().resize_(out.untyped_storage().nbytes() + 64)

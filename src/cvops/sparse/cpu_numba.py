@@ -21,6 +21,7 @@ import numpy as np
 from numba import prange
 
 from .._core import jit
+from .._core.bits import numpy_alias
 from .._core.jit import match_torch_threads, njit_variants
 from .._core.validate import require
 
@@ -121,7 +122,7 @@ def gather_chunks(out: torch.Tensor, src: torch.Tensor, pairs: torch.Tensor, col
         return
     require(out.shape[0] >= n and out.shape[1] == src.shape[1], "indice_conv", "gather_chunks: buffer shapes do not match")
     kernel = _chunk_kernel(_gather_chunks_variants, n * out.shape[1])
-    bad = kernel(out.numpy(), src.numpy(), pairs.numpy(), col, chunks)
+    bad = kernel(numpy_alias(out), numpy_alias(src), numpy_alias(pairs), col, chunks)
     _raise_if_bad(bad, pairs, src.shape[0])
 
 
@@ -133,7 +134,7 @@ def scatter_add_chunks(out: torch.Tensor, pairs: torch.Tensor, col: int, chunks,
     require(rows.shape[0] >= n and out.shape[1] == rows.shape[1], "indice_conv",
             "scatter_add_chunks: buffer shapes do not match")
     kernel = _chunk_kernel(_scatter_chunks_variants, n * out.shape[1])
-    bad = kernel(out.numpy(), pairs.numpy(), col, chunks, rows.numpy())
+    bad = kernel(numpy_alias(out), numpy_alias(pairs), col, chunks, numpy_alias(rows))
     _raise_if_bad(bad, pairs, out.shape[0])
 
 
@@ -146,7 +147,8 @@ def scatter_add_gather_chunks(out: torch.Tensor, pairs: torch.Tensor, col: int, 
     require(rows.shape[0] >= n and taken.shape[0] >= n and out.shape[1] == rows.shape[1] and
             taken.shape[1] == src.shape[1], "indice_conv", "scatter_add_gather_chunks: buffer shapes do not match")
     kernel = _chunk_kernel(_fused_chunks_variants, n * (out.shape[1] + src.shape[1]))
-    bad = kernel(out.numpy(), pairs.numpy(), col, chunks, rows.numpy(), taken.numpy(), src.numpy())
+    bad = kernel(numpy_alias(out), numpy_alias(pairs), col, chunks, numpy_alias(rows), numpy_alias(taken),
+                 numpy_alias(src))
     _raise_if_bad(bad, pairs, min(out.shape[0], src.shape[0]))
 
 
@@ -177,7 +179,8 @@ def block_bounds(pairs: torch.Tensor, counts: torch.Tensor, col: int, block_rows
     kernel = _bounds_parallel if jit.use_parallel(work) else _bounds_serial
     if kernel is _bounds_parallel:
         match_torch_threads()
-    kernel(pairs.numpy(), counts.to(torch.int64).numpy(), col, block_rows, bounds.numpy(), ascending.numpy())
+    kernel(numpy_alias(pairs), numpy_alias(counts.to(torch.int64)), col, block_rows, numpy_alias(bounds),
+           numpy_alias(ascending))
     return bounds, bool(ascending.all())
 
 
@@ -203,5 +206,5 @@ def sort_pairs_by_column(pairs: torch.Tensor, counts: torch.Tensor, col: int) ->
     kernel = _sort_parallel if jit.use_parallel(work) else _sort_serial
     if kernel is _sort_parallel:
         match_torch_threads()
-    kernel(pairs.numpy(), counts.to(torch.int64).numpy(), col, out.numpy())
+    kernel(numpy_alias(pairs), numpy_alias(counts.to(torch.int64)), col, numpy_alias(out))
     return out

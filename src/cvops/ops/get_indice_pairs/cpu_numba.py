@@ -15,6 +15,7 @@ import torch
 from numba import prange
 
 from ..._core import jit
+from ..._core.bits import numpy_alias
 from ..._core.jit import match_torch_threads, njit_variants
 
 
@@ -78,6 +79,7 @@ def subm_pairs(indices: torch.Tensor, sorted_keys: torch.Tensor, order: torch.Te
     kernel = _parallel if jit.use_parallel(K * L * 4) else _serial
     if kernel is _parallel:
         match_torch_threads()
-    kernel(coords.numpy(), sorted_keys.contiguous().numpy(), order.numpy(), rank.numpy(), vec(geo.spatial_shape),
-           vec(strides), vec(geo.kernel_size), vec(geo.padding), vec(geo.dilation), pairs.numpy(), counts.numpy())
+    kernel(numpy_alias(coords), numpy_alias(sorted_keys.contiguous()), numpy_alias(order), numpy_alias(rank),
+           vec(geo.spatial_shape), vec(strides), vec(geo.kernel_size), vec(geo.padding), vec(geo.dilation),
+           numpy_alias(pairs), numpy_alias(counts))
     return pairs, counts
