@@ -103,11 +103,12 @@ def test_non_contiguous_feature(cpu_path):
 
 @requires_numba
 def test_numba_path_is_taken_and_switchable(monkeypatch):
+    from cvops._core.jit import numba_kernels
     feature, h, w = torch.randn(1, 2, 4, 4), torch.tensor([1]), torch.tensor([2])
     monkeypatch.setenv("CVOPS_NUMBA", "1")
-    assert cpu._numba_path(feature, h, w) is not None
+    assert numba_kernels(cpu.__package__, feature, h, w) is not None
     monkeypatch.setenv("CVOPS_NUMBA", "0")
-    assert cpu._numba_path(feature, h, w) is None
+    assert numba_kernels(cpu.__package__, feature, h, w) is None
 
 
 @requires_numba

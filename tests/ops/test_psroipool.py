@@ -402,11 +402,11 @@ def test_numba_and_torch_paths_agree_in_float64(monkeypatch):
 def test_numba_switch_and_lazy_import(monkeypatch):
     import subprocess
     import sys
-    from cvops.ops.psroipool.cpu import _numba_path
+    from cvops._core.jit import numba_kernels
     monkeypatch.setenv("CVOPS_NUMBA", "0")
-    assert _numba_path(torch.zeros(1), torch.zeros(1, 5)) is None
+    assert numba_kernels("cvops.ops.psroipool", torch.zeros(1), torch.zeros(1, 5)) is None
     monkeypatch.setenv("CVOPS_NUMBA", "1")
-    assert (_numba_path(torch.zeros(1), torch.zeros(1, 5)) is not None) == numba_available()
+    assert (numba_kernels("cvops.ops.psroipool", torch.zeros(1), torch.zeros(1, 5)) is not None) == numba_available()
     # importing cvops does not import numba (it loads on the first call that uses it)
     code = "import sys, cvops; assert 'numba' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
