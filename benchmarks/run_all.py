@@ -28,7 +28,9 @@ from cvops._core.bench import MachineLimits, demo_console, plot_efficiency, prin
 HERE = Path(__file__).resolve().parent
 # The demo leaves out the cases that only repeat a larger batch of one already shown (and the doc-scale
 # sparse encoder, whose spconv anchor step alone takes tens of seconds on a small CPU): `make bench` runs them.
-DEMO_SKIP = {"psanet_b4_collect", "psanet_b4_distribute", "fpn_carafe_p4", "centerpoint_doc"}
+DEMO_SKIP = {"psanet_b4_collect", "psanet_b4_distribute", "fpn_carafe_up4", "fpn_carafe_up4_nhwc", "centerpoint_doc"}
+# Whole backbones (spconv's at two thread counts too) take a minute on a small CPU: `make bench` runs them.
+DEMO_SKIP_MODULES = {"bench_spconv_backbones"}
 
 
 def load_bench_modules(wanted=()):
@@ -127,7 +129,7 @@ def main(argv=None) -> int:
         # progress display; make bench keeps it
         warnings.filterwarnings("ignore", category=UserWarning, module=r"spconv(\..*)?")
         logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
-    modules = list(load_bench_modules(wanted))
+    modules = [m for m in load_bench_modules(wanted) if not (args.demo and m.__name__ in DEMO_SKIP_MODULES)]
     rows = []
     with _Progress(len(modules)) as progress:
         progress.status("measuring the machine's copy bandwidth and matmul rate")
