@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 import cvops
-from cvops._core.bench import NO_ANCHOR, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
+from cvops._core.bench import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, module_version, tensor_bytes,
+                              time_fn)
 from cvops._core.cases import load_cases
 from cvops._core.metrics import diff1, diff2
 
@@ -113,17 +114,10 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 1, anchor: b
             check = f"diff1={diff1(out_dense, s_dense):.1e},dx={diff2(grad_in, s_grad):.1e}"
         backend = "triton" if device.type == "cuda" else "cpu"
         rows.append(BenchRow("sparse_conv", case["name"], "fwd+bwd", backend, seconds, io, flops, check,
-                             "spconv " + _spconv_version() if anchor_s else "", anchor_s))
+                             "spconv " + module_version("spconv") if anchor_s else "", anchor_s))
         del results, nets
     return rows
 
-
-def _spconv_version() -> str:
-    try:
-        import spconv
-        return spconv.__version__
-    except Exception:
-        return ""
 
 
 if __name__ == "__main__":

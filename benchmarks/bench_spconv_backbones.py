@@ -25,7 +25,8 @@ import torch
 
 import cvops
 import cvops.spconv as cvspconv
-from cvops._core.bench import NO_ANCHOR, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
+from cvops._core.bench import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, module_version, tensor_bytes,
+                              time_fn)
 from cvops._core.metrics import diff1
 
 _BACKBONES = Path(__file__).resolve().parents[1] / "tests" / "ops" / "_spconv_backbones.py"
@@ -151,19 +152,12 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 3, anchor: b
         if "spconv" in results:
             anchor_s, s_mem, s_threads = results["spconv"]
             check += f",spconv peak+{s_mem / 2**20:.0f}MiB,diff1={diff1(results['cvops_out'], results['spconv_out']):.1e}"
-            anchor_name = f"spconv {_spconv_version()} ({s_threads} thr)"
+            anchor_name = f"spconv {module_version('spconv')} ({s_threads} thr)"
         backend = "triton" if device.type == "cuda" else f"cpu ({c_threads} thr)"
         rows.append(BenchRow("spconv_backbone", f"{name} {tag}", "fwd+bwd", backend, seconds, io, 0.0, check,
                              anchor_name, anchor_s))
     return rows
 
-
-def _spconv_version() -> str:
-    try:
-        import spconv
-        return spconv.__version__
-    except Exception:
-        return ""
 
 
 if __name__ == "__main__":

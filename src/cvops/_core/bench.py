@@ -7,6 +7,8 @@ ratios describe this machine, whatever it is.
 """
 from __future__ import annotations
 
+import importlib
+
 import argparse
 import statistics
 import time
@@ -394,3 +396,11 @@ def plot_efficiency(rows: Sequence[BenchRow], limits: MachineLimits, path, title
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def module_version(name: str) -> str:
+    """``name.__version__`` of an installed anchor such as spconv, or ``""`` where it does not import."""
+    try:
+        return importlib.import_module(name).__version__
+    except Exception:  # absent, or an anchor build that fails to load here
+        return ""
