@@ -18,6 +18,8 @@ from torch import Tensor, nn
 
 import cvops
 
+__all__ = ["CARAFE", "CARAFENaive", "CARAFEPack", "MaskedConv2d", "PSAMask", "PSRoIPool"]
+
 
 def _check_sizes(op: str, **limits) -> None:
     """Constructor arguments: each ``name=(value, min_value)`` is an int or a pair of ints (a tuple
