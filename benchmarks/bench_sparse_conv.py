@@ -20,14 +20,13 @@ quarter case in one session): for a ratio, compare several runs.
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
 
 import cvops
-from cvops._core.bench import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, module_version, tensor_bytes,
-                              time_fn)
+from cvops._core.bench import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, load_module, module_version,
+                              tensor_bytes, time_fn)
 from cvops._core.cases import load_cases
 from cvops._core.metrics import diff1, diff2
 
@@ -35,10 +34,7 @@ _EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sparse_encoder.py
 
 
 def _encoder_module():
-    spec = importlib.util.spec_from_file_location("sparse_encoder", _EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(_EXAMPLE, "sparse_encoder")
 
 
 def _spconv():

@@ -16,7 +16,6 @@ went back to the system (cvops.empty_cache, malloc_trim), so it is approximate.
 """
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 from pathlib import Path
@@ -25,8 +24,8 @@ import torch
 
 import cvops
 import cvops.spconv as cvspconv
-from cvops._core.bench import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, module_version, tensor_bytes,
-                              time_fn)
+from cvops._core.bench import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, load_module, module_version,
+                              tensor_bytes, time_fn)
 from cvops._core.metrics import diff1
 
 _BACKBONES = Path(__file__).resolve().parents[1] / "tests" / "ops" / "_spconv_backbones.py"
@@ -34,10 +33,7 @@ CASES = {"network": ((41, 1600, 1408), 16000, 2), "unit": ((41, 200, 176), 3000,
 
 
 def _backbones():
-    spec = importlib.util.spec_from_file_location("_spconv_backbones", _BACKBONES)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(_BACKBONES, "_spconv_backbones")
 
 
 def _spconv():

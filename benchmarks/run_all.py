@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import logging
 import sys
@@ -23,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from cvops._core.bench import MachineLimits, demo_console, plot_efficiency, print_demo, print_table, set_quick
+from cvops._core.bench import (MachineLimits, demo_console, load_module, plot_efficiency, print_demo, print_table,
+                              set_quick)
 
 HERE = Path(__file__).resolve().parent
 # The demo leaves out the cases that only repeat a larger batch of one already shown (and the doc-scale
@@ -39,9 +39,7 @@ def load_bench_modules(wanted=()):
     for path in sorted(p for p in HERE.glob("bench_*.py") if p.stem != "bench_first_call"):
         if wanted and path.stem.removeprefix("bench_") not in wanted:
             continue
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = load_module(path)
         if hasattr(module, "run"):
             yield module
 
@@ -147,9 +145,7 @@ def main(argv=None) -> int:
     else:
         print_table(rows, limits, title)
     if args.first_call:
-        spec = importlib.util.spec_from_file_location("bench_first_call", HERE / "bench_first_call.py")
-        first_call = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(first_call)
+        first_call = load_module(HERE / "bench_first_call.py")
         first_call.print_rows(first_call.run(list(first_call.SNIPPETS)))
     if args.results:
         stem = write_results(args.results, rows, limits, device)

@@ -404,3 +404,14 @@ def module_version(name: str) -> str:
         return importlib.import_module(name).__version__
     except Exception:  # absent, or an anchor build that fails to load here
         return ""
+
+
+def load_module(path, name: str = ""):
+    """Imports the Python file at ``path`` (a benchmark, an example) as a module named ``name`` (its stem)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
