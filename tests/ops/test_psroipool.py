@@ -1,22 +1,19 @@
-"""psroipool: every layer against the R-FCN loop reference, checks, autograd, compile, MLU-OPS layer."""
+"""psroipool: every layer against the R-FCN loop reference, checks, autograd, compile (the numba path and the MLU-OPS layer have files of their own)."""
 from __future__ import annotations
 
 import itertools
-import os
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 import cvops
-from cvops import mluops
 from cvops._core.cases import case_id, load_cases
 from cvops._core.errors import BadParamError, NotSupportedError, Status
 from cvops._core.metrics import bit_equal, diff1, diff2
 from cvops.ops.psroipool.case_data import case_input, case_rois
 from cvops._core.dispatch import triton_available
-from cvops._core.jit import numba_available
-from tests.conftest import CPU_PATHS, FAST_BACKENDS, requires_numba, requires_triton, select, selected
+from tests.conftest import CPU_PATHS, FAST_BACKENDS, requires_triton, select
 
 # the Triton interpreter evaluates NaN/inf sums with numpy, which warns
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -281,137 +278,6 @@ def test_network_cases_invariants(case, cpu_path):
         assert bit_equal(cvops.psroi_pool_backward(g, rois, mapping, scale, od, bottom_of(case), "NHWC"), first)
 
 
-# ------------------------------------------------------------------------------------ numba path
-def _pair(backend, x, rois, ph, pw, scale, group, od, layout, seed=3, convention="rfcn"):
-    """forward output, mapping and backward of one backend on the same input and top_grad."""
-    out, mapping = cvops.psroi_pool(x, rois, ph, pw, scale, group, od, layout, backend=backend, convention=convention)
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(x.dtype)
-    return out, mapping, cvops.psroi_pool_backward(g, rois, mapping, scale, od, tuple(x.shape), layout,
-                                                   backend=backend, convention=convention)
-
-
-@requires_numba
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("convention", ["rfcn", "torchvision"])
-def test_numba_is_bit_equal_to_reference(dtype, layout, convention, monkeypatch):
-    # the same bin edges and the same summation order as the loops: identical bits, not just close
-    monkeypatch.setenv("CVOPS_NUMBA", "1")
-    for case in UNIT:
-        x = to_layout(case_input(case, dtype), layout)
-        args = (x, unit_rois(case, dtype), *params(case), layout)
-        for a, b in zip(_pair("cpu", *args, convention=convention), _pair("reference", *args, convention=convention)):
-            assert bit_equal(a, b), case["name"]
-
-
-@requires_numba
-@pytest.mark.parametrize("case", [_quick(c) for c in load_cases("psroipool", "network")], ids=case_id)
-def test_numba_network_cases_bit_equal_to_reference_and_deterministic(case, monkeypatch):
-    monkeypatch.setenv("CVOPS_NUMBA", "1")
-    x, rois = case_input(case), case_rois(case)
-    ph, pw, scale, group, od = params(case)
-    out, mapping = cvops.psroi_pool(x, rois, ph, pw, scale, group, od, "NHWC")
-    pick = torch.arange(0, len(rois), max(len(rois) // 12, 1))
-    ref, ref_mapping = cvops.psroi_pool(x, rois[pick], ph, pw, scale, group, od, "NHWC", backend="reference")
-    assert bit_equal(out[pick], ref) and torch.equal(mapping[pick], ref_mapping)
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
-    shape = bottom_of(case)
-    sub = cvops.psroi_pool_backward(g[pick], rois[pick], mapping[pick], scale, od, shape, "NHWC")
-    assert bit_equal(sub, cvops.psroi_pool_backward(g[pick], rois[pick], mapping[pick], scale, od, shape, "NHWC",
-                                                    backend="reference"))
-    full = cvops.psroi_pool_backward(g, rois, mapping, scale, od, shape, "NHWC")
-    assert bit_equal(cvops.psroi_pool_backward(g, rois, mapping, scale, od, shape, "NHWC"), full)
-    assert bit_equal(cvops.psroi_pool(x, rois, ph, pw, scale, group, od, "NHWC")[0], out)
-
-
-@requires_numba
-@settings(max_examples=25, deadline=None)
-@given(n=st.integers(1, 2), h=st.integers(1, 9), w=st.integers(1, 9), ph=st.integers(1, 4), pw=st.integers(1, 4),
-       od=st.integers(1, 12), r=st.integers(1, 6), scale=st.sampled_from([1.0, 0.5, 0.3, 2.0]),
-       layout=st.sampled_from(LAYOUTS), dtype=st.sampled_from([torch.float16, torch.float32, torch.float64]),
-       convention=st.sampled_from(["rfcn", "torchvision"]), seed=st.integers(0, 2**16))
-def test_numba_property_bit_equal(n, h, w, ph, pw, od, r, scale, layout, dtype, convention, seed):
-    g = torch.Generator().manual_seed(seed)
-    x = to_layout(torch.randn((n, h, w, od * ph * pw), generator=g, dtype=torch.float64).to(dtype), layout)
-    corners = (torch.rand(r, 4, generator=g, dtype=torch.float64) * 1.4 - 0.2) * torch.tensor([w, h, w, h]) / scale
-    corners = torch.where(torch.rand(r, 4, generator=g) < 0.3, corners.round() + 0.5, corners)  # x.5 ties
-    rois = torch.cat((torch.randint(0, n, (r, 1), generator=g).double(), corners), 1).to(dtype)
-    args = (x, rois, ph, pw, scale, ph if ph == pw else 1, od, layout)
-    with selected("cpu-numba") as backend:
-        mine = _pair(backend, *args, seed=seed, convention=convention)
-    for a, b in zip(mine, _pair("reference", *args, seed=seed, convention=convention)):
-        assert bit_equal(a, b)
-
-
-@requires_numba
-@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.float32, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("direction", ["forward", "backward"])
-def test_numba_peak_memory_is_inputs_outputs_and_a_bounded_scratch(dtype, direction):
-    # a 100 MB float16 (200 MB float32) map, 4 RoIs over all of it: the call may add its outputs, the band
-    # scratch (cpu_numba.BAND_BYTES or one row) and small per-RoI buffers to the peak RSS, nothing like a widened
-    # copy or a table of the whole map
-    import json
-    import subprocess
-    import sys
-    code = f"""
-import json, resource, torch, cvops
-from cvops.ops.psroipool import cpu_numba
-dtype, direction = {dtype}, {direction!r}
-shape, p, od = (1, 100, 250, 4 * 500), 2, 500
-rois = torch.tensor([[0, 0, 0, 249, 99], [0, 10, 10, 200, 90], [0, -5, -5, 300, 120], [0, 3, 4, 5, 6]], dtype=dtype)
-small = torch.ones(1, 3, 3, 4 * 500, dtype=dtype)  # compile first: numba/LLVM memory is not the op's
-out, m = cvops.psroi_pool(small, rois, p, p, 1.0, p, od, "NHWC")
-cvops.psroi_pool_backward(torch.ones_like(out), rois, m, 1.0, od, tuple(small.shape), "NHWC")
-if direction == "forward":
-    x = torch.full(shape, 0.5, dtype=dtype)
-else:
-    x = torch.full((4, p, p, od), 0.5, dtype=dtype)
-    m = m.clone()
-peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-base = peak()
-if direction == "forward":
-    result = cvops.psroi_pool(x, rois, p, p, 1.0, p, od, "NHWC")[0]
-    extra_allowed = 2 * result.numel() * (result.element_size() + 4)
-else:
-    result = cvops.psroi_pool_backward(x, rois, m, 1.0, od, shape, "NHWC")
-    extra_allowed = result.numel() * result.element_size()
-row = shape[2] * p * p * cpu_numba._run_length(od) * 4
-print(json.dumps(dict(grew=peak() - base, allowed=extra_allowed + 2 * max(cpu_numba.BAND_BYTES, row),
-                      input=x.numel() * x.element_size())))
-"""
-    env = dict(os.environ, CVOPS_NUMBA="1", CVOPS_RECYCLE="0")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    got = json.loads(done.stdout.strip().splitlines()[-1])
-    slack = 24 << 20  # allocator and interpreter noise
-    assert got["grew"] <= got["allowed"] + slack, got
-
-
-@requires_numba
-def test_numba_and_torch_paths_agree_in_float64(monkeypatch):
-    case = next(c for c in UNIT if c["name"] == "fractional_rois")
-    x = to_layout(case_input(case, torch.float64), "NHWC")
-    for convention in ("rfcn", "torchvision"):
-        args = (x, case_rois(case, torch.float64), *params(case), "NHWC")
-        monkeypatch.setenv("CVOPS_NUMBA", "1")
-        fused = _pair("cpu", *args, convention=convention)
-        monkeypatch.setenv("CVOPS_NUMBA", "0")
-        for a, b in zip(fused, _pair("cpu", *args, convention=convention)):
-            assert a.dtype == b.dtype and torch.allclose(a.double(), b.double(), rtol=1e-12, atol=1e-12)
-
-
-def test_numba_switch_and_lazy_import(monkeypatch):
-    import subprocess
-    import sys
-    from cvops._core.jit import numba_kernels
-    monkeypatch.setenv("CVOPS_NUMBA", "0")
-    assert numba_kernels("cvops.ops.psroipool", torch.zeros(1), torch.zeros(1, 5)) is None
-    monkeypatch.setenv("CVOPS_NUMBA", "1")
-    assert (numba_kernels("cvops.ops.psroipool", torch.zeros(1), torch.zeros(1, 5)) is not None) == numba_available()
-    # importing cvops does not import numba (it loads on the first call that uses it)
-    code = "import sys, cvops; assert 'numba' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
-
-
 # ------------------------------------------------------------------------------------ nan / inf
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
 def test_nan_inf_in_input_and_grad(backend, monkeypatch):
@@ -611,104 +477,3 @@ def test_module_boxes_list_and_inferred_output_dim():
         cvops.nn.PSRoIPool(3, 1.0, group_size=2)
     with pytest.raises(BadParamError, match=r"boxes\[0\] must be \[L, 4\]"):
         m(x, [torch.zeros(1, 5)])
-
-
-# ------------------------------------------------------------------------------------ MLU-OPS layer
-NHWC, ARRAY = mluops.Layout.NHWC, mluops.Layout.ARRAY
-FLOAT, INT32 = mluops.DataType.FLOAT, mluops.DataType.INT32
-
-
-def _forward_call(n=2, h=5, w=6, ph=3, pw=3, group=3, od=2, scale=1.0, rois=None, in_layout=NHWC,
-                  in_dtype=FLOAT, map_dtype=INT32, out_shape=None, map_shape=None, with_data=True,
-                  workspace=None, workspace_size=0):
-    handle = mluops.create_handle()
-    x = torch.randn(n, h, w, ph * pw * od)
-    rois = torch.tensor([[0.0, 0, 0, 4, 4], [n - 1, 1, 1, 5, 3]]) if rois is None else rois
-    out = torch.zeros(out_shape or (rois.shape[0], ph, pw, od))
-    mapping = torch.zeros(map_shape or out.shape, dtype=torch.int32)
-    d = mluops.create_tensor_descriptor
-    status = mluops.psroipool_forward(
-        handle, ph, pw, scale, group, od, d(in_layout, in_dtype, x.shape), x if with_data else None,
-        d(ARRAY, FLOAT, rois.shape), rois, workspace, workspace_size, d(NHWC, FLOAT, out.shape), out,
-        d(NHWC, map_dtype, mapping.shape), mapping)
-    return status, handle, x, rois, out, mapping
-
-
-def test_mluops_forward_success_writes_outputs():
-    status, _, x, rois, out, mapping = _forward_call()
-    assert status == Status.SUCCESS
-    ref, ref_map = cvops.psroi_pool(x, rois, 3, 3, 1.0, 3, 2, "NHWC", backend="reference")
-    assert_close(out, ref)
-    assert torch.equal(mapping, ref_map)
-    assert mluops.get_psroipool_workspace_size(mluops.create_handle(), 2) == (Status.SUCCESS, 8)
-    assert mluops.get_psroipool_workspace_size(mluops.create_handle(), 0)[0] == Status.BAD_PARAM
-    assert mluops.get_psroipool_workspace_size(None, 2)[0] == Status.BAD_PARAM
-
-
-@pytest.mark.parametrize("kwargs,status,match", [
-    (dict(in_layout=mluops.Layout.NCHW), Status.BAD_PARAM, "layout must be NHWC"),
-    (dict(in_dtype=mluops.DataType.HALF), Status.BAD_PARAM, "dtype must be FLOAT"),
-    (dict(map_dtype=mluops.DataType.INT64), Status.BAD_PARAM, "dtype must be INT32"),
-    (dict(pw=2, group=3), Status.BAD_PARAM, "pooled_width"),
-    (dict(ph=2, pw=2, group=3), Status.BAD_PARAM, "group_size"),
-    (dict(scale=0.0), Status.BAD_PARAM, "spatial_scale"),
-    (dict(rois=torch.zeros(2, 4)), Status.BAD_PARAM, r"rois must be \[R, 5\]"),
-    (dict(rois=torch.zeros(0, 5)), Status.BAD_PARAM, "zero-element"),
-    (dict(out_shape=(2, 3, 3, 3)), Status.BAD_PARAM, "output_dim"),
-    (dict(map_shape=(2, 3, 3, 1)), Status.BAD_PARAM, "mapping_channel shape"),
-    (dict(out_shape=(3, 3, 3, 2), map_shape=(3, 3, 3, 2)), Status.BAD_PARAM, "rois count"),
-    (dict(with_data=False), Status.BAD_PARAM, "input is null"),
-    (dict(workspace_size=8), Status.BAD_PARAM, "workspace is null"),
-    (dict(rois=torch.tensor([[5.0, 0, 0, 3, 3], [0, 0, 0, 3, 3]])), Status.BAD_PARAM, "batch index"),
-    (dict(n=0, with_data=False), Status.SUCCESS, ""),               # empty input: SUCCESS before pointers
-    (dict(n=0, rois=torch.zeros(0, 5), with_data=False), Status.SUCCESS, ""),  # ... and before empty rois
-])
-def test_mluops_forward_statuses(kwargs, status, match):
-    got, handle, *_ = _forward_call(**kwargs)
-    assert got == status, handle.last_error
-    assert match in handle.last_error or re_search(match, handle.last_error)
-
-
-def re_search(pattern, text):
-    import re
-    return re.search(pattern, text) is not None
-
-
-def _backward_call(n=2, h=5, w=6, p=3, od=2, scale=1.0, rois=None, top_shape=None, bottom_c=None, with_data=True,
-                   map_shape=None, top_dtype=FLOAT, ph_arg=None):
-    handle = mluops.create_handle()
-    rois = torch.tensor([[0.0, 0, 0, 4, 4], [n - 1 if n else 0, 1, 1, 5, 3]]) if rois is None else rois
-    top = torch.randn(top_shape or (rois.shape[0], p, p, od))
-    chan = torch.arange(od * p * p, dtype=torch.int32).view(od, p, p).permute(1, 2, 0)
-    mapping = chan.expand(top.shape).contiguous() if map_shape is None else torch.zeros(map_shape, dtype=torch.int32)
-    bottom = torch.full((n, h, w, bottom_c or p * p * od), 7.0)
-    d = mluops.create_tensor_descriptor
-    status = mluops.psroipool_backward(
-        handle, ph_arg or p, p, scale, od, d(NHWC, top_dtype, top.shape), top if with_data else None,
-        d(ARRAY, FLOAT, rois.shape), rois, d(NHWC, INT32, mapping.shape), mapping, d(NHWC, FLOAT, bottom.shape),
-        bottom)
-    return status, handle, top, rois, mapping, bottom
-
-
-def test_mluops_backward_success_overwrites_bottom_grad():
-    status, _, top, rois, mapping, bottom = _backward_call()
-    assert status == Status.SUCCESS
-    ref = cvops.psroi_pool_backward(top, rois, mapping, 1.0, 2, tuple(bottom.shape), "NHWC", backend="reference")
-    assert_close(bottom, ref)
-
-
-@pytest.mark.parametrize("kwargs,status,match", [
-    (dict(top_dtype=mluops.DataType.HALF), Status.BAD_PARAM, "dtype must be FLOAT"),
-    (dict(ph_arg=2), Status.BAD_PARAM, "pooled_height"),
-    (dict(top_shape=(2, 3, 2, 2), map_shape=(2, 3, 2, 2)), Status.BAD_PARAM, "pooled_width"),
-    (dict(bottom_c=17), Status.BAD_PARAM, "bottom_grad channels"),
-    (dict(map_shape=(2, 3, 3, 1)), Status.BAD_PARAM, "mapping_channel shape"),
-    (dict(scale=-1.0), Status.BAD_PARAM, "spatial_scale"),
-    (dict(with_data=False), Status.BAD_PARAM, "top_grad is null"),
-    (dict(rois=torch.zeros(0, 5), top_shape=(0, 3, 3, 2)), Status.BAD_PARAM, "zero-element"),
-    (dict(n=0, with_data=False), Status.SUCCESS, ""),
-])
-def test_mluops_backward_statuses(kwargs, status, match):
-    got, handle, *_ = _backward_call(**kwargs)
-    assert got == status, handle.last_error
-    assert match in handle.last_error

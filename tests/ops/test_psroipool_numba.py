@@ -1,0 +1,148 @@
+"""psroipool: the numba path (compiled loops) against the torch path and the reference, its switch, scratch and peak memory."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import cvops
+from cvops._core.cases import case_id, load_cases
+from cvops._core.metrics import bit_equal
+from cvops.ops.psroipool.case_data import case_input, case_rois
+from cvops._core.jit import numba_available
+from tests.conftest import requires_numba, selected
+from tests.ops.test_psroipool import LAYOUTS, UNIT, _quick, bottom_of, params, to_layout, unit_rois
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+
+def _pair(backend, x, rois, ph, pw, scale, group, od, layout, seed=3, convention="rfcn"):
+    """forward output, mapping and backward of one backend on the same input and top_grad."""
+    out, mapping = cvops.psroi_pool(x, rois, ph, pw, scale, group, od, layout, backend=backend, convention=convention)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(x.dtype)
+    return out, mapping, cvops.psroi_pool_backward(g, rois, mapping, scale, od, tuple(x.shape), layout,
+                                                   backend=backend, convention=convention)
+
+
+@requires_numba
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("convention", ["rfcn", "torchvision"])
+def test_numba_is_bit_equal_to_reference(dtype, layout, convention, monkeypatch):
+    # the same bin edges and the same summation order as the loops: identical bits, not just close
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    for case in UNIT:
+        x = to_layout(case_input(case, dtype), layout)
+        args = (x, unit_rois(case, dtype), *params(case), layout)
+        for a, b in zip(_pair("cpu", *args, convention=convention), _pair("reference", *args, convention=convention)):
+            assert bit_equal(a, b), case["name"]
+
+
+@requires_numba
+@pytest.mark.parametrize("case", [_quick(c) for c in load_cases("psroipool", "network")], ids=case_id)
+def test_numba_network_cases_bit_equal_to_reference_and_deterministic(case, monkeypatch):
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    x, rois = case_input(case), case_rois(case)
+    ph, pw, scale, group, od = params(case)
+    out, mapping = cvops.psroi_pool(x, rois, ph, pw, scale, group, od, "NHWC")
+    pick = torch.arange(0, len(rois), max(len(rois) // 12, 1))
+    ref, ref_mapping = cvops.psroi_pool(x, rois[pick], ph, pw, scale, group, od, "NHWC", backend="reference")
+    assert bit_equal(out[pick], ref) and torch.equal(mapping[pick], ref_mapping)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+    shape = bottom_of(case)
+    sub = cvops.psroi_pool_backward(g[pick], rois[pick], mapping[pick], scale, od, shape, "NHWC")
+    assert bit_equal(sub, cvops.psroi_pool_backward(g[pick], rois[pick], mapping[pick], scale, od, shape, "NHWC",
+                                                    backend="reference"))
+    full = cvops.psroi_pool_backward(g, rois, mapping, scale, od, shape, "NHWC")
+    assert bit_equal(cvops.psroi_pool_backward(g, rois, mapping, scale, od, shape, "NHWC"), full)
+    assert bit_equal(cvops.psroi_pool(x, rois, ph, pw, scale, group, od, "NHWC")[0], out)
+
+
+@requires_numba
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 2), h=st.integers(1, 9), w=st.integers(1, 9), ph=st.integers(1, 4), pw=st.integers(1, 4),
+       od=st.integers(1, 12), r=st.integers(1, 6), scale=st.sampled_from([1.0, 0.5, 0.3, 2.0]),
+       layout=st.sampled_from(LAYOUTS), dtype=st.sampled_from([torch.float16, torch.float32, torch.float64]),
+       convention=st.sampled_from(["rfcn", "torchvision"]), seed=st.integers(0, 2**16))
+def test_numba_property_bit_equal(n, h, w, ph, pw, od, r, scale, layout, dtype, convention, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = to_layout(torch.randn((n, h, w, od * ph * pw), generator=g, dtype=torch.float64).to(dtype), layout)
+    corners = (torch.rand(r, 4, generator=g, dtype=torch.float64) * 1.4 - 0.2) * torch.tensor([w, h, w, h]) / scale
+    corners = torch.where(torch.rand(r, 4, generator=g) < 0.3, corners.round() + 0.5, corners)  # x.5 ties
+    rois = torch.cat((torch.randint(0, n, (r, 1), generator=g).double(), corners), 1).to(dtype)
+    args = (x, rois, ph, pw, scale, ph if ph == pw else 1, od, layout)
+    with selected("cpu-numba") as backend:
+        mine = _pair(backend, *args, seed=seed, convention=convention)
+    for a, b in zip(mine, _pair("reference", *args, seed=seed, convention=convention)):
+        assert bit_equal(a, b)
+
+
+@requires_numba
+@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.float32, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_numba_peak_memory_is_inputs_outputs_and_a_bounded_scratch(dtype, direction):
+    # a 100 MB float16 (200 MB float32) map, 4 RoIs over all of it: the call may add its outputs, the band
+    # scratch (cpu_numba.BAND_BYTES or one row) and small per-RoI buffers to the peak RSS, nothing like a widened
+    # copy or a table of the whole map
+    import json
+    import subprocess
+    import sys
+    code = f"""
+import json, resource, torch, cvops
+from cvops.ops.psroipool import cpu_numba
+dtype, direction = {dtype}, {direction!r}
+shape, p, od = (1, 100, 250, 4 * 500), 2, 500
+rois = torch.tensor([[0, 0, 0, 249, 99], [0, 10, 10, 200, 90], [0, -5, -5, 300, 120], [0, 3, 4, 5, 6]], dtype=dtype)
+small = torch.ones(1, 3, 3, 4 * 500, dtype=dtype)  # compile first: numba/LLVM memory is not the op's
+out, m = cvops.psroi_pool(small, rois, p, p, 1.0, p, od, "NHWC")
+cvops.psroi_pool_backward(torch.ones_like(out), rois, m, 1.0, od, tuple(small.shape), "NHWC")
+if direction == "forward":
+    x = torch.full(shape, 0.5, dtype=dtype)
+else:
+    x = torch.full((4, p, p, od), 0.5, dtype=dtype)
+    m = m.clone()
+peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+base = peak()
+if direction == "forward":
+    result = cvops.psroi_pool(x, rois, p, p, 1.0, p, od, "NHWC")[0]
+    extra_allowed = 2 * result.numel() * (result.element_size() + 4)
+else:
+    result = cvops.psroi_pool_backward(x, rois, m, 1.0, od, shape, "NHWC")
+    extra_allowed = result.numel() * result.element_size()
+row = shape[2] * p * p * cpu_numba._run_length(od) * 4
+print(json.dumps(dict(grew=peak() - base, allowed=extra_allowed + 2 * max(cpu_numba.BAND_BYTES, row),
+                      input=x.numel() * x.element_size())))
+"""
+    env = dict(os.environ, CVOPS_NUMBA="1", CVOPS_RECYCLE="0")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    slack = 24 << 20  # allocator and interpreter noise
+    assert got["grew"] <= got["allowed"] + slack, got
+
+
+@requires_numba
+def test_numba_and_torch_paths_agree_in_float64(monkeypatch):
+    case = next(c for c in UNIT if c["name"] == "fractional_rois")
+    x = to_layout(case_input(case, torch.float64), "NHWC")
+    for convention in ("rfcn", "torchvision"):
+        args = (x, case_rois(case, torch.float64), *params(case), "NHWC")
+        monkeypatch.setenv("CVOPS_NUMBA", "1")
+        fused = _pair("cpu", *args, convention=convention)
+        monkeypatch.setenv("CVOPS_NUMBA", "0")
+        for a, b in zip(fused, _pair("cpu", *args, convention=convention)):
+            assert a.dtype == b.dtype and torch.allclose(a.double(), b.double(), rtol=1e-12, atol=1e-12)
+
+
+def test_numba_switch_and_lazy_import(monkeypatch):
+    import subprocess
+    import sys
+    from cvops._core.jit import numba_kernels
+    monkeypatch.setenv("CVOPS_NUMBA", "0")
+    assert numba_kernels("cvops.ops.psroipool", torch.zeros(1), torch.zeros(1, 5)) is None
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    assert (numba_kernels("cvops.ops.psroipool", torch.zeros(1), torch.zeros(1, 5)) is not None) == numba_available()
+    # importing cvops does not import numba (it loads on the first call that uses it)
+    code = "import sys, cvops; assert 'numba' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
