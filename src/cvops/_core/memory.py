@@ -1,8 +1,8 @@
 """Output allocation for the CPU backends.
 
-Fresh memory is the dominant cost of the pure-IO operators on the CPU. A new 90 MB torch tensor is
-backed by 4 KiB pages that the kernel faults in and zeroes on first touch: filling it takes ~20 ms on
-the 2-core CI machine, where refilling a buffer that is already mapped takes 2.5 ms. Two remedies:
+Fresh memory is the dominant cost of the pure-IO operators on the CPU. A new large torch tensor is
+backed by 4 KiB pages that the kernel faults in and zeroes on first touch, which costs several times
+more than refilling a buffer that is already mapped. Two remedies:
 
 - Large buffers ask the kernel for transparent huge pages (``madvise(MADV_HUGEPAGE)`` on their
   2 MiB-aligned interior), which halves the first-touch cost.

@@ -76,7 +76,7 @@ def pair(op: str, name: str, value, n: int = 2, *, min_value: int | None = None)
 
 
 def check_same_device(op: str, **tensors: torch.Tensor) -> None:
-    if all(t.is_cpu for t in tensors.values()):  # the common case, without building device objects (~0.3 us each)
+    if all(t.is_cpu for t in tensors.values()):  # the common case, without building a device object per tensor
         return
     devices = [t.device for t in tensors.values()]
     if any(d != devices[0] for d in devices[1:]):
