@@ -202,6 +202,14 @@ def returns_status(fn: Callable[..., None]) -> Callable[..., Status]:
     return wrapper
 
 
+def check_workspace(op: str, workspace, workspace_size) -> int:
+    """The workspace arguments of an entry point: ``workspace_size`` an int >= 0, and no null workspace
+    when it is > 0 (BAD_PARAM otherwise). Returns the size."""
+    workspace_size = check_int(op, "workspace_size", workspace_size, min_value=0)
+    require(workspace_size == 0 or workspace is not None, op, "workspace is null but workspace_size > 0")
+    return workspace_size
+
+
 def workspace_query(op: str, handle, size_of: Callable[[], int]) -> tuple[Status, int]:
     """A ``mluOpGet*WorkspaceSize`` entry point: ``(status, size_in_bytes)``, never raising.
 

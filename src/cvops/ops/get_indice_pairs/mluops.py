@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..._core.descriptor import (DataType, TensorDescriptor, check_data, check_descriptor, returns_status,
-                                status_of, workspace_query)
+from ..._core.descriptor import (DataType, TensorDescriptor, check_data, check_descriptor, check_workspace,
+                                returns_status, status_of, workspace_query)
 from ..._core.errors import Status
 from ..._core.validate import check_int, require
 from . import get_indice_pairs as _functional
@@ -193,12 +193,11 @@ def get_indice_pairs(handle, sparse_conv_desc, indices_desc, indices, workspace,
     if _gip_pre_check(desc, indices_desc, indice_pairs_desc, out_indices_desc, indice_num_desc):
         desc.num_act_out = 0
         return
-    workspace_size = check_int(op, "workspace_size", workspace_size, min_value=0)
     indices = check_data(op, "indices", indices_desc, indices)
     indice_pairs = check_data(op, "indice_pairs", indice_pairs_desc, indice_pairs)
     out_indices = check_data(op, "out_indices", out_indices_desc, out_indices)
     indice_num = check_data(op, "indice_num", indice_num_desc, indice_num)
-    require(workspace_size == 0 or workspace is not None, op, "workspace is null but workspace_size > 0")
+    check_workspace(op, workspace, workspace_size)
     out, pairs, num = _functional(indices, desc.batch, list(desc.input_space), list(desc.filter_space),
                                   list(desc.stride), list(desc.pad), list(desc.dilation), 0,
                                   subm=bool(desc.sub_m), out_spatial_shape=list(desc.output_space))

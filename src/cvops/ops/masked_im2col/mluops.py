@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..._core.descriptor import (DataType, Layout, check_data, check_descriptor, returns_status,
+from ..._core.descriptor import (DataType, Layout, check_data, check_descriptor, check_workspace, returns_status,
                                 workspace_query)
 from ..._core.errors import Status
 from ..._core.validate import check_int, require
@@ -83,8 +83,7 @@ def masked_im2col_forward(handle, feature_desc, feature, mask_h_idx_desc, mask_h
         feature_desc, mask_h_idx_desc, mask_w_idx_desc, data_col_desc, kernel_h, kernel_w)
     if mask_cnt == 0:
         return
-    workspace_size = check_int(op, "workspace_size", workspace_size, min_value=0)
-    require(workspace_size == 0 or workspace is not None, op, "workspace is null but workspace_size > 0")
+    check_workspace(op, workspace, workspace_size)
     feature = check_data(op, "feature", feature_desc, feature)
     mask_h_idx = check_data(op, "mask_h_idx", mask_h_idx_desc, mask_h_idx)
     mask_w_idx = check_data(op, "mask_w_idx", mask_w_idx_desc, mask_w_idx)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from ..._core.descriptor import DataType, Layout, check_data, check_descriptor, returns_status, workspace_query
+from ..._core.descriptor import (DataType, Layout, check_data, check_descriptor, check_workspace, returns_status,
+                                workspace_query)
 from ..._core.errors import Status
 from ..._core.validate import check_int, require, require_supported
 from . import psroi_pool as _psroi_pool, psroi_pool_backward as _psroi_pool_backward
@@ -88,8 +89,7 @@ def psroipool_forward(handle, pooled_height, pooled_width, spatial_scale, group_
     if input_desc.numel == 0:
         return Status.SUCCESS
     require(rois_desc.numel > 0, op, "rois must not be a zero-element tensor")
-    workspace_size = check_int(op, "workspace_size", workspace_size, min_value=0)
-    require(workspace_size == 0 or workspace is not None, op, "workspace is null but workspace_size > 0")
+    check_workspace(op, workspace, workspace_size)
     x = check_data(op, "input", input_desc, input)
     boxes = check_data(op, "rois", rois_desc, rois)
     out = check_data(op, "output", output_desc, output)
