@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 import cvops
-from cvops._core.bench import BACKEND, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
-from cvops._core.cases import load_cases
-from cvops.ops.get_indice_pairs import synth
+from harness import BACKEND, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
+from tests.support.cases import load_cases
+from tests.support.inputs import get_indice_pairs as voxels
 
 
 def _spconv():
@@ -67,8 +67,8 @@ def run(limits: MachineLimits, tag: str = "network", backend: str | None = None,
     anchor = _spconv() if device.type == "cpu" else None
     rows = []
     for case in load_cases("get_indice_pairs", tag):
-        idx = synth.case_indices(case).to(device)
-        kw = synth.case_kwargs(case)
+        idx = voxels.case_indices(case).to(device)
+        kw = voxels.case_kwargs(case)
         fn = lambda: cvops.get_indice_pairs(idx, **kw, backend=backend)  # noqa: E731
         result = fn()
         seconds = time_fn(fn, device, repeats=5)

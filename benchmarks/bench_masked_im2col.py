@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 
 import cvops
-from cvops._core.bench import BACKEND, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
-from cvops._core.cases import load_cases
+from harness import BACKEND, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
+from tests.support.cases import load_cases
 from cvops._core.metrics import bit_equal, diff1
 from cvops.ops.masked_im2col import reference
-from cvops.ops.masked_im2col.inputs import case_inputs, case_mask
+from tests.support.inputs.masked_im2col import case_inputs, case_mask
 
 
 def _exact_on_sample(data_col, feature, h, w, kernel, pad) -> str:

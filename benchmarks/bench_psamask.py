@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 import cvops
-from cvops._core.bench import BACKEND, NO_CHECK, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
-from cvops._core.cases import load_cases
+from harness import BACKEND, NO_CHECK, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
+from tests.support.cases import load_cases
 from cvops._core.metrics import bit_equal
 
 

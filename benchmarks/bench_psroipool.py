@@ -15,10 +15,10 @@ import time
 import torch
 
 import cvops
-from cvops._core.bench import BACKEND, NO_CHECK, BenchRow, MachineLimits, bench_main, synchronize, tensor_bytes
-from cvops._core.cases import load_cases
+from harness import BACKEND, NO_CHECK, BenchRow, MachineLimits, bench_main, synchronize, tensor_bytes
+from tests.support.cases import load_cases
 from cvops._core.metrics import diff1, diff2
-from cvops.ops.psroipool.case_data import case_input, case_rois
+from tests.support.inputs.psroipool import case_input, case_rois
 from cvops.ops.psroipool.cpu import bin_edges
 
 

@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 import cvops
-from cvops._core.bench import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, load_module, module_version,
+from harness import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, load_module, module_version,
                               tensor_bytes, time_fn)
-from cvops._core.cases import load_cases
+from tests.support.cases import load_cases
 from cvops._core.metrics import diff1, diff2
 
 _EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sparse_encoder.py"

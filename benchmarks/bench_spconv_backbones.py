@@ -24,7 +24,7 @@ import torch
 
 import cvops
 import cvops.spconv as cvspconv
-from cvops._core.bench import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, load_module, module_version,
+from harness import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, load_module, module_version,
                               tensor_bytes, time_fn)
 from cvops._core.metrics import diff1
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from cvops._core.bench import (MachineLimits, demo_console, load_module, plot_efficiency, print_demo, print_table,
+from harness import (MachineLimits, demo_console, load_module, plot_efficiency, print_demo, print_table,
                               set_quick)
 
 HERE = Path(__file__).resolve().parent

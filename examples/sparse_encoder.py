@@ -4,7 +4,7 @@ The network is the SECOND / CenterPoint ``SpMiddleResNetFHD``-like stack (withou
 input layer, then four stages of (strided SparseConv3d, two SubMConv3d blocks) with BatchNorm1d + ReLU,
 and a final z-downsampling SparseConv3d; the output is densified to the BEV map ``[B, C*D, H, W]``.
 The input is the design doc's network-scale case: 248,636 LiDAR-like voxels, batch 4, grid
-(41, 1440, 1440), from get_indice_pairs' fixed-seed synthetic sweep generator.
+(41, 1440, 1440), from the fixed-seed synthetic sweep generator in tests/support.
 
     PYTHONPATH=src python examples/sparse_encoder.py [--voxels 248636] [--device cpu|cuda] [--threads N]
 """
@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import argparse
 import resource
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
 
 import cvops
-from cvops.ops.get_indice_pairs.synth import lidar_voxels
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the voxel generator lives in the checkout's tests/
+from tests.support.inputs.get_indice_pairs import lidar_voxels  # noqa: E402
 
 DOC_VOXELS, DOC_BATCH, DOC_GRID = 248636, 4, (41, 1440, 1440)
 

@@ -1,11 +1,11 @@
-"""The demo's report (cvops._core.bench): check strings read as verdicts, one paragraph per op in words,
+"""The demo's report (benchmarks/harness.py): check strings read as verdicts, one paragraph per op in words,
 a table within 100 columns, the anchor's own nondeterminism named as such, and the efficiency plot."""
 import io
 
 import pytest
 import torch
 
-from cvops._core.bench import BenchRow, MachineLimits, plot_efficiency, print_demo, summarize, verdict
+from benchmarks.harness import BenchRow, MachineLimits, plot_efficiency, print_demo, summarize, verdict
 
 LIMITS = MachineLimits(torch.device("cpu"), bandwidth=40e9, matmul_flops=200e9, threads=2)
 ROWS = [

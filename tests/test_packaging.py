@@ -25,9 +25,13 @@ if int(setuptools.__version__.split(".")[0]) < 77:  # pyproject's license fields
 ROOT = Path(__file__).resolve().parents[1]
 
 SMOKE = r"""
-import importlib.metadata, os, sys
+import importlib, importlib.metadata, os, pkgutil, sys
 import torch
 import cvops, cvops.mmcv
+# every module of the installed package imports without the checkout (triton modules need triton)
+for info in pkgutil.walk_packages(cvops.__path__, "cvops."):
+    if not info.name.endswith(".triton") or importlib.util.find_spec("triton"):
+        importlib.import_module(info.name)
 assert os.path.realpath(cvops.__file__).startswith(os.path.realpath(sys.prefix)), cvops.__file__
 assert any(r.startswith("numba") for r in importlib.metadata.requires("cvops")), "numba must be a dependency"
 assert cvops.psamask(torch.randn(1, 9, 4, 4), "collect", 3).shape == (1, 16, 4, 4)

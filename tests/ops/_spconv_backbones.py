@@ -177,7 +177,7 @@ BACKBONES = {"VoxelBackBone8x": VoxelBackBone8x, "VoxelResBackBone8x": VoxelResB
 
 def lidar_input(num: int, batch: int, grid=GRID_ZYX, channels: int = 4, seed: int = 0):
     """``(features [num, channels], indices [num, 4] int32)``: a LiDAR-like voxel set (cvops's synth)."""
-    from cvops.ops.get_indice_pairs.synth import lidar_voxels
+    from tests.support.inputs.get_indice_pairs import lidar_voxels
     indices = lidar_voxels(num, batch, grid, seed=seed)
     g = torch.Generator().manual_seed(seed)
     return torch.randn(num, channels, generator=g), indices

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 import cvops
-from cvops._core.cases import case_id, load_cases
+from tests.support.cases import case_id, load_cases
 from cvops._core.errors import BadParamError, NotSupportedError, Status
 from cvops._core.metrics import bit_equal, diff1, diff2
 from tests.conftest import CPU_PATHS, requires_triton, selected

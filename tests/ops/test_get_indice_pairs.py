@@ -11,9 +11,9 @@ from hypothesis import given, settings, strategies as st
 
 import cvops
 from cvops import mluops
-from cvops._core.cases import case_id, load_cases
+from tests.support.cases import case_id, load_cases
 from cvops._core.errors import BadParamError, NotSupportedError, Status
-from cvops.ops.get_indice_pairs import synth
+from tests.support.inputs import get_indice_pairs as voxels
 from tests.conftest import requires_triton
 
 FAST_BACKENDS = ["cpu", pytest.param("triton", marks=requires_triton)]
@@ -29,8 +29,8 @@ def assert_same(actual, expected):
 
 
 def run(case, backend, indices=None):
-    idx = synth.case_indices(case) if indices is None else indices
-    return cvops.get_indice_pairs(idx, backend=backend, **synth.case_kwargs(case))
+    idx = voxels.case_indices(case) if indices is None else indices
+    return cvops.get_indice_pairs(idx, backend=backend, **voxels.case_kwargs(case))
 
 
 def _tuple(v, n):
@@ -129,8 +129,8 @@ def test_out_indices_sorted_not_first_encounter():
                                   and c.get("dilation", 1) == 1], ids=case_id)
 def test_output_sites_match_dense_convolution(case):
     """An independent oracle: the active output sites are where a dense conv of the occupancy is > 0."""
-    idx = synth.case_indices(case)
-    kw = synth.case_kwargs(case)
+    idx = voxels.case_indices(case)
+    kw = voxels.case_kwargs(case)
     shape = kw["spatial_shape"]
     if len(shape) not in (1, 2, 3) or case["batch_size"] * torch.Size(shape).numel() > 5e6:
         pytest.skip("dense oracle for small 1-3D grids")
@@ -149,11 +149,11 @@ def test_output_sites_match_dense_convolution(case):
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
 @pytest.mark.parametrize("case", UNIT, ids=case_id)
 def test_unit_cases_exact(backend, case):
-    idx = synth.case_indices(case)
+    idx = voxels.case_indices(case)
     expected = run(case, "reference", idx)
     assert_same(run(case, backend, idx), expected)
     assert_same(run(case, backend, idx.long()), expected)  # int64 indices give the same int32 outputs
-    check_contract(idx, *expected, **synth.case_kwargs(case))
+    check_contract(idx, *expected, **voxels.case_kwargs(case))
 
 
 @settings(max_examples=40, deadline=None)
@@ -162,7 +162,7 @@ def test_property_cpu_matches_reference(ndim, batch, data):
     shape = [data.draw(st.integers(1, 6)) for _ in range(ndim)]
     volume = batch * torch.Size(shape).numel()
     L = data.draw(st.integers(1, min(volume, 30)))
-    idx = synth.uniform_voxels(L, batch, shape, seed=data.draw(st.integers(0, 99)))
+    idx = voxels.uniform_voxels(L, batch, shape, seed=data.draw(st.integers(0, 99)))
     subm = data.draw(st.booleans())
     transpose = not subm and data.draw(st.booleans())
     k = [data.draw(st.integers(1, 4)) for _ in range(ndim)]
@@ -189,7 +189,7 @@ def test_subm_numba_merge_equals_torch_join(shape, k, p, d, monkeypatch):
     if not jit.numba_available():
         pytest.skip("numba not installed")
     n = len(shape)
-    idx = synth.uniform_voxels(400, 2, list(shape), seed=3)
+    idx = voxels.uniform_voxels(400, 2, list(shape), seed=3)
     idx = idx[torch.randperm(idx.shape[0], generator=torch.Generator().manual_seed(0))]
     args = (idx, 2, list(shape), list(_tuple(k, n)), [1] * n, list(_tuple(p, n)), list(_tuple(d, n)))
     results = []
@@ -204,14 +204,14 @@ def test_subm_numba_merge_equals_torch_join(shape, k, p, d, monkeypatch):
 @settings(max_examples=6, deadline=None)
 @given(subm=st.booleans(), seed=st.integers(0, 50), k=st.integers(1, 3), s=st.integers(1, 2))
 def test_property_triton_matches_reference(subm, seed, k, s):
-    idx = synth.uniform_voxels(25, 2, [4, 5, 6], seed=seed)
+    idx = voxels.uniform_voxels(25, 2, [4, 5, 6], seed=seed)
     args = (idx, 2, [4, 5, 6], k, 1 if subm else s, k // 2, 1)
     expected = cvops.get_indice_pairs(*args, subm=subm, backend="reference")
     assert_same(cvops.get_indice_pairs(*args, subm=subm, backend="triton"), expected)
 
 
 def test_non_contiguous_indices():
-    idx = synth.uniform_voxels(50, 2, [5, 6, 7], seed=2)
+    idx = voxels.uniform_voxels(50, 2, [5, 6, 7], seed=2)
     wide = torch.stack([idx, -idx], 2).reshape(50, 8)[:, ::2]
     assert not wide.is_contiguous() and torch.equal(wide, idx)
     for subm in (False, True):
@@ -220,7 +220,7 @@ def test_non_contiguous_indices():
 
 
 def test_deterministic():
-    idx = synth.lidar_voxels(2000, 2, [11, 64, 64], seed=9)
+    idx = voxels.lidar_voxels(2000, 2, [11, 64, 64], seed=9)
     for subm, stride in ((True, 1), (False, 2)):
         a = cvops.get_indice_pairs(idx, 2, [11, 64, 64], 3, stride, 1, 1, subm=subm)
         b = cvops.get_indice_pairs(idx, 2, [11, 64, 64], 3, stride, 1, 1, subm=subm)
@@ -235,7 +235,7 @@ def network(request):
     torch.set_num_threads(1)
     request.addfinalizer(lambda: torch.set_num_threads(threads))
     case = request.param
-    idx = synth.case_indices(case)
+    idx = voxels.case_indices(case)
     return case, idx, run(case, "cpu", idx)
 
 
@@ -255,7 +255,7 @@ def test_network_case_contract(network):
     for c, size in enumerate(case["spatial_shape"]):
         key = key * size + idx[:, c + 1].long()
     assert key.unique().numel() == idx.shape[0], "generator: duplicate-free"
-    check_contract(idx, out, pairs, num, **synth.case_kwargs(case))
+    check_contract(idx, out, pairs, num, **voxels.case_kwargs(case))
     if case.get("subm"):  # centred kernel: identity at the centre, mirrored offsets pair up
         assert int(num[13]) == idx.shape[0] and torch.equal(pairs[13, 0], pairs[13, 1])
         assert torch.equal(num, num.flip(0))
@@ -304,7 +304,7 @@ def test_output_size_helpers():
 
 
 def test_mmcv_style_arguments():
-    idx = synth.uniform_voxels(30, 2, [5, 6, 7], seed=8)
+    idx = voxels.uniform_voxels(30, 2, [5, 6, 7], seed=8)
     expected = cvops.get_indice_pairs(idx, 2, [5, 6, 7], [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1],
                                       backend="reference")
     assert_same(cvops.get_indice_pairs(idx, 2, torch.tensor([5, 6, 7]), ksize=3, stride=2, padding=1), expected)
@@ -312,7 +312,7 @@ def test_mmcv_style_arguments():
 
 
 def test_out_spatial_shape_override():
-    idx = synth.uniform_voxels(40, 2, [5, 6, 7], seed=4)
+    idx = voxels.uniform_voxels(40, 2, [5, 6, 7], seed=4)
     out, pairs, num = cvops.get_indice_pairs(idx, 2, [5, 6, 7], 3, 2, 1, 1, out_spatial_shape=[2, 2, 2])
     ref = cvops.get_indice_pairs(idx, 2, [5, 6, 7], 3, 2, 1, 1, out_spatial_shape=[2, 2, 2], backend="reference")
     assert_same((out, pairs, num), ref)
@@ -326,7 +326,7 @@ GOOD = dict(batch_size=2, spatial_shape=[5, 6, 7], kernel_size=3, stride=1, padd
 
 
 def _idx():
-    return synth.uniform_voxels(10, 2, [5, 6, 7], seed=1)
+    return voxels.uniform_voxels(10, 2, [5, 6, 7], seed=1)
 
 
 @pytest.mark.parametrize("change,pattern", [
@@ -394,7 +394,7 @@ def test_triton_backend_without_gpu_or_interpreter(monkeypatch):
 
 # -------------------------------------------------------------------------------- compile
 def test_under_torch_compile():
-    idx = synth.uniform_voxels(30, 2, [5, 6, 7], seed=3)
+    idx = voxels.uniform_voxels(30, 2, [5, 6, 7], seed=3)
 
     def fn(indices):
         out, pairs, num = cvops.get_indice_pairs(indices, 2, [5, 6, 7], 3, 2, 1, 1)
@@ -438,7 +438,7 @@ def _mlu(idx, *, batch=2, space=(5, 6, 7), out_space=None, k=3, stride=1, pad=1,
 
 @pytest.mark.parametrize("subm,stride", [(1, 1), (0, 2), (0, 1)])
 def test_mluops_success_writes_outputs(subm, stride):
-    idx = synth.uniform_voxels(40, 2, [5, 6, 7], seed=5)
+    idx = voxels.uniform_voxels(40, 2, [5, 6, 7], seed=5)
     status, handle, desc, out, pairs, num = _mlu(idx, subm=subm, stride=stride)
     assert status == Status.SUCCESS, handle.last_error
     ref = cvops.get_indice_pairs(idx, 2, [5, 6, 7], 3, stride, 1, 1, subm=bool(subm), backend="reference")
@@ -468,7 +468,7 @@ def test_mluops_zero_elements_success_untouched():
 
 
 def test_mluops_statuses():
-    idx = synth.uniform_voxels(20, 2, [5, 6, 7], seed=6)
+    idx = voxels.uniform_voxels(20, 2, [5, 6, 7], seed=6)
     assert _mlu(idx)[0] == Status.SUCCESS
     assert _mlu(idx, dtype=torch.int64)[0] == Status.BAD_PARAM               # int32 only
     assert _mlu(idx, with_data=False)[0] == Status.BAD_PARAM                 # null pointer
@@ -532,7 +532,7 @@ def test_subm_dilated_kernel_not_centred_by_padding(backend, kernel, padding, di
     # subm k3 p1 d2 is NOT a centred kernel (that needs p = d): a shortcut that calls it centred (and
     # mirrors offsets) gives wrong pairs. Compared with the independent test-only builder.
     from tests.ops._sparse_kmap import build_kernel_map
-    idx = synth.uniform_voxels(60, 2, [5, 6, 7], seed=12)
+    idx = voxels.uniform_voxels(60, 2, [5, 6, 7], seed=12)
     got = cvops.get_indice_pairs(idx, 2, [5, 6, 7], kernel, 1, padding, dilation, subm=True, backend=backend)
     n = 3
     expected = build_kernel_map(idx, 2, [5, 6, 7], _tuple(kernel, n), (1, 1, 1), _tuple(padding, n),

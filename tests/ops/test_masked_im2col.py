@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 
 import cvops
 from cvops import mluops
-from cvops._core.cases import case_id, load_cases
+from tests.support.cases import case_id, load_cases
 from cvops._core.errors import BadParamError, Status
 from cvops._core.metrics import bit_equal, diff1, diff2
 from cvops.ops.masked_im2col import cpu, reference
-from cvops.ops.masked_im2col.inputs import case_inputs, case_mask
+from tests.support.inputs.masked_im2col import case_inputs, case_mask
 from tests.conftest import CPU_PATHS, installed_cpu_paths, requires_numba, requires_triton, select
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]

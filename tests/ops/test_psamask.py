@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 import cvops
 from cvops import mluops
-from cvops._core.cases import case_id, load_cases
+from tests.support.cases import case_id, load_cases
 from cvops._core.errors import BadParamError, NotSupportedError, Status
 from cvops._core.metrics import bit_equal, diff3
 from tests.conftest import (CPU_PATHS, FAST_BACKENDS, installed_cpu_paths, requires_numba,

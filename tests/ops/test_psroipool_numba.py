@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import cvops
-from cvops._core.cases import case_id, load_cases
+from tests.support.cases import case_id, load_cases
 from cvops._core.metrics import bit_equal
-from cvops.ops.psroipool.case_data import case_input, case_rois
+from tests.support.inputs.psroipool import case_input, case_rois
 from cvops._core.jit import numba_available
 from tests.conftest import requires_numba, selected
 from tests.ops.test_psroipool import LAYOUTS, UNIT, _quick, bottom_of, params, to_layout, unit_rois

@@ -127,7 +127,7 @@ def transpose8(typingctx, src, src_at, src_stride, dst, dst_at, dst_stride):
     caller's duty: nothing is checked).
 
     Why: regrouping interleaved channels is a transpose, and LLVM compiles a scalar transpose loop to one
-    load and one store per element (or to AVX-512 gathers, slower still on the CI machine)."""
+    load and one store per element (or to AVX-512 gathers, slower still on AMD EPYC CPUs)."""
     floats = (types.float32, types.float64)
     if not (isinstance(src, types.Array) and isinstance(dst, types.Array) and src.ndim == 1 and dst.ndim == 1
             and src.dtype in floats and dst.dtype in floats):

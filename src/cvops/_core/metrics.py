@@ -56,7 +56,3 @@ def bit_equal(actual: torch.Tensor, expected: torch.Tensor) -> bool:
     a, b = actual.detach().cpu().contiguous(), expected.detach().cpu().contiguous()
     return bool(torch.equal(as_bits(a), as_bits(b)))
 
-
-def accuracy_report(actual, expected) -> dict[str, float]:
-    return {"diff1": diff1(actual, expected), "diff2": diff2(actual, expected),
-            "diff3": diff3(actual, expected), "diff3_2": diff3_2(actual, expected)}

@@ -30,16 +30,3 @@ def to_channels_last(t: torch.Tensor) -> torch.Tensor:
         out.copy_(nhwc)
     return out
 
-
-def copy_channels_last_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """``dst`` (logical NCHW ``[N, C, H, W]``, any strides) <- ``src`` (contiguous ``[N, H, W, C]``).
-
-    Dtypes must match for the blocked path; otherwise this is a converting ``copy_``.
-    """
-    n, c, h, w = dst.shape
-    if (dst.is_contiguous() and src.is_contiguous() and dst.dtype == src.dtype and dst.device.type == "cpu"):
-        for i in range(n):
-            dst[i].view(c, h * w).copy_(src[i].view(h * w, c).t())
-    else:
-        dst.permute(0, 2, 3, 1).copy_(src)
-    return dst

@@ -83,9 +83,3 @@ def check_same_device(op: str, **tensors: torch.Tensor) -> None:
         require(False, op, "tensors must be on one device, got "
                 + ", ".join(f"{k}={t.device}" for k, t in tensors.items()))
 
-
-def check_numel_limit(op: str, **tensors: torch.Tensor) -> None:
-    """MLU-OPS rejects tensors of 2^31 or more elements (NOT_SUPPORTED); used by the MLU-OPS layer."""
-    for name, t in tensors.items():
-        require_supported(t.numel() < LARGE_TENSOR_NUM, op,
-                          f"{name} has {t.numel()} elements, MLU-OPS supports fewer than 2^31")

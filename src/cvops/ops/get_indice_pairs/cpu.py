@@ -187,7 +187,7 @@ def get_indice_pairs(indices: torch.Tensor, geo: Geometry):
 
     On CPU the work runs on one intra-op thread: it is a chain of a few hundred sub-millisecond ops,
     where OpenMP fork/join costs more than it saves, and a loaded machine (another process on the
-    second core) turns every parallel region into a scheduler wait -- measured 10-100x slower.
+    second core) turns every parallel region into a scheduler wait, an order of magnitude slower or worse.
     """
     run = _subm_pairs if geo.subm else _conv_pairs
     if indices.device.type != "cpu":

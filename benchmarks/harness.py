@@ -1,4 +1,4 @@
-"""Benchmark harness shared by ``benchmarks/bench_<op>.py`` and ``make demo``.
+"""Benchmark harness shared by ``benchmarks/bench_<op>.py``, ``run_all.py`` and ``make demo``.
 
 MLU-OPS definitions (semantics.md §0): theory IO = all input bytes + all output bytes;
 io_efficiency = theory_io / (time * bandwidth); compute_efficiency = theory_ops / (time * peak).
@@ -7,15 +7,21 @@ ratios describe this machine, whatever it is.
 """
 from __future__ import annotations
 
-import importlib
-
 import argparse
+import importlib
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+
+# The bench files read their cases and input generators from the checkout's tests/support package.
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 
 def synchronize(device: torch.device) -> None:
@@ -409,7 +415,6 @@ def module_version(name: str) -> str:
 def load_module(path, name: str = ""):
     """Imports the Python file at ``path`` (a benchmark, an example) as a module named ``name`` (its stem)."""
     import importlib.util
-    from pathlib import Path
     path = Path(path)
     spec = importlib.util.spec_from_file_location(name or path.stem, path)
     module = importlib.util.module_from_spec(spec)

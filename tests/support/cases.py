@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-CASES_DIR = Path(os.environ.get("CVOPS_CASES", Path(__file__).resolve().parents[3] / "cases"))
+CASES_DIR = Path(os.environ.get("CVOPS_CASES", Path(__file__).resolve().parents[2] / "cases"))
 
 
 def load_cases(op: str, tag: str | None = None) -> list[dict]:
