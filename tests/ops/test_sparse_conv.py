@@ -6,18 +6,16 @@ torch, Triton under the interpreter) must agree; half types within diff1/diff2 <
 """
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import cvops
 from cvops import sparse
 from cvops._core.errors import BadParamError, NotSupportedError
 from cvops._core.metrics import bit_equal, diff1, diff2
 from tests.conftest import requires_triton
-from tests.ops._sparse_kmap import build_kernel_map
+from tests.ops._sparse_kmap import MAP_CASES, build_kernel_map, map_case, random_sparse
 
 
 @pytest.mark.parametrize("subm,kernel,stride,padding,dilation", [
@@ -33,21 +31,6 @@ def test_layers_use_the_contract_kernel_map(subm, kernel, stride, padding, dilat
                                 subm=subm)
     for a, b in zip(got, expected):
         assert bit_equal(a, b)
-
-
-def random_sparse(batch, shape, n, channels, *, dtype=torch.float64, seed=0, sort=False):
-    g = torch.Generator().manual_seed(seed)
-    total = batch * math.prod(shape)
-    lin = torch.randperm(total, generator=g)[:n]
-    if sort:
-        lin = lin.sort().values
-    coords = []
-    for s in reversed(shape):
-        coords.append(lin % s)
-        lin = lin // s
-    indices = torch.stack([lin] + coords[::-1], dim=1).to(torch.int32)
-    features = torch.randn(n, channels, generator=g, dtype=torch.float64).to(dtype)
-    return sparse.SparseConvTensor(features, indices, list(shape), batch)
 
 
 def _site_mask(y: sparse.SparseConvTensor) -> torch.Tensor:
@@ -157,28 +140,10 @@ def test_inverse_conv3d_is_transposed_conv_on_input_sites(kernel, stride, paddin
 
 
 # ----------------------------------------------------------------------------- backends and dtypes
-def _map_case(subm=False, inverse=False, seed=5, n=30, cin=3, cout=4):
-    x = random_sparse(2, (4, 5, 6), n, cin, dtype=torch.float32, seed=seed)
-    pad = 1 if subm else 0
-    out_idx, pairs, num = build_kernel_map(x.indices, 2, x.spatial_shape, [3, 3, 3], [1, 1, 1] if subm else [2, 1, 2],
-                                           [pad] * 3, [1, 1, 1], subm=subm)
-    g = torch.Generator().manual_seed(seed + 1)
-    weight = torch.randn(27, cin, cout, generator=g)
-    ident = sparse.identity_offset((3, 3, 3), (pad,) * 3, (1, 1, 1)) if subm else -1
-    if inverse:
-        feats = torch.randn(out_idx.shape[0], cout, generator=g)
-        weight = torch.randn(27, cout, cin, generator=g)
-        return feats, weight, pairs, num, x.features.shape[0], True, -1
-    return x.features, weight, pairs, num, out_idx.shape[0], False, ident
-
-
-CASES = {"conv": {}, "subm": {"subm": True}, "inverse": {"inverse": True}}
-
-
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", list(MAP_CASES))
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("triton", marks=requires_triton)])
 def test_backends_match_reference(case, backend):
-    feats, weight, pairs, num, num_out, inverse, ident = _map_case(**CASES[case])
+    feats, weight, pairs, num, num_out, inverse, ident = map_case(**MAP_CASES[case])
     feats = feats.clone().requires_grad_()
     weight = weight.clone().requires_grad_()
     out = sparse.indice_conv(feats, weight, pairs, num, num_out, inverse=inverse, identity_offset=ident,
@@ -197,7 +162,7 @@ def test_backends_match_reference(case, backend):
 
 @pytest.mark.parametrize("inverse", [False, True])
 def test_pairs_sorted_by_output_give_the_same_result(inverse):
-    feats, weight, pairs, num, num_out, inverse, ident = _map_case(inverse=inverse, seed=19)
+    feats, weight, pairs, num, num_out, inverse, ident = map_case(inverse=inverse, seed=19)
     by_out = sparse.sort_pairs_by_output(pairs, num)
     for k in range(27):  # a permutation of each offset's valid pairs, ascending output row, -1 tail
         n = int(num[k])
@@ -233,7 +198,7 @@ def test_triton_gather_scatter_rows():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("triton", marks=requires_triton)])
 def test_low_precision_against_float64(dtype, backend):
-    feats, weight, pairs, num, num_out, inverse, ident = _map_case(subm=True, seed=9, n=40)
+    feats, weight, pairs, num, num_out, inverse, ident = map_case(subm=True, seed=9, n=40)
     f = feats.to(dtype).requires_grad_()
     w = weight.to(dtype).requires_grad_()
     out = sparse.indice_conv(f, w, pairs, num, num_out, identity_offset=ident, backend=backend)
@@ -277,28 +242,8 @@ def test_deterministic_bits():
         assert bit_equal(a, b)
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("threads", [1, 2])
-def test_numba_gather_scatter_match_torch_bitwise(case, threads, monkeypatch):
-    """The numba row gather and scatter (cpu_numba) give the bits of index_select / index_add_, on 1 and 2 threads."""
-    from cvops._core import jit
-    if not jit.numba_available():
-        pytest.skip("numba not installed")
-    monkeypatch.setattr(jit, "use_parallel", lambda work, threshold=0: threads > 1)
-    feats, weight, pairs, num, num_out, inverse, ident = _map_case(**CASES[case], n=60, cin=5, cout=7)
-    results = []
-    for switch in ("0", "1"):
-        monkeypatch.setenv("CVOPS_NUMBA", switch)
-        f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
-        out = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident, backend="cpu")
-        gf, gw = torch.autograd.grad(out, (f, w), torch.linspace(-1, 1, out.numel()).reshape(out.shape))
-        results.append((out.detach(), gf, gw))
-    for a, b in zip(*results):
-        assert bit_equal(a, b)
-
-
 def test_nan_propagates_only_to_reached_sites():
-    feats, weight, pairs, num, num_out, _, _ = _map_case(seed=13)
+    feats, weight, pairs, num, num_out, _, _ = map_case(seed=13)
     feats = feats.clone()
     feats[0, 0] = float("nan")
     out = sparse.indice_conv(feats, weight, pairs, num, num_out)
@@ -382,7 +327,7 @@ def test_zero_rows():
 
 
 def test_torch_compile_indice_conv():
-    feats, weight, pairs, num, num_out, _, ident = _map_case(subm=True, seed=16)
+    feats, weight, pairs, num, num_out, _, ident = map_case(subm=True, seed=16)
     f = feats.clone().requires_grad_()
     fn = torch.compile(lambda f, w: sparse.indice_conv(f, w, pairs, num, num_out, identity_offset=ident).relu().sum(),
                        backend="aot_eager", fullgraph=True)
@@ -397,7 +342,7 @@ def test_torch_compile_indice_conv():
 
 # ----------------------------------------------------------------------------- bad parameters
 def _good():
-    feats, weight, pairs, num, num_out, _, _ = _map_case(seed=17)
+    feats, weight, pairs, num, num_out, _, _ = map_case(seed=17)
     return dict(features=feats, weight=weight, indice_pairs=pairs, indice_num=num, num_out=num_out)
 
 
@@ -540,89 +485,3 @@ def test_layers_match_spconv_forward():
         assert diff1(x.dense(), xs.dense()) < 1e-3 and diff2(x.dense(), xs.dense()) < 1e-3
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
-    """The cpu backend's destination-row blocks (here a few rows each, chunks of 3 pairs) run on any
-    thread: 1 and 2 torch threads, numba on and off, give the same bits, and match the reference."""
-    from cvops._core import jit
-    from cvops.sparse import cpu
-    monkeypatch.setattr(cpu, "BLOCK_ROWS", (7, 7))
-    monkeypatch.setattr(cpu, "MAX_AHEAD", 1)
-    monkeypatch.setattr(cpu, "CHUNK_BYTES", 3 * 7 * 4)  # 3 rows of the widest side (7 channels, float32)
-    feats, weight, pairs, num, num_out, inverse, ident = _map_case(**CASES[case], n=60, cin=5, cout=7)
-    grad = torch.linspace(-1, 1, num_out * weight.shape[2]).reshape(num_out, -1)
-    switches = ("0", "1") if jit.numba_available() else ("0",)
-    threads = torch.get_num_threads()
-    results = []
-    try:
-        for n_threads in (1, 2):
-            torch.set_num_threads(n_threads)
-            for switch in switches:
-                monkeypatch.setenv("CVOPS_NUMBA", switch)
-                f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
-                out = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident,
-                                         backend="cpu")
-                results.append((out.detach(), *torch.autograd.grad(out, (f, w), grad)))
-    finally:
-        torch.set_num_threads(threads)
-    for other in results[1:]:
-        for a, b in zip(results[0], other):
-            assert bit_equal(a, b)
-    f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
-    ref = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident, backend="reference")
-    for a, b in zip(results[0], (ref.detach(), *torch.autograd.grad(ref, (f, w), grad))):
-        assert diff1(a, b) < 1e-6 and diff2(a, b) < 1e-6
-
-
-@pytest.mark.parametrize("col", [0, 1])
-def test_sort_pairs_numba_matches_torch(col, monkeypatch):
-    """sort_pairs_by_column: the numba merge sort gives the torch stable sort's map (ties keep their order,
-    the slots past indice_num stay as they were), and an already sorted map comes back as it is."""
-    from cvops._core import jit
-    from cvops.sparse.functional import sort_pairs_by_column
-    if not jit.numba_available():
-        pytest.skip("numba not installed")
-    g = torch.Generator().manual_seed(23)
-    pairs = torch.randint(0, 9, (5, 2, 40), generator=g, dtype=torch.int32)  # ties on purpose
-    num = torch.tensor([40, 0, 17, 1, 33], dtype=torch.int32)
-    results = []
-    for switch in ("0", "1"):
-        monkeypatch.setenv("CVOPS_NUMBA", switch)
-        results.append(sort_pairs_by_column(pairs, num, col))
-        again = sort_pairs_by_column(results[-1], num, col)
-        assert again is results[-1]
-    assert torch.equal(results[0], results[1])
-    for k in range(5):
-        n = int(num[k])
-        assert torch.all(results[1][k, col, :n].diff() >= 0)
-        assert torch.equal(results[1][k, :, n:], pairs[k, :, n:])
-
-
-def test_cpu_block_error_reaches_the_caller_and_leaves_the_workers_usable(monkeypatch):
-    """An error inside one block (here an out-of-range row that the trusted-map path let through, on the torch
-    path) is raised to the caller once every worker stopped; the next call runs normally."""
-    from cvops.sparse import cpu
-    from cvops.sparse.functional import _indice_conv
-    monkeypatch.setattr(cpu, "BLOCK_ROWS", (7, 7))
-    monkeypatch.setattr(cpu, "MAX_AHEAD", 1)
-    monkeypatch.setenv("CVOPS_NUMBA", "0")
-    feats, weight, pairs, num, num_out, inverse, ident = _map_case(n=60, cin=5, cout=7)
-    bad = pairs.clone()
-    k = int(torch.nonzero(num).flatten()[0])
-    bad[k, 0, 0] = 10**6
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        for _ in range(2):
-            f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
-            with pytest.raises((IndexError, RuntimeError)):
-                _indice_conv(f, w, bad, num, num_out, inverse=False, identity_offset=-1,
-                             indice_pairs_by_output=None, backend="cpu", check_values=False)
-            with pytest.raises((IndexError, RuntimeError)):  # the backward's weight-gradient wait is released
-                cpu.backward(torch.ones(num_out, 7), feats, weight, bad, num, False, -1)
-            out = sparse.indice_conv(f, w, pairs, num, num_out, backend="cpu")
-            ref = sparse.indice_conv(f, w, pairs, num, num_out, backend="reference")
-            assert diff1(out, ref) < 1e-6
-            assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(threads)

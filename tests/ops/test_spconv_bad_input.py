@@ -9,7 +9,7 @@ import torch
 import cvops
 from cvops import sparse
 from cvops._core.errors import BadParamError
-from tests.ops.test_sparse_conv import random_sparse
+from tests.ops._sparse_kmap import random_sparse
 
 
 def test_features_reassigned_to_fewer_rows_rejected(cpu_path):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import cvops.spconv as spconv
 from cvops import sparse
 from cvops._core.errors import BadParamError, NotSupportedError
-from tests.ops.test_sparse_conv import random_sparse
+from tests.ops._sparse_kmap import random_sparse
 
 
 def _sp(x):

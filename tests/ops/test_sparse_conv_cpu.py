@@ -1,0 +1,118 @@
+"""cvops.sparse's CPU paths (sparse/cpu.py, sparse/cpu_numba.py): the numba row loops give the bits of the torch
+path, the destination-row blocks give the same bits on any thread count, and a failing block reaches the caller."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cvops import sparse
+from cvops._core.metrics import bit_equal, diff1, diff2
+from tests.ops._sparse_kmap import MAP_CASES, map_case
+
+
+@pytest.mark.parametrize("case", list(MAP_CASES))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_numba_gather_scatter_match_torch_bitwise(case, threads, monkeypatch):
+    """The numba row gather and scatter (cpu_numba) give the bits of index_select / index_add_, on 1 and 2 threads."""
+    from cvops._core import jit
+    if not jit.numba_available():
+        pytest.skip("numba not installed")
+    monkeypatch.setattr(jit, "use_parallel", lambda work, threshold=0: threads > 1)
+    feats, weight, pairs, num, num_out, inverse, ident = map_case(**MAP_CASES[case], n=60, cin=5, cout=7)
+    results = []
+    for switch in ("0", "1"):
+        monkeypatch.setenv("CVOPS_NUMBA", switch)
+        f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
+        out = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident, backend="cpu")
+        gf, gw = torch.autograd.grad(out, (f, w), torch.linspace(-1, 1, out.numel()).reshape(out.shape))
+        results.append((out.detach(), gf, gw))
+    for a, b in zip(*results):
+        assert bit_equal(a, b)
+
+
+@pytest.mark.parametrize("case", list(MAP_CASES))
+def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
+    """The cpu backend's destination-row blocks (here a few rows each, chunks of 3 pairs) run on any
+    thread: 1 and 2 torch threads, numba on and off, give the same bits, and match the reference."""
+    from cvops._core import jit
+    from cvops.sparse import cpu
+    monkeypatch.setattr(cpu, "BLOCK_ROWS", (7, 7))
+    monkeypatch.setattr(cpu, "MAX_AHEAD", 1)
+    monkeypatch.setattr(cpu, "CHUNK_BYTES", 3 * 7 * 4)  # 3 rows of the widest side (7 channels, float32)
+    feats, weight, pairs, num, num_out, inverse, ident = map_case(**MAP_CASES[case], n=60, cin=5, cout=7)
+    grad = torch.linspace(-1, 1, num_out * weight.shape[2]).reshape(num_out, -1)
+    switches = ("0", "1") if jit.numba_available() else ("0",)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            for switch in switches:
+                monkeypatch.setenv("CVOPS_NUMBA", switch)
+                f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
+                out = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident,
+                                         backend="cpu")
+                results.append((out.detach(), *torch.autograd.grad(out, (f, w), grad)))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert bit_equal(a, b)
+    f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
+    ref = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident, backend="reference")
+    for a, b in zip(results[0], (ref.detach(), *torch.autograd.grad(ref, (f, w), grad))):
+        assert diff1(a, b) < 1e-6 and diff2(a, b) < 1e-6
+
+
+@pytest.mark.parametrize("col", [0, 1])
+def test_sort_pairs_numba_matches_torch(col, monkeypatch):
+    """sort_pairs_by_column: the numba merge sort gives the torch stable sort's map (ties keep their order,
+    the slots past indice_num stay as they were), and an already sorted map comes back as it is."""
+    from cvops._core import jit
+    from cvops.sparse.functional import sort_pairs_by_column
+    if not jit.numba_available():
+        pytest.skip("numba not installed")
+    g = torch.Generator().manual_seed(23)
+    pairs = torch.randint(0, 9, (5, 2, 40), generator=g, dtype=torch.int32)  # ties on purpose
+    num = torch.tensor([40, 0, 17, 1, 33], dtype=torch.int32)
+    results = []
+    for switch in ("0", "1"):
+        monkeypatch.setenv("CVOPS_NUMBA", switch)
+        results.append(sort_pairs_by_column(pairs, num, col))
+        again = sort_pairs_by_column(results[-1], num, col)
+        assert again is results[-1]
+    assert torch.equal(results[0], results[1])
+    for k in range(5):
+        n = int(num[k])
+        assert torch.all(results[1][k, col, :n].diff() >= 0)
+        assert torch.equal(results[1][k, :, n:], pairs[k, :, n:])
+
+
+def test_cpu_block_error_reaches_the_caller_and_leaves_the_workers_usable(monkeypatch):
+    """An error inside one block (here an out-of-range row that the trusted-map path let through, on the torch
+    path) is raised to the caller once every worker stopped; the next call runs normally."""
+    from cvops.sparse import cpu
+    from cvops.sparse.functional import _indice_conv
+    monkeypatch.setattr(cpu, "BLOCK_ROWS", (7, 7))
+    monkeypatch.setattr(cpu, "MAX_AHEAD", 1)
+    monkeypatch.setenv("CVOPS_NUMBA", "0")
+    feats, weight, pairs, num, num_out, inverse, ident = map_case(n=60, cin=5, cout=7)
+    bad = pairs.clone()
+    k = int(torch.nonzero(num).flatten()[0])
+    bad[k, 0, 0] = 10**6
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for _ in range(2):
+            f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
+            with pytest.raises((IndexError, RuntimeError)):
+                _indice_conv(f, w, bad, num, num_out, inverse=False, identity_offset=-1,
+                             indice_pairs_by_output=None, backend="cpu", check_values=False)
+            with pytest.raises((IndexError, RuntimeError)):  # the backward's weight-gradient wait is released
+                cpu.backward(torch.ones(num_out, 7), feats, weight, bad, num, False, -1)
+            out = sparse.indice_conv(f, w, pairs, num, num_out, backend="cpu")
+            ref = sparse.indice_conv(f, w, pairs, num, num_out, backend="reference")
+            assert diff1(out, ref) < 1e-6
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
