@@ -6,7 +6,6 @@ torch, Triton under the interpreter) must agree; half types within diff1/diff2 <
 """
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F
