@@ -75,14 +75,21 @@ def sort_pairs_by_column(indice_pairs: torch.Tensor, indice_num: torch.Tensor, c
         if cpu_numba.block_bounds(indice_pairs, counts, col, 1 << 62, 0)[1]:
             return indice_pairs
         return cpu_numba.sort_pairs_by_column(indice_pairs, counts, col)
-    valid = torch.arange(L, device=indice_pairs.device) < indice_num.to(indice_pairs.device)[:, None]
-    key = torch.where(valid, indice_pairs[:, col].long(), torch.iinfo(torch.int64).max)
-    if bool((key[:, 1:] >= key[:, :-1]).all()):
+    counts = indice_num.to(indice_pairs.device).clamp(0, L)
+    keys = indice_pairs[:, col]
+    # pair j of offset k is in order when it is past the valid ones or not below pair j - 1
+    in_order = (keys[:, 1:] >= keys[:, :-1]) | (torch.arange(1, L, device=keys.device) >= counts[:, None])
+    unsorted = torch.nonzero(~in_order.all(1)).squeeze(1).tolist()
+    if not unsorted:
         # already in order: true of every map built on sorted input sites (all layers after
         # the first strided conv, since get_indice_pairs' out_indices are sorted)
         return indice_pairs
-    order = torch.sort(key, dim=1, stable=True).indices
-    return torch.gather(indice_pairs, 2, order[:, None, :].expand(K, 2, L)).contiguous()
+    # one offset at a time: the scratch is one offset's sort, not int64 copies of the whole map
+    result = indice_pairs.clone()
+    for k, n in zip(unsorted, counts[unsorted].tolist()):
+        order = torch.sort(keys[k, :n], stable=True).indices
+        result[k, :, :n] = indice_pairs[k, :, :n].index_select(1, order)
+    return result
 
 
 # ----------------------------------------------------------------------------- checks

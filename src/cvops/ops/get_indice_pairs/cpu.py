@@ -87,8 +87,10 @@ def _conv_pairs(indices: torch.Tensor, geo: Geometry):
         ok = ok.view(shape)
         valid = ok if valid is None else valid & ok
     flat = valid.reshape(-1).nonzero().squeeze(1)      # k * L + i, ascending: the packed order
+    del valid                                          # scratch goes as soon as it is used (peak memory)
     k = torch.div(flat, L, rounding_mode="floor")
     i = flat - k * L
+    del flat
     # tap of dimension d for offset k, as a row offset into the [k_d, L] tables (tiny lookup, no division)
     taps = torch.cartesian_prod(*[torch.arange(kd, dtype=torch.int64, device=idx.device) for kd in geo.kernel_size])
     taps = taps.view(K, ndim) * L
@@ -96,8 +98,11 @@ def _conv_pairs(indices: torch.Tensor, geo: Geometry):
     for d in range(ndim):
         part = partial_keys[d].index_select(0, taps[:, d].index_select(0, k) + i)
         key = part if key is None else key.add_(part)
+    del partial_keys, part, taps
     sites, rows = torch.unique(key, sorted=True, return_inverse=True)
+    del key
     out_indices = unravel(sites, geo.out_spatial_shape)
+    del sites
     pairs, indice_num = pack_pairs(k, i, rows, K, L)
     return out_indices, pairs, indice_num
 
