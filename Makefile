@@ -27,9 +27,10 @@ demo: $(BENCH)
 test: $(STAMP)
 	$(PY) -m pytest -n 2 tests
 
-# Every network case, full timing and tables; results (json, md, IO-efficiency plot) in benchmarks/results/.
+# Every network case, full timing and tables, first calls in fresh processes; results (json, md, IO-efficiency
+# plot) in benchmarks/results/.
 bench: $(BENCH)
-	$(PY) benchmarks/run_all.py --results benchmarks/results --plot
+	$(PY) benchmarks/run_all.py --results benchmarks/results --plot --first-call
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -7,7 +7,9 @@ started with ``NUMBA_CACHE_DIR`` pointing at a new temporary folder. The first r
 cache empty ("cold": numba compiles the kernels the call needs), the second run of the same op finds
 what the first wrote ("warm"). Each subprocess imports torch and cvops, builds a small network-like
 input, then times the op's first call (forward, and backward where the op has one) and reports
-which of ``torch._dynamo``, ``triton`` and ``numba`` that call imported.
+which of ``torch._dynamo``, ``triton`` and ``numba`` that call imported. The ``numba start-up`` row times
+numba alone (its import and one cached one-loop kernel): the part of a numba op's first call that no op
+code can remove.
 """
 from __future__ import annotations
 
@@ -55,6 +57,17 @@ def call():
 """,
 }
 
+# The floor under every numba op: numba's import and the first call of a one-loop kernel from its disk cache.
+SNIPPETS["numba start-up"] = """
+import os, pathlib, sys
+pathlib.Path(os.environ["NUMBA_CACHE_DIR"], "floor_kernel.py").write_text(
+    "import numba\\n@numba.njit(cache=True)\\ndef total(a):\\n    s = 0.0\\n    for x in a:\\n        s += x\\n    return s\\n")
+sys.path.insert(0, os.environ["NUMBA_CACHE_DIR"])
+def call():
+    import numpy, floor_kernel
+    floor_kernel.total(numpy.ones(4))
+"""
+
 _RUNNER = """
 import json, sys, time
 t0 = time.perf_counter()
@@ -92,13 +105,26 @@ def run(ops) -> list[dict]:
     return rows
 
 
+TITLE = "first call of each op in a fresh process (s); cold = empty numba cache, warm = filled"
+COLUMNS = ("op", "import", "cold", "warm", "2nd call", "imported by the first call (warm)")
+
+
+def _cells(r: dict) -> tuple:
+    w, c = r["warm"], r["cold"]
+    return (r["op"], f"{w['import_s']:.2f}", f"{c['first_s']:.2f}", f"{w['first_s']:.2f}", f"{w['second_s']:.3f}",
+            ", ".join(w["imported"]) or "-")
+
+
 def print_rows(rows) -> None:
-    print("first call of each op in a fresh process (s); cold = empty numba cache, warm = filled")
-    print(f"{'op':18s} {'import':>7s} {'cold':>7s} {'warm':>7s} {'2nd call':>9s}  imported by the first call (warm)")
-    for r in rows:
-        w, c = r["warm"], r["cold"]
-        print(f"{r['op']:18s} {w['import_s']:7.2f} {c['first_s']:7.2f} {w['first_s']:7.2f} {w['second_s']:9.3f}  "
-              f"{', '.join(w['imported']) or '-'}")
+    print(TITLE)
+    for cells in [COLUMNS] + [_cells(r) for r in rows]:
+        print(f"{cells[0]:18s} {cells[1]:>7s} {cells[2]:>7s} {cells[3]:>7s} {cells[4]:>9s}  {cells[5]}")
+
+
+def markdown(rows) -> list[str]:
+    """The rows as a markdown table (``run_all.py --results`` appends it to the results file)."""
+    lines = [f"{TITLE}:", "", "| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    return lines + ["| " + " | ".join(_cells(r)) + " |" for r in rows]
 
 
 def main() -> None:

@@ -144,11 +144,14 @@ def main(argv=None) -> int:
         print_demo(rows, limits, title)
     else:
         print_table(rows, limits, title)
+    first_lines = []
     if args.first_call:
         first_call = load_module(HERE / "bench_first_call.py")
-        first_call.print_rows(first_call.run(list(first_call.SNIPPETS)))
+        first_rows = first_call.run(list(first_call.SNIPPETS))
+        first_call.print_rows(first_rows)
+        first_lines = first_call.markdown(first_rows)
     if args.results:
-        stem = write_results(args.results, rows, limits, device)
+        stem = write_results(args.results, rows, limits, device, first_lines)
         if args.plot:
             png = stem.with_name(stem.name + "-io.png")
             print(f"wrote {png}" if plot_efficiency(rows, limits, png, f"{title}; {limits.describe()}")
@@ -156,7 +159,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def write_results(folder: Path, rows, limits: MachineLimits, device: torch.device) -> Path:
+def write_results(folder: Path, rows, limits: MachineLimits, device: torch.device, extra_lines=()) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     stamp = datetime.date.today().isoformat()
     stem = folder / f"{device.type}-{stamp}"
@@ -171,6 +174,8 @@ def write_results(folder: Path, rows, limits: MachineLimits, device: torch.devic
         lines.append(f"| {r['op']} | {r['case']} | {r['direction']} | {r['backend']} | {r['check']} | "
                      f"{r['seconds'] * 1e3:.3f} | {r['io_bytes'] / 1e6:.1f} | {r['io_efficiency']:.0%} | "
                      f"{r['roofline_efficiency']:.0%} | {ratio} |")
+    if extra_lines:
+        lines += ["", *extra_lines]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {stem}.json and {stem}.md")
     return stem
