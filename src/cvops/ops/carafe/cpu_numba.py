@@ -21,23 +21,21 @@ float32 (float64 for float64); float16/bfloat16 go through float32 copies.
 """
 from __future__ import annotations
 
-import contextlib
+import itertools
 
-import numba
 import numpy as np
 import torch
-from numba import prange
 
 from ..._core.bits import numpy_alias
-from ..._core.jit import REASSOCIATE, match_torch_threads, njit, njit_variants, use_parallel
+from ..._core.jit import REASSOCIATE, njit
 from ..._core.jit_intrinsics import transpose8
 from ..._core.memory import new_empty
+from ..._core.parallel import pool
 from ..._core.transpose import to_channels_last
 
 _LANES = 8  # transpose8's block
-_PARALLEL_WORK = 2e7  # multiply-adds (about a millisecond) below which one thread runs the call
-# dynamic scheduling of prange loops (numba >= 0.57); static halves on older versions
-_chunksize = getattr(numba, "parallel_chunksize", lambda size: contextlib.nullcontext())
+_PARALLEL_WORK = 1e6  # multiply-adds (tens of microseconds) below which one thread runs the call
+_CHUNKS_PER_THREAD = 8
 
 
 def supports(*tensors: torch.Tensor) -> bool:
@@ -160,7 +158,7 @@ def _row_taps_pair(acc, at_a, at_b, count, src, src_at, src_step, weights, w_a, 
         t += 1
 
 
-def _forward(x, m, out, n_img, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw):
+def _forward(x, m, out, n_img, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw, lo, hi):
     """``x`` channels-last ``[N, H, W, C]`` flat, ``m`` the mask's storage from ``mask[0, 0, 0, 0]`` with
     element strides ``m_s*``, ``out`` flat ``[N, sH, sW, C]`` (NHWC) or ``[N, C, sH, sW]`` (NCHW)."""
     u = np.uint64
@@ -169,10 +167,10 @@ def _forward(x, m, out, n_img, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw):
     sw = s * w
     sh = s * h
     plane = sh * sw
-    for row in prange(n_img * h):
+    buf = np.empty(s * sw * c, x.dtype)
+    for row in range(lo, hi):
         n = row // h
         y = row % h
-        buf = np.empty(s * sw * c, x.dtype)
         ky0 = max(0, r - y)
         ky1 = min(k, h + r - y)
         for xx in range(w):
@@ -232,7 +230,7 @@ def _dots_2x4(gy, a, b, x, x_at, step, count):
     return a0, a1, a2, a3, b0, b1, b2, b3
 
 
-def _grad_mask(gy, x, gm, n_img, h, w, c, k, g, s, g_sn, g_sc, g_sy, g_sx):
+def _grad_mask(gy, x, gm, n_img, h, w, c, k, g, s, g_sn, g_sc, g_sy, g_sx, lo, hi):
     """``gm[n, (g*k + ky)*k + kx, oy, ox] = sum_c gy[n, oy, ox, c] * x[n, tap, c]`` (0 off the map);
     ``gy`` and ``x`` channels-last flat, ``gm`` written through element strides ``g_s*``."""
     u = np.uint64
@@ -240,7 +238,7 @@ def _grad_mask(gy, x, gm, n_img, h, w, c, k, g, s, g_sn, g_sc, g_sy, g_sx):
     cg = c // g
     sw = s * w
     sh = s * h
-    for row in prange(n_img * sh):
+    for row in range(lo, hi):
         n = row // sh
         oy = row % sh
         y = oy // s
@@ -284,17 +282,18 @@ def _grad_mask(gy, x, gm, n_img, h, w, c, k, g, s, g_sn, g_sc, g_sy, g_sx):
                             kx += 1
 
 
-def _grad_input(gy, m, gx, n_img, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw):
+def _grad_input(gy, m, gx, n_img, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw, lo, hi):
     """``gx[n, iy, ix, c] = sum mask[n, tap, oy, ox] * gy[n, oy, ox, c]`` over the output pixels
     ``(oy, ox)`` whose tap reads ``(iy, ix)``; ``gy`` channels-last flat, ``gx`` flat NHWC or NCHW."""
     r = (k - 1) // 2
     cg = c // g
     sw = s * w
     sh = s * h
-    for row in prange(n_img * h):
+    buf = np.empty(w * c, gy.dtype)
+    for row in range(lo, hi):
         n = row // h
         iy = row % h
-        buf = np.zeros(w * c, gy.dtype)
+        buf[:] = 0
         ky0 = max(0, iy + r - h + 1)
         ky1 = min(k, iy + r + 1)
         for ix in range(w):
@@ -318,12 +317,12 @@ def _grad_input(gy, m, gx, n_img, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw
             _store_rows(buf, 1, w, c, gx, (n * h + iy) * w * c, h * w, False)
 
 
-def _to_channels_last(src, dst, n_img, c, hw):
+def _to_channels_last(src, dst, n_img, c, hw, lo, hi):
     """``dst[n, p, c] = src[n, c, p]`` (flat, contiguous) through 8 x 8 register transposes."""
     u = np.uint64
     p_full = hw - hw % _LANES
     c_full = c - c % _LANES
-    for task in prange(n_img * ((hw + 63) // 64)):
+    for task in range(lo, hi):
         n = task // ((hw + 63) // 64)
         p_lo = (task % ((hw + 63) // 64)) * 64
         p_hi = min(p_lo + 64, hw)
@@ -339,10 +338,10 @@ def _to_channels_last(src, dst, n_img, c, hw):
                 dst[u(base + p * c + ci)] = src[u(base + ci * hw + p)]
 
 
-_to_channels_last_serial, _to_channels_last_parallel = njit_variants(_to_channels_last)
-_forward_serial, _forward_parallel = njit_variants(_forward, fastmath=REASSOCIATE)
-_grad_mask_serial, _grad_mask_parallel = njit_variants(_grad_mask, fastmath=REASSOCIATE)
-_grad_input_serial, _grad_input_parallel = njit_variants(_grad_input, fastmath=REASSOCIATE)
+_to_channels_last = njit(_to_channels_last)
+_forward = njit(_forward, fastmath=REASSOCIATE)
+_grad_mask = njit(_grad_mask, fastmath=REASSOCIATE)
+_grad_input = njit(_grad_input, fastmath=REASSOCIATE)
 
 
 # ------------------------------------------------------------------------------------------- entry
@@ -357,8 +356,8 @@ def _channels_last(t: torch.Tensor, acc: torch.dtype) -> np.ndarray:
         n, c, h, w = t.shape
         out = new_empty((n, h, w, c), acc, t.device)
         flat = numpy_alias(out.view(-1))
-        _run(_to_channels_last_serial, _to_channels_last_parallel, t.numel() * 8,
-             numpy_alias(t.view(-1)), flat, n, c, h * w)
+        _split(_to_channels_last, (numpy_alias(t.view(-1)), flat, n, c, h * w), n * ((h * w + 63) // 64),
+               t.numel() * 8)
         return flat
     return numpy_alias(to_channels_last(t).reshape(-1))
 
@@ -373,15 +372,32 @@ def _strided(t: torch.Tensor, acc: torch.dtype):
     return numpy_alias(flat), t.stride()
 
 
-def _run(serial, parallel, work, *args):
-    """``serial(*args)`` for small calls, else ``parallel(*args)`` with rows handed out one by one
-    (dynamic scheduling: a worker the OS deschedules holds up one row, not half the work)."""
-    if use_parallel(work, threshold=_PARALLEL_WORK):
-        match_torch_threads()
-        with _chunksize(1):
-            parallel(*args)
-    else:
-        serial(*args)
+def _split(kernel, args, rows, work):
+    """``kernel(*args, lo, hi)`` over the rows ``[0, rows)``: on the calling thread for small calls,
+    else in chunks that the caller and the shared worker threads claim one by one (a worker the OS
+    deschedules holds up one chunk, not half the work). The kernels release the GIL.
+
+    Python threads rather than numba's ``prange``: numba's OpenMP pool is a second OpenMP runtime
+    beside torch's, and its fork/join waits for a descheduled or still-spinning thread of the other
+    runtime cost milliseconds per call."""
+    threads = torch.get_num_threads()
+    if threads < 2 or rows < 2 or work < _PARALLEL_WORK:
+        kernel(*args, 0, rows)
+        return
+    chunks = min(rows, threads * _CHUNKS_PER_THREAD)
+    bounds = [rows * i // chunks for i in range(chunks + 1)]
+    claim = itertools.count()
+
+    def take():
+        i = next(claim)
+        while i < chunks:
+            kernel(*args, bounds[i], bounds[i + 1])
+            i = next(claim)
+
+    helpers = [pool(threads).submit(take) for _ in range(threads - 1)]
+    take()
+    for helper in helpers:
+        helper.result()
 
 
 def forward(features, masks, kernel_size, group_size, scale_factor, layout="NCHW"):
@@ -394,8 +410,8 @@ def forward(features, masks, kernel_size, group_size, scale_factor, layout="NCHW
     nchw = layout != "NHWC"
     shape = (n, c, h * s, w * s) if nchw else (n, h * s, w * s, c)
     out = new_empty(shape, acc, features.device)
-    _run(_forward_serial, _forward_parallel, n * c * h * w * s * s * k * k,
-         x, m, numpy_alias(out.view(-1)), n, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw)
+    _split(_forward, (x, m, numpy_alias(out.view(-1)), n, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw), n * h,
+           n * c * h * w * s * s * k * k)
     out = out.to(features.dtype)
     return out if nchw else out.permute(0, 3, 1, 2)
 
@@ -421,8 +437,8 @@ def backward(grad_output, features, masks, kernel_size, group_size, scale_factor
         gm_strides = gm.stride()
         gx = new_empty((n, h, w, c), acc, features.device)
     gm_flat = numpy_alias((gm if nchw else gm_nhwc).view(-1))
-    _run(_grad_mask_serial, _grad_mask_parallel, work, gy, x, gm_flat, n, h, w, c, k, g, s, *gm_strides)
-    _run(_grad_input_serial, _grad_input_parallel, work, gy, m, numpy_alias(gx.view(-1)), n, h, w, c, k, g, s,
-         m_sn, m_sc, m_sy, m_sx, nchw)
+    _split(_grad_mask, (gy, x, gm_flat, n, h, w, c, k, g, s, *gm_strides), n * h * s, work)
+    _split(_grad_input, (gy, m, numpy_alias(gx.view(-1)), n, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw),
+           n * h, work)
     gi = gx if nchw else gx.permute(0, 3, 1, 2)
     return gi.to(features.dtype), gm.to(masks.dtype)
