@@ -201,147 +201,203 @@ def _forward(x, m, out, n_img, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw, l
             _store_rows(buf, s, sw, c, out, (n * sh + y * s) * sw * c, plane, False)
 
 
+@njit
+def _rows_channels_last(src, src_at, plane, dst, dst_at, channels, count):
+    """``dst[dst_at + p*C + c] = src[src_at + c*plane + p]`` for ``p < count``, ``c < C``: positions of
+    an NCHW plane regrouped channels-last through 8 x 8 register transposes."""
+    u = np.uint64
+    p_full = count - count % _LANES
+    c_full = channels - channels % _LANES
+    for p0 in range(0, p_full, _LANES):
+        for c0 in range(0, c_full, _LANES):
+            transpose8(src, src_at + c0 * plane + p0, plane, dst, dst_at + p0 * channels + c0, channels)
+        for ci in range(c_full, channels):
+            for p in range(p0, p0 + _LANES):
+                dst[u(dst_at + p * channels + ci)] = src[u(src_at + ci * plane + p)]
+    for p in range(p_full, count):
+        for ci in range(channels):
+            dst[u(dst_at + p * channels + ci)] = src[u(src_at + ci * plane + p)]
+
+
 @njit(fastmath=REASSOCIATE)
-def _dots_2x4(gy, a, b, x, x_at, step, count):
-    """The eight dot products ``gy[a:a+count]`` and ``gy[b:b+count]`` with ``x[x_at + j*step:][:count]``
-    for ``j < 4``: each of the six vectors is loaded once per lane block."""
+def _scatter_taps(acc, acc_at, acc_step, count, src, s0, s1, s2, s3, wq, t0, t1):
+    """``acc[acc_at + t*acc_step + i] += sum_j wq[4*t + j] * src[s_j + i]`` for ``t0 <= t < t1``,
+    ``i < count``: four sub-pixel phases of one block spread over its taps, two taps a pass (each
+    pass loads the four phase vectors once for two accumulators)."""
     u = np.uint64
-    x0 = u(x_at)
-    x1 = u(x_at + step)
-    x2 = u(x_at + 2 * step)
-    x3 = u(x_at + 3 * step)
-    zero = gy.dtype.type(0)
-    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = zero
+    a0, a1, a2, a3 = u(s0), u(s1), u(s2), u(s3)
+    t = t0
+    while t + 2 <= t1:
+        w0, w1, w2, w3 = wq[u(4 * t)], wq[u(4 * t + 1)], wq[u(4 * t + 2)], wq[u(4 * t + 3)]
+        v0, v1, v2, v3 = wq[u(4 * t + 4)], wq[u(4 * t + 5)], wq[u(4 * t + 6)], wq[u(4 * t + 7)]
+        b = u(acc_at + t * acc_step)
+        d = u(acc_at + (t + 1) * acc_step)
+        for i in range(u(count)):
+            g0 = src[a0 + i]
+            g1 = src[a1 + i]
+            g2 = src[a2 + i]
+            g3 = src[a3 + i]
+            acc[b + i] += w0 * g0 + w1 * g1 + w2 * g2 + w3 * g3
+            acc[d + i] += v0 * g0 + v1 * g1 + v2 * g2 + v3 * g3
+        t += 2
+    if t < t1:
+        w0, w1, w2, w3 = wq[u(4 * t)], wq[u(4 * t + 1)], wq[u(4 * t + 2)], wq[u(4 * t + 3)]
+        b = u(acc_at + t * acc_step)
+        for i in range(u(count)):
+            acc[b + i] += w0 * src[a0 + i] + w1 * src[a1 + i] + w2 * src[a2 + i] + w3 * src[a3 + i]
+
+
+@njit(fastmath=REASSOCIATE)
+def _dots_4x4(src, s0, s1, s2, s3, x, x_at, x_step, count):
+    """The 16 dot products of four phase vectors ``src[s_j:][:count]`` with the four tap vectors
+    ``x[x_at + t*x_step:][:count]`` (8 loads per 16 multiply-adds); entry ``4*t + j``."""
+    u = np.uint64
+    a0, a1, a2, a3 = u(s0), u(s1), u(s2), u(s3)
+    b0, b1, b2, b3 = u(x_at), u(x_at + x_step), u(x_at + 2 * x_step), u(x_at + 3 * x_step)
+    z = src.dtype.type(0)
+    r00 = r01 = r02 = r03 = r10 = r11 = r12 = r13 = z
+    r20 = r21 = r22 = r23 = r30 = r31 = r32 = r33 = z
     for i in range(u(count)):
-        ga = gy[a + i]
-        gb = gy[b + i]
-        v0 = x[x0 + i]
-        v1 = x[x1 + i]
-        v2 = x[x2 + i]
-        v3 = x[x3 + i]
-        a0 += ga * v0
-        a1 += ga * v1
-        a2 += ga * v2
-        a3 += ga * v3
-        b0 += gb * v0
-        b1 += gb * v1
-        b2 += gb * v2
-        b3 += gb * v3
-    return a0, a1, a2, a3, b0, b1, b2, b3
+        g0 = src[a0 + i]
+        g1 = src[a1 + i]
+        g2 = src[a2 + i]
+        g3 = src[a3 + i]
+        v = x[b0 + i]
+        r00 += g0 * v
+        r01 += g1 * v
+        r02 += g2 * v
+        r03 += g3 * v
+        v = x[b1 + i]
+        r10 += g0 * v
+        r11 += g1 * v
+        r12 += g2 * v
+        r13 += g3 * v
+        v = x[b2 + i]
+        r20 += g0 * v
+        r21 += g1 * v
+        r22 += g2 * v
+        r23 += g3 * v
+        v = x[b3 + i]
+        r30 += g0 * v
+        r31 += g1 * v
+        r32 += g2 * v
+        r33 += g3 * v
+    return (r00, r01, r02, r03, r10, r11, r12, r13, r20, r21, r22, r23, r30, r31, r32, r33)
 
 
-def _grad_mask(gy, x, gm, n_img, h, w, c, k, g, s, g_sn, g_sc, g_sy, g_sx, lo, hi):
-    """``gm[n, (g*k + ky)*k + kx, oy, ox] = sum_c gy[n, oy, ox, c] * x[n, tap, c]`` (0 off the map);
-    ``gy`` and ``x`` channels-last flat, ``gm`` written through element strides ``g_s*``."""
+def _backward(gy, x, m, gx, gm, n_img, h, w, c, k, g, s, gy_nhwc, m_sn, m_sc, m_sy, m_sx,
+              g_sn, g_sc, g_sy, g_sx, gx_nchw, lo, hi):
+    """Both gradients of the input rows ``[lo, hi)`` (``n*H + y``) and of the blocks of those rows.
+
+    ``gy`` is grad_output flat NHWC (``gy_nhwc``) or contiguous NCHW, ``x`` the feature flat NHWC,
+    ``m`` the mask's storage from ``mask[0, 0, 0, 0]`` (element strides ``m_s*``), ``gm`` grad_mask
+    written through ``g_s*``, ``gx`` flat NCHW (``gx_nchw``) or NHWC. Each block row ``by`` within
+    ``r`` rows of the span is regrouped once into ``blk [s, sW, C]`` (channels-last, zero tail for
+    padded phases); the blocks of the span's own rows get their grad_mask dot products, and every
+    block adds ``mask * grad_output`` of its phases to the taps that land on the span's rows
+    (``acc``). Every sum has a fixed order and one owner, so no two threads write one element."""
     u = np.uint64
     r = (k - 1) // 2
     cg = c // g
+    ss = s * s
     sw = s * w
     sh = s * h
-    for row in range(lo, hi):
-        n = row // sh
-        oy = row % sh
-        y = oy // s
-        for xx in range(w):
-            for px in range(0, s, 2):  # phases in pairs: both read the same taps
-                ox = xx * s + px
-                pair = px + 1 < s
-                gy_a = ((n * sh + oy) * sw + ox) * c
-                gy_b = gy_a + c if pair else gy_a
-                out_at = n * g_sn + oy * g_sy + ox * g_sx
-                for gi in range(g):
-                    a = u(gy_a + gi * cg)
-                    b = u(gy_b + gi * cg)
-                    for ky in range(k):
-                        iy = y + ky - r
-                        kx = 0
-                        while kx < k:
-                            ix = xx + kx - r
-                            at = out_at + ((gi * k + ky) * k + kx) * g_sc
-                            x_at = ((n * h + iy) * w + ix) * c + gi * cg
-                            if iy >= 0 and iy < h and ix >= 0 and ix + 3 < w and kx + 4 <= k:
-                                # four taps of the row at once: 6 loads per 8 multiply-adds
-                                t = _dots_2x4(gy, a, b, x, x_at, c, cg)
-                                for j in range(4):
-                                    gm[u(at + j * g_sc)] = t[j]
-                                    if pair:
-                                        gm[u(at + j * g_sc + g_sx)] = t[4 + j]
-                                kx += 4
-                                continue
-                            total_a = gm.dtype.type(0)
-                            total_b = gm.dtype.type(0)
-                            if iy >= 0 and iy < h and ix >= 0 and ix < w:
-                                xb = u(x_at)
-                                for ci in range(u(cg)):
-                                    v = x[xb + ci]
-                                    total_a += gy[a + ci] * v
-                                    total_b += gy[b + ci] * v
-                            gm[u(at)] = total_a
-                            if pair:
-                                gm[u(at + g_sx)] = total_b
-                            kx += 1
-
-
-def _grad_input(gy, m, gx, n_img, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw, lo, hi):
-    """``gx[n, iy, ix, c] = sum mask[n, tap, oy, ox] * gy[n, oy, ox, c]`` over the output pixels
-    ``(oy, ox)`` whose tap reads ``(iy, ix)``; ``gy`` channels-last flat, ``gx`` flat NHWC or NCHW."""
-    r = (k - 1) // 2
-    cg = c // g
-    sw = s * w
-    sh = s * h
-    buf = np.empty(w * c, gy.dtype)
-    for row in range(lo, hi):
+    quads = (ss + 3) // 4
+    zero_at = s * sw * c  # c zeros: the source of padded phases
+    blk = np.zeros(zero_at + c, gy.dtype)
+    acc = np.empty(min(hi - lo, h) * w * c, gy.dtype)
+    wq = np.zeros(4 * k, gy.dtype)
+    ph = np.zeros(4 * quads, np.int64)  # source offset of each phase in a block (zero_at: padding)
+    row = lo
+    while row < hi:
         n = row // h
-        iy = row % h
-        buf[:] = 0
-        ky0 = max(0, iy + r - h + 1)
-        ky1 = min(k, iy + r + 1)
-        for ix in range(w):
-            kx0 = max(0, ix + r - w + 1)
-            kx1 = min(k, ix + r + 1)
-            for gi in range(g):
-                ob = ix * c + gi * cg
-                for ky in range(ky0, ky1):
-                    by = iy - ky + r
-                    for py in range(s):
-                        oy = by * s + py
-                        for px in range(s):
-                            # tap kx reads block bx = ix - kx + r: sources and weights step linearly in kx
-                            ox_r = (ix + r) * s + px
-                            gy_at = ((n * sh + oy) * sw + ox_r) * c + gi * cg
-                            w_at = n * m_sn + (gi * k + ky) * k * m_sc + oy * m_sy + ox_r * m_sx
-                            _row_taps(buf, ob, cg, gy, gy_at, -s * c, m, w_at, m_sc - s * m_sx, kx0, kx1)
-        if nchw:
-            _store_rows(buf, 1, w, c, gx, n * c * h * w + iy * w, h * w, True)
-        else:
-            _store_rows(buf, 1, w, c, gx, (n * h + iy) * w * c, h * w, False)
+        y0 = row % h
+        y1 = min(h, y0 + hi - row)
+        for i in range((y1 - y0) * w * c):
+            acc[u(i)] = 0
+        for by in range(max(0, y0 - r), min(h, y1 + r)):
+            # the block row's s output rows, channels-last
+            if gy_nhwc:
+                src_at = (n * sh + by * s) * sw * c
+                for i in range(s * sw * c):
+                    blk[u(i)] = gy[u(src_at + i)]
+            else:
+                _rows_channels_last(gy, n * c * sh * sw + by * s * sw, sh * sw, blk, 0, c, s * sw)
+            own = by >= y0 and by < y1
+            ky_lo = max(0, y0 - by + r)
+            ky_hi = min(k, y1 - by + r)
+            for bx in range(w):
+                kx0 = max(0, r - bx)
+                kx1 = min(k, w + r - bx)
+                for p in range(4 * quads):
+                    ph[p] = ((p // s) * sw + bx * s + p % s) * c if p < ss else zero_at
+                m_at = n * m_sn + by * s * m_sy + bx * s * m_sx
+                for gi in range(g):
+                    ch = gi * cg
+                    for q in range(quads):
+                        s0 = ph[4 * q] + ch
+                        s1 = ph[4 * q + 1] + ch
+                        s2 = ph[4 * q + 2] + ch
+                        s3 = ph[4 * q + 3] + ch
+                        if own:  # grad_mask of this block's phases (0 for taps off the map)
+                            for ky in range(k):
+                                iy = by + ky - r
+                                row_in = iy >= 0 and iy < h
+                                x_row = (n * h + iy) * w + bx - r
+                                kx = 0
+                                while kx < k:
+                                    if row_in and kx >= kx0 and kx + 4 <= kx1:
+                                        t = _dots_4x4(blk, s0, s1, s2, s3, x, (x_row + kx) * c + ch, c, cg)
+                                        for j in range(4):
+                                            at = n * g_sn + ((gi * k + ky) * k + kx + j) * g_sc
+                                            for e in range(min(4, ss - 4 * q)):
+                                                p = 4 * q + e
+                                                gm[u(at + (by * s + p // s) * g_sy + (bx * s + p % s) * g_sx)] = t[4 * j + e]
+                                        kx += 4
+                                        continue
+                                    at = n * g_sn + ((gi * k + ky) * k + kx) * g_sc
+                                    for e in range(min(4, ss - 4 * q)):
+                                        p = 4 * q + e
+                                        total = gy.dtype.type(0)
+                                        if row_in and kx >= kx0 and kx < kx1:
+                                            xb = u((x_row + kx) * c + ch)
+                                            sb = u(ph[p] + ch)
+                                            for ci in range(u(cg)):
+                                                total += blk[sb + ci] * x[xb + ci]
+                                        gm[u(at + (by * s + p // s) * g_sy + (bx * s + p % s) * g_sx)] = total
+                                    kx += 1
+                        # grad_input: taps of this block landing on the span's rows
+                        for ky in range(ky_lo, ky_hi):
+                            for kx in range(kx0, kx1):
+                                w_at = m_at + ((gi * k + ky) * k + kx) * m_sc
+                                for e in range(4):
+                                    p = 4 * q + e
+                                    if p < ss:
+                                        wq[4 * kx + e] = m[u(w_at + (p // s) * m_sy + (p % s) * m_sx)]
+                                    else:
+                                        wq[4 * kx + e] = 0
+                            iy = by + ky - r
+                            acc_at = ((iy - y0) * w + bx - r) * c + ch
+                            _scatter_taps(acc, acc_at, c, cg, blk, s0, s1, s2, s3, wq, kx0, kx1)
+        gx_at = n * c * h * w + y0 * w if gx_nchw else (n * h + y0) * w * c
+        _store_rows(acc, y1 - y0, w, c, gx, gx_at, h * w, gx_nchw)
+        row += y1 - y0
 
 
-def _to_channels_last(src, dst, n_img, c, hw, lo, hi):
-    """``dst[n, p, c] = src[n, c, p]`` (flat, contiguous) through 8 x 8 register transposes."""
-    u = np.uint64
-    p_full = hw - hw % _LANES
-    c_full = c - c % _LANES
+_backward = njit(_backward, fastmath=REASSOCIATE)
+
+
+def _to_channels_last(src, dst, c, hw, lo, hi):
+    """``dst[n, p, c] = src[n, c, p]`` (flat, contiguous) for the tasks ``[lo, hi)`` of 64 positions."""
+    tasks = (hw + 63) // 64
     for task in range(lo, hi):
-        n = task // ((hw + 63) // 64)
-        p_lo = (task % ((hw + 63) // 64)) * 64
-        p_hi = min(p_lo + 64, hw)
-        base = n * c * hw
-        for p0 in range(p_lo, min(p_hi, p_full), _LANES):
-            for c0 in range(0, c_full, _LANES):
-                transpose8(src, base + c0 * hw + p0, hw, dst, base + p0 * c + c0, c)
-            for ci in range(c_full, c):
-                for p in range(p0, p0 + _LANES):
-                    dst[u(base + p * c + ci)] = src[u(base + ci * hw + p)]
-        for p in range(max(p_lo, p_full), p_hi):
-            for ci in range(c):
-                dst[u(base + p * c + ci)] = src[u(base + ci * hw + p)]
+        n = task // tasks
+        p0 = (task % tasks) * 64
+        _rows_channels_last(src, n * c * hw + p0, hw, dst, (n * hw + p0) * c, c, min(64, hw - p0))
 
 
 _to_channels_last = njit(_to_channels_last)
 _forward = njit(_forward, fastmath=REASSOCIATE)
-_grad_mask = njit(_grad_mask, fastmath=REASSOCIATE)
-_grad_input = njit(_grad_input, fastmath=REASSOCIATE)
 
 
 # ------------------------------------------------------------------------------------------- entry
@@ -356,7 +412,7 @@ def _channels_last(t: torch.Tensor, acc: torch.dtype) -> np.ndarray:
         n, c, h, w = t.shape
         out = new_empty((n, h, w, c), acc, t.device)
         flat = numpy_alias(out.view(-1))
-        _split(_to_channels_last, (numpy_alias(t.view(-1)), flat, n, c, h * w), n * ((h * w + 63) // 64),
+        _split(_to_channels_last, (numpy_alias(t.view(-1)), flat, c, h * w), n * ((h * w + 63) // 64),
                t.numel() * 8)
         return flat
     return numpy_alias(to_channels_last(t).reshape(-1))
@@ -422,23 +478,24 @@ def backward(grad_output, features, masks, kernel_size, group_size, scale_factor
     k, g, s = kernel_size, group_size, scale_factor
     acc = _acc_dtype(features.dtype)
     x = _channels_last(features, acc)
-    gy = _channels_last(grad_output, acc)
+    gy = grad_output.to(acc)
+    gy_nhwc = gy.permute(0, 2, 3, 1).is_contiguous()
+    if not gy_nhwc:
+        gy = gy.contiguous()  # the kernel regroups NCHW rows itself, a block row at a time
+    gy_flat = numpy_alias((gy.permute(0, 2, 3, 1) if gy_nhwc else gy).reshape(-1))
     m, (m_sn, m_sc, m_sy, m_sx) = _strided(masks, acc)
     nchw = layout != "NHWC"
-    work = n * c * h * w * s * s * k * k
     gk = g * k * k
     if nchw:
         gm = new_empty((n, gk, h * s, w * s), acc, features.device)
-        gm_strides = gm.stride()
+        gm_flat = numpy_alias(gm.view(-1))
         gx = new_empty((n, c, h, w), acc, features.device)
     else:
         gm_nhwc = new_empty((n, h * s, w * s, gk), acc, features.device)
+        gm_flat = numpy_alias(gm_nhwc.view(-1))
         gm = gm_nhwc.permute(0, 3, 1, 2)
-        gm_strides = gm.stride()
         gx = new_empty((n, h, w, c), acc, features.device)
-    gm_flat = numpy_alias((gm if nchw else gm_nhwc).view(-1))
-    _split(_grad_mask, (gy, x, gm_flat, n, h, w, c, k, g, s, *gm_strides), n * h * s, work)
-    _split(_grad_input, (gy, m, numpy_alias(gx.view(-1)), n, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw),
-           n * h, work)
+    _split(_backward, (gy_flat, x, m, numpy_alias(gx.view(-1)), gm_flat, n, h, w, c, k, g, s, gy_nhwc,
+                       m_sn, m_sc, m_sy, m_sx, *gm.stride(), nchw), n * h, 2 * n * c * h * w * s * s * k * k)
     gi = gx if nchw else gx.permute(0, 3, 1, 2)
     return gi.to(features.dtype), gm.to(masks.dtype)
