@@ -36,6 +36,8 @@ from ..._core.transpose import to_channels_last
 _LANES = 8  # transpose8's block
 _PARALLEL_WORK = 1e6  # multiply-adds (tens of microseconds) below which one thread runs the call
 _CHUNKS_PER_THREAD = 8
+# input rows per backward span at least: each span regroups the r block rows beyond its ends again
+_BACKWARD_ROWS = 12
 
 
 def supports(*tensors: torch.Tensor) -> bool:
@@ -208,12 +210,12 @@ def _rows_channels_last(src, src_at, plane, dst, dst_at, channels, count):
     u = np.uint64
     p_full = count - count % _LANES
     c_full = channels - channels % _LANES
-    for p0 in range(0, p_full, _LANES):
-        for c0 in range(0, c_full, _LANES):
+    for c0 in range(0, c_full, _LANES):  # eight channel rows at a time: eight sequential read streams
+        for p0 in range(0, p_full, _LANES):
             transpose8(src, src_at + c0 * plane + p0, plane, dst, dst_at + p0 * channels + c0, channels)
-        for ci in range(c_full, channels):
-            for p in range(p0, p0 + _LANES):
-                dst[u(dst_at + p * channels + ci)] = src[u(src_at + ci * plane + p)]
+    for ci in range(c_full, channels):
+        for p in range(p_full):
+            dst[u(dst_at + p * channels + ci)] = src[u(src_at + ci * plane + p)]
     for p in range(p_full, count):
         for ci in range(channels):
             dst[u(dst_at + p * channels + ci)] = src[u(src_at + ci * plane + p)]
@@ -304,10 +306,22 @@ def _backward(gy, x, m, gx, gm, n_img, h, w, c, k, g, s, gy_nhwc, m_sn, m_sc, m_
     sh = s * h
     quads = (ss + 3) // 4
     zero_at = s * sw * c  # c zeros: the source of padded phases
-    blk = np.zeros(zero_at + c, gy.dtype)
+    direct = gy_nhwc and ss % 4 == 0
+    blk = np.zeros(0 if direct else zero_at + c, gy.dtype)
     acc = np.empty(min(hi - lo, h) * w * c, gy.dtype)
     wq = np.zeros(4 * k, gy.dtype)
-    ph = np.zeros(4 * quads, np.int64)  # source offset of each phase in a block (zero_at: padding)
+    # per phase (py, px) of a block: its offset in blk from the block's first pixel (padding: the
+    # zeros, reached from any block), in the mask and in grad_mask
+    ph = np.empty(4 * quads, np.int64)
+    ph_m = np.zeros(4 * quads, np.int64)
+    ph_g = np.zeros(4 * quads, np.int64)
+    for p in range(4 * quads):
+        if p < ss:
+            ph[p] = ((p // s) * sw + p % s) * c
+            ph_m[p] = (p // s) * m_sy + (p % s) * m_sx
+            ph_g[p] = (p // s) * g_sy + (p % s) * g_sx
+        else:
+            ph[p] = -1
     row = lo
     while row < hi:
         n = row // h
@@ -316,29 +330,34 @@ def _backward(gy, x, m, gx, gm, n_img, h, w, c, k, g, s, gy_nhwc, m_sn, m_sc, m_
         for i in range((y1 - y0) * w * c):
             acc[u(i)] = 0
         for by in range(max(0, y0 - r), min(h, y1 + r)):
-            # the block row's s output rows, channels-last
-            if gy_nhwc:
+            # the block row's s output rows, channels-last: read in place (NHWC, no padded phases)
+            # or regrouped into blk
+            row_at = 0
+            if direct:
+                row_at = (n * sh + by * s) * sw * c
+            elif gy_nhwc:
                 src_at = (n * sh + by * s) * sw * c
                 for i in range(s * sw * c):
                     blk[u(i)] = gy[u(src_at + i)]
             else:
                 _rows_channels_last(gy, n * c * sh * sw + by * s * sw, sh * sw, blk, 0, c, s * sw)
+            src = gy if direct else blk
             own = by >= y0 and by < y1
             ky_lo = max(0, y0 - by + r)
             ky_hi = min(k, y1 - by + r)
             for bx in range(w):
                 kx0 = max(0, r - bx)
                 kx1 = min(k, w + r - bx)
-                for p in range(4 * quads):
-                    ph[p] = ((p // s) * sw + bx * s + p % s) * c if p < ss else zero_at
+                b_at = row_at + bx * s * c
                 m_at = n * m_sn + by * s * m_sy + bx * s * m_sx
+                g_at = n * g_sn + by * s * g_sy + bx * s * g_sx
                 for gi in range(g):
                     ch = gi * cg
                     for q in range(quads):
-                        s0 = ph[4 * q] + ch
-                        s1 = ph[4 * q + 1] + ch
-                        s2 = ph[4 * q + 2] + ch
-                        s3 = ph[4 * q + 3] + ch
+                        s0 = (b_at + ph[4 * q] if ph[4 * q] >= 0 else zero_at) + ch
+                        s1 = (b_at + ph[4 * q + 1] if ph[4 * q + 1] >= 0 else zero_at) + ch
+                        s2 = (b_at + ph[4 * q + 2] if ph[4 * q + 2] >= 0 else zero_at) + ch
+                        s3 = (b_at + ph[4 * q + 3] if ph[4 * q + 3] >= 0 else zero_at) + ch
                         if own:  # grad_mask of this block's phases (0 for taps off the map)
                             for ky in range(k):
                                 iy = by + ky - r
@@ -347,38 +366,32 @@ def _backward(gy, x, m, gx, gm, n_img, h, w, c, k, g, s, gy_nhwc, m_sn, m_sc, m_
                                 kx = 0
                                 while kx < k:
                                     if row_in and kx >= kx0 and kx + 4 <= kx1:
-                                        t = _dots_4x4(blk, s0, s1, s2, s3, x, (x_row + kx) * c + ch, c, cg)
+                                        t = _dots_4x4(src, s0, s1, s2, s3, x, (x_row + kx) * c + ch, c, cg)
                                         for j in range(4):
-                                            at = n * g_sn + ((gi * k + ky) * k + kx + j) * g_sc
+                                            at = g_at + ((gi * k + ky) * k + kx + j) * g_sc
                                             for e in range(min(4, ss - 4 * q)):
-                                                p = 4 * q + e
-                                                gm[u(at + (by * s + p // s) * g_sy + (bx * s + p % s) * g_sx)] = t[4 * j + e]
+                                                gm[u(at + ph_g[4 * q + e])] = t[4 * j + e]
                                         kx += 4
                                         continue
-                                    at = n * g_sn + ((gi * k + ky) * k + kx) * g_sc
+                                    at = g_at + ((gi * k + ky) * k + kx) * g_sc
                                     for e in range(min(4, ss - 4 * q)):
-                                        p = 4 * q + e
                                         total = gy.dtype.type(0)
                                         if row_in and kx >= kx0 and kx < kx1:
                                             xb = u((x_row + kx) * c + ch)
-                                            sb = u(ph[p] + ch)
+                                            sb = u(b_at + ph[4 * q + e] + ch)
                                             for ci in range(u(cg)):
-                                                total += blk[sb + ci] * x[xb + ci]
-                                        gm[u(at + (by * s + p // s) * g_sy + (bx * s + p % s) * g_sx)] = total
+                                                total += src[sb + ci] * x[xb + ci]
+                                        gm[u(at + ph_g[4 * q + e])] = total
                                     kx += 1
                         # grad_input: taps of this block landing on the span's rows
                         for ky in range(ky_lo, ky_hi):
                             for kx in range(kx0, kx1):
                                 w_at = m_at + ((gi * k + ky) * k + kx) * m_sc
                                 for e in range(4):
-                                    p = 4 * q + e
-                                    if p < ss:
-                                        wq[4 * kx + e] = m[u(w_at + (p // s) * m_sy + (p % s) * m_sx)]
-                                    else:
-                                        wq[4 * kx + e] = 0
+                                    wq[4 * kx + e] = m[u(w_at + ph_m[4 * q + e])] if ph[4 * q + e] >= 0 else 0
                             iy = by + ky - r
                             acc_at = ((iy - y0) * w + bx - r) * c + ch
-                            _scatter_taps(acc, acc_at, c, cg, blk, s0, s1, s2, s3, wq, kx0, kx1)
+                            _scatter_taps(acc, acc_at, c, cg, src, s0, s1, s2, s3, wq, kx0, kx1)
         gx_at = n * c * h * w + y0 * w if gx_nchw else (n * h + y0) * w * c
         _store_rows(acc, y1 - y0, w, c, gx, gx_at, h * w, gx_nchw)
         row += y1 - y0
@@ -428,7 +441,7 @@ def _strided(t: torch.Tensor, acc: torch.dtype):
     return numpy_alias(flat), t.stride()
 
 
-def _split(kernel, args, rows, work):
+def _split(kernel, args, rows, work, min_rows=1):
     """``kernel(*args, lo, hi)`` over the rows ``[0, rows)``: on the calling thread for small calls,
     else in chunks that the caller and the shared worker threads claim one by one (a worker the OS
     deschedules holds up one chunk, not half the work). The kernels release the GIL.
@@ -440,7 +453,7 @@ def _split(kernel, args, rows, work):
     if threads < 2 or rows < 2 or work < _PARALLEL_WORK:
         kernel(*args, 0, rows)
         return
-    chunks = min(rows, threads * _CHUNKS_PER_THREAD)
+    chunks = min(rows, threads * max(1, min(_CHUNKS_PER_THREAD, rows // (threads * min_rows))))
     bounds = [rows * i // chunks for i in range(chunks + 1)]
     claim = itertools.count()
 
@@ -496,6 +509,7 @@ def backward(grad_output, features, masks, kernel_size, group_size, scale_factor
         gm = gm_nhwc.permute(0, 3, 1, 2)
         gx = new_empty((n, h, w, c), acc, features.device)
     _split(_backward, (gy_flat, x, m, numpy_alias(gx.view(-1)), gm_flat, n, h, w, c, k, g, s, gy_nhwc,
-                       m_sn, m_sc, m_sy, m_sx, *gm.stride(), nchw), n * h, 2 * n * c * h * w * s * s * k * k)
+                       m_sn, m_sc, m_sy, m_sx, *gm.stride(), nchw), n * h, 2 * n * c * h * w * s * s * k * k,
+           min_rows=_BACKWARD_ROWS)
     gi = gx if nchw else gx.permute(0, 3, 1, 2)
     return gi.to(features.dtype), gm.to(masks.dtype)
