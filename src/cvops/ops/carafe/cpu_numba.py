@@ -35,7 +35,9 @@ from ..._core.parallel import pool
 _LANES = 8  # transpose8's block
 _PARALLEL_WORK = 1e6  # multiply-adds (tens of microseconds) below which one thread runs the call
 _CHUNKS_PER_THREAD = 8
-# input rows per backward span at least: each span regroups the r block rows beyond its ends again
+# input rows per span at least: each span regroups the r rows beyond its ends again (NCHW features,
+# and grad_output's block rows in the backward)
+_FORWARD_ROWS = 6
 _BACKWARD_ROWS = 12
 
 
@@ -440,7 +442,7 @@ def forward(features, masks, kernel_size, group_size, scale_factor, layout="NCHW
     shape = (n, c, h * s, w * s) if nchw else (n, h * s, w * s, c)
     out = new_empty(shape, acc, features.device)
     _split(_forward, (x, m, numpy_alias(out.view(-1)), n, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx, nchw),
-           n * h, n * c * h * w * s * s * k * k)
+           n * h, n * c * h * w * s * s * k * k, min_rows=_FORWARD_ROWS)
     out = out.to(features.dtype)
     return out if nchw else out.permute(0, 3, 1, 2)
 
