@@ -2,21 +2,30 @@
 
 Why: CARAFE is ``k*k`` multiply-adds per output element with a different weight matrix per output
 pixel, so it maps onto matrix products only as many tiny ones; their per-product overhead keeps the
-torch path (``cpu.py``) far below the machine's FLOP rate. Here each kernel is one loop nest whose
-innermost loop runs over channels, contiguous in a channels-last copy of the feature (and of
-``grad_output``), so LLVM vectorises it; the ``k*k`` weights of a pixel are scalars broadcast over it.
+torch path (``cpu.py``) far below the machine's FLOP rate. Here the innermost loops run over
+channels, contiguous in channels-last rows, so LLVM vectorises them; mask values are scalars
+broadcast over them. A block is the ``s x s`` output pixels of one input pixel: its sub-pixel
+phases read the same ``k x k`` taps, so the loops take four phases at a time and load each tap
+vector once for all four.
 
-* forward: per input row ``(n, y)``, the ``s*s`` output pixels of every block accumulate
-  ``mask * x[tap]`` over the taps inside the map into a row buffer ``[s, s*W, C]`` (in cache), which
-  is then stored in the output's layout (NCHW through 8 x 8 register transposes, ``transpose8``).
-* grad_mask: per output pixel and tap inside the map, one dot product over channels of
-  ``grad_output`` and the tap's feature vector; taps outside the map get 0.
-* grad_input gathers: per input pixel, the sum over the ``(block, phase, tap)`` that read it of
-  ``mask * grad_output`` (taps inside the map only, so a non-finite mask value on a tap outside the
-  map never meets anything, as in the reference).
+* forward (per input row): each block's four phases accumulate five taps a pass into a row buffer
+  ``[s, sW, C]``, which is stored in the output's layout.
+* backward (per span of input rows, one kernel for both gradients): each block row of
+  ``grad_output`` that reaches the span is read once; the span's own blocks get their grad_mask dot
+  products (4 phases x 4 taps per pass, 0 for taps off the map), and every block spreads
+  ``mask * grad_output`` of its phases over its taps that land on the span's rows (taps inside the
+  map only, so a non-finite mask value on a tap outside the map never meets anything, as in the
+  reference). grad_input is thus gathered by the thread that owns each input row: no races.
+
+NCHW tensors are never copied whole: the kernels regroup NCHW feature rows into a ring of ``k``
+channels-last rows as the window moves down, and NCHW ``grad_output`` a block row at a time, with
+8 x 8 register transposes (``transpose8``), while the rows are in cache; NCHW outputs are
+transposed the same way on the way out. The small helpers are inlined into the two kernels
+(numba ``inline="always"``), so a cold cache compiles two functions. The kernels take a row range
+and run on the shared worker threads (:func:`_split`).
 
 Every output element has one writer and a sum order fixed at compile time (``REASSOCIATE`` lets
-LLVM vectorise the dot products), so results do not depend on the thread count. Accumulation is in
+LLVM vectorise the sums), so results do not depend on the thread count. Accumulation is in
 float32 (float64 for float64); float16/bfloat16 go through float32 copies.
 """
 from __future__ import annotations
