@@ -12,7 +12,7 @@ vector once for all four.
   ``[s, sW, C]``, which is stored in the output's layout.
 * backward (per span of input rows, one kernel for both gradients): each block row of
   ``grad_output`` that reaches the span is read once; the span's own blocks get their grad_mask dot
-  products (4 phases x 4 taps per pass, 0 for taps off the map), and every block spreads
+  products (4 phases x 5 taps per pass, 0 for taps off the map), and every block spreads
   ``mask * grad_output`` of its phases over its taps that land on the span's rows (taps inside the
   map only, so a non-finite mask value on a tap outside the map never meets anything, as in the
   reference). grad_input is thus gathered by the thread that owns each input row: no races.
@@ -64,7 +64,8 @@ def supports(*tensors: torch.Tensor) -> bool:
 @_inline
 def _store_rows(buf, rows, width, channels, out, out_at, plane, nchw):
     """Row buffer ``buf [rows, width, C]`` (channels-last) -> the output's rows starting at ``out_at``:
-    NHWC ``out[out_at + (r*width + x)*C + c]``; NCHW ``out[out_at + c*plane + r*width + x]``."""
+    NHWC ``out[out_at + (r*width + x)*C + c]``; NCHW ``out[out_at + c*plane + r*width + x]`` (eight
+    channel rows at a time: eight sequential write streams)."""
     u = np.uint64
     if not nchw:
         base = u(out_at)
@@ -76,8 +77,8 @@ def _store_rows(buf, rows, width, channels, out, out_at, plane, nchw):
     for r in range(rows):
         src_row = r * width * channels
         dst_row = out_at + r * width
-        for x0 in range(0, x_full, _LANES):
-            for c0 in range(0, c_full, _LANES):
+        for c0 in range(0, c_full, _LANES):
+            for x0 in range(0, x_full, _LANES):
                 transpose8(buf, src_row + x0 * channels + c0, channels, out, dst_row + c0 * plane + x0, plane)
         for x in range(width):  # ragged edges: element by element
             for c in range(c_full if x < x_full else 0, channels):
@@ -207,15 +208,21 @@ def _scatter_taps(acc, acc_at, acc_step, count, src, s0, s1, s2, s3, wq, t0, t1)
 
 
 @_inline
-def _dots_4x4(out, src, s0, s1, s2, s3, x, x0, x1, x2, x3, count):
+def _dots_4x5(out, src, s0, s1, s2, s3, x, x_at, x_step, t0, t1, count):
     """``out[4*t + j]`` = the dot product of the phase vector ``src[s_j:][:count]`` with the tap
-    vector ``x[x_t:][:count]``: 16 products from 8 loads per lane block."""
+    vector ``x[x_at + (t0 + t)*x_step:][:count]`` for ``t < 5``: 20 products from 9 loads per lane
+    block. Taps at or past ``t1`` repeat tap ``t1 - 1`` (in range; their products are not used)."""
     u = np.uint64
     a0, a1, a2, a3 = u(s0), u(s1), u(s2), u(s3)
-    b0, b1, b2, b3 = u(x0), u(x1), u(x2), u(x3)
+    last = t1 - 1
+    b0 = u(x_at + t0 * x_step)
+    b1 = u(x_at + min(t0 + 1, last) * x_step)
+    b2 = u(x_at + min(t0 + 2, last) * x_step)
+    b3 = u(x_at + min(t0 + 3, last) * x_step)
+    b4 = u(x_at + min(t0 + 4, last) * x_step)
     z = src.dtype.type(0)
-    r00 = r01 = r02 = r03 = r10 = r11 = r12 = r13 = z
-    r20 = r21 = r22 = r23 = r30 = r31 = r32 = r33 = z
+    r00 = r01 = r02 = r03 = r10 = r11 = r12 = r13 = r20 = r21 = z
+    r22 = r23 = r30 = r31 = r32 = r33 = r40 = r41 = r42 = r43 = z
     for i in range(u(count)):
         g0 = src[a0 + i]
         g1 = src[a1 + i]
@@ -241,10 +248,16 @@ def _dots_4x4(out, src, s0, s1, s2, s3, x, x0, x1, x2, x3, count):
         r31 += g1 * v
         r32 += g2 * v
         r33 += g3 * v
+        v = x[b4 + i]
+        r40 += g0 * v
+        r41 += g1 * v
+        r42 += g2 * v
+        r43 += g3 * v
     out[0], out[1], out[2], out[3] = r00, r01, r02, r03
     out[4], out[5], out[6], out[7] = r10, r11, r12, r13
     out[8], out[9], out[10], out[11] = r20, r21, r22, r23
     out[12], out[13], out[14], out[15] = r30, r31, r32, r33
+    out[16], out[17], out[18], out[19] = r40, r41, r42, r43
 
 
 def _forward(x, m, out, n_img, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx, nchw, lo, hi):
@@ -318,7 +331,7 @@ def _backward(gy, x, m, gx, gm, n_img, h, w, c, k, g, s, gy_nhwc, x_nhwc, m_sn, 
     xs = x if x_nhwc else ring
     acc = np.empty(min(hi - lo, h) * w * c, gy.dtype)
     wq = np.zeros(4 * k, gy.dtype)
-    dq = np.empty(16, gy.dtype)
+    dq = np.empty(20, gy.dtype)
     ph, ph_m, ph_g = _phases(s, quads, c, sw * c, m_sy, m_sx, g_sy, g_sx)
     row = lo
     while row < hi:
@@ -367,11 +380,9 @@ def _backward(gy, x, m, gx, gm, n_img, h, w, c, k, g, s, gy_nhwc, x_nhwc, m_sn, 
                                 if not row_in:
                                     continue
                                 x_at = (((n * h + iy) * w if x_nhwc else (iy % k) * w) + bx - r) * c + ch
-                                for kx in range(kx0, kx1, 4):  # taps past kx1 repeat the last one
-                                    _dots_4x4(dq, src, s0, s1, s2, s3, xs, x_at + kx * c,
-                                              x_at + min(kx + 1, kx1 - 1) * c, x_at + min(kx + 2, kx1 - 1) * c,
-                                              x_at + min(kx + 3, kx1 - 1) * c, cg)
-                                    for j in range(min(4, kx1 - kx)):
+                                for kx in range(kx0, kx1, 5):
+                                    _dots_4x5(dq, src, s0, s1, s2, s3, xs, x_at, c, kx, kx1, cg)
+                                    for j in range(min(5, kx1 - kx)):
                                         for e in range(phases):
                                             gm[u(t_at + (kx + j) * g_sc + ph_g[4 * q + e])] = dq[4 * j + e]
                         # grad_input: taps of this block landing on the span's rows
