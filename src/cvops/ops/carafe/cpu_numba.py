@@ -447,8 +447,9 @@ def _split(kernel, args, rows, work, min_rows=1):
 
     helpers = [pool(threads).submit(take) for _ in range(threads - 1)]
     take()
-    for helper in helpers:
-        helper.result()
+    for helper in helpers:  # every chunk is claimed: a helper still queued has nothing left to do
+        if not helper.cancel():
+            helper.result()
 
 
 def forward(features, masks, kernel_size, group_size, scale_factor, layout="NCHW"):
