@@ -446,29 +446,34 @@ def test_cpu_paths_match_reference(path, layout):
 
 
 @pytest.mark.parametrize("path", CPU_PATHS)
-def test_cpu_paths_deterministic_and_agree_at_fpn_shape(path, monkeypatch):
-    """A CARAFE-FPN upsampler (C 256, k5, s2) on a small map: backward bit-identical on one thread and
-    on the pool (the numba loops' serial and parallel compilations), and both directions within
-    tolerance of the other cpu path."""
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cpu_paths_deterministic_and_agree_at_fpn_shape(path, layout, monkeypatch):
+    """A CARAFE-FPN upsampler (C 256, k5, s2) on a small map: both directions bit-identical on one
+    thread and on the pool (for numba: spans of one row, so every span boundary falls inside an
+    image and regroups the rows beyond it), and within tolerance of the other cpu path."""
     if path == "cpu-numba":
         from cvops.ops.carafe import cpu_numba
         monkeypatch.setattr(cpu_numba, "_PARALLEL_WORK", 0)  # the pool even for this small call
-    x, m, gy = inputs(2, 256, 7, 10, 5, 1, 2, "NCHW")
-    m = m.view(2, 1, 25, 14, 20).softmax(2).view(2, 25, 14, 20)
+        monkeypatch.setattr(cpu_numba, "_FORWARD_ROWS", 1)
+        monkeypatch.setattr(cpu_numba, "_BACKWARD_ROWS", 1)
+    x, m, gy = inputs(2, 256, 7, 10, 5, 1, 2, layout)
+    m = (m.softmax(3) if layout == "NHWC" else m.view(2, 1, 25, 14, 20).softmax(2).view(2, 25, 14, 20))
     with selected(path) as backend:
-        out = cvops.carafe(x, m, 5, 1, 2, backend=backend)
-        first = cvops.carafe_backward(gy, x, m, 5, 1, 2, backend=backend)
+        out = cvops.carafe(x, m, 5, 1, 2, layout, backend=backend)
+        first = cvops.carafe_backward(gy, x, m, 5, 1, 2, layout, backend=backend)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            single = cvops.carafe_backward(gy, x, m, 5, 1, 2, backend=backend)
+            single_out = cvops.carafe(x, m, 5, 1, 2, layout, backend=backend)
+            single = cvops.carafe_backward(gy, x, m, 5, 1, 2, layout, backend=backend)
         finally:
             torch.set_num_threads(threads)
+        assert bit_equal(out, single_out)
         assert all(bit_equal(a, b) for a, b in zip(first, single))
     other = "cpu-torch" if path == "cpu-numba" else "cpu-numba"
     if other == "cpu-numba" and not cvops._core.jit.numba_available():
         return
     with selected(other) as backend:
-        assert_close(out, cvops.carafe(x, m, 5, 1, 2, backend=backend), 3e-6)
-        for a, b in zip(first, cvops.carafe_backward(gy, x, m, 5, 1, 2, backend=backend)):
+        assert_close(out, cvops.carafe(x, m, 5, 1, 2, layout, backend=backend), 3e-6)
+        for a, b in zip(first, cvops.carafe_backward(gy, x, m, 5, 1, 2, layout, backend=backend)):
             assert_close(a, b, 3e-6)

@@ -2,42 +2,58 @@
 
 Why: CARAFE is ``k*k`` multiply-adds per output element with a different weight matrix per output
 pixel, so it maps onto matrix products only as many tiny ones; their per-product overhead keeps the
-torch path (``cpu.py``) far below the machine's FLOP rate. Here each kernel is one loop nest whose
-innermost loop runs over channels, contiguous in a channels-last copy of the feature (and of
-``grad_output``), so LLVM vectorises it; the ``k*k`` weights of a pixel are scalars broadcast over it.
+torch path (``cpu.py``) far below the machine's FLOP rate. Here the innermost loops run over
+channels, contiguous in channels-last rows, so LLVM vectorises them; mask values are scalars
+broadcast over them. A block is the ``s x s`` output pixels of one input pixel: its sub-pixel
+phases read the same ``k x k`` taps, so the loops take four phases at a time and load each tap
+vector once for all four.
 
-* forward: per input row ``(n, y)``, the ``s*s`` output pixels of every block accumulate
-  ``mask * x[tap]`` over the taps inside the map into a row buffer ``[s, s*W, C]`` (in cache), which
-  is then stored in the output's layout (NCHW through 8 x 8 register transposes, ``transpose8``).
-* grad_mask: per output pixel and tap inside the map, one dot product over channels of
-  ``grad_output`` and the tap's feature vector; taps outside the map get 0.
-* grad_input gathers: per input pixel, the sum over the ``(block, phase, tap)`` that read it of
-  ``mask * grad_output`` (taps inside the map only, so a non-finite mask value on a tap outside the
-  map never meets anything, as in the reference).
+* forward (per input row): each block's four phases accumulate five taps a pass into a row buffer
+  ``[s, sW, C]``, which is stored in the output's layout.
+* backward (per span of input rows, one kernel for both gradients): each block row of
+  ``grad_output`` that reaches the span is read once; the span's own blocks get their grad_mask dot
+  products (4 phases x 5 taps per pass, 0 for taps off the map), and every block spreads
+  ``mask * grad_output`` of its phases over its taps that land on the span's rows (taps inside the
+  map only, so a non-finite mask value on a tap outside the map never meets anything, as in the
+  reference). grad_input is thus gathered by the thread that owns each input row: no races.
+
+NCHW tensors are never copied whole: the kernels regroup NCHW feature rows into a ring of ``k``
+channels-last rows as the window moves down, and NCHW ``grad_output`` a block row at a time, with
+8 x 8 register transposes (``transpose8``), while the rows are in cache; NCHW outputs are
+transposed the same way on the way out. The small helpers are inlined into the two kernels
+(numba ``inline="always"``), so a cold cache compiles two functions. The kernels take a row range
+and run on the shared worker threads (:func:`_split`).
 
 Every output element has one writer and a sum order fixed at compile time (``REASSOCIATE`` lets
-LLVM vectorise the dot products), so results do not depend on the thread count. Accumulation is in
+LLVM vectorise the sums), so results do not depend on the thread count. Accumulation is in
 float32 (float64 for float64); float16/bfloat16 go through float32 copies.
 """
 from __future__ import annotations
 
-import contextlib
+import itertools
 
-import numba
 import numpy as np
 import torch
-from numba import prange
 
 from ..._core.bits import numpy_alias
-from ..._core.jit import REASSOCIATE, match_torch_threads, njit, njit_variants, use_parallel
+from ..._core.jit import REASSOCIATE, njit
 from ..._core.jit_intrinsics import transpose8
 from ..._core.memory import new_empty
-from ..._core.transpose import to_channels_last
+from ..._core.parallel import pool
 
 _LANES = 8  # transpose8's block
-_PARALLEL_WORK = 2e7  # multiply-adds (about a millisecond) below which one thread runs the call
-# dynamic scheduling of prange loops (numba >= 0.57); static halves on older versions
-_chunksize = getattr(numba, "parallel_chunksize", lambda size: contextlib.nullcontext())
+_PARALLEL_WORK = 1e6  # multiply-adds (tens of microseconds) below which one thread runs the call
+_CHUNKS_PER_THREAD = 8
+# input rows per span at least: each span regroups the r rows beyond its ends again (NCHW features,
+# and grad_output's block rows in the backward)
+_FORWARD_ROWS = 6
+_BACKWARD_ROWS = 12
+
+
+def _inline(fn):
+    """A helper of the kernels, inlined into each caller's numba IR: it is never compiled on its own."""
+    import numba
+    return numba.njit(inline="always")(fn)
 
 
 def supports(*tensors: torch.Tensor) -> bool:
@@ -45,304 +61,342 @@ def supports(*tensors: torch.Tensor) -> bool:
 
 
 # ------------------------------------------------------------------------------------------- kernels
-@njit
+@_inline
 def _store_rows(buf, rows, width, channels, out, out_at, plane, nchw):
     """Row buffer ``buf [rows, width, C]`` (channels-last) -> the output's rows starting at ``out_at``:
-    NHWC ``out[out_at + (r*width + x)*C + c]``; NCHW ``out[out_at + c*plane + r*width + x]``."""
+    NHWC ``out[out_at + (r*width + x)*C + c]``; NCHW ``out[out_at + c*plane + r*width + x]`` (eight
+    channel rows at a time: eight sequential write streams)."""
     u = np.uint64
     if not nchw:
-        total = u(rows * width * channels)
         base = u(out_at)
-        for i in range(total):
+        for i in range(u(rows * width * channels)):
             out[base + i] = buf[i]
         return
+    x_full = width - width % _LANES
+    c_full = channels - channels % _LANES
     for r in range(rows):
         src_row = r * width * channels
         dst_row = out_at + r * width
-        x_full = width - width % _LANES
-        c_full = channels - channels % _LANES
-        for x0 in range(0, x_full, _LANES):
-            for c0 in range(0, c_full, _LANES):
+        for c0 in range(0, c_full, _LANES):
+            for x0 in range(0, x_full, _LANES):
                 transpose8(buf, src_row + x0 * channels + c0, channels, out, dst_row + c0 * plane + x0, plane)
-        for x in range(x_full, width):  # ragged edges: element by element
-            for c in range(channels):
-                out[u(dst_row + c * plane + x)] = buf[u(src_row + x * channels + c)]
-        for x in range(x_full):
-            for c in range(c_full, channels):
+        for x in range(width):  # ragged edges: element by element
+            for c in range(c_full if x < x_full else 0, channels):
                 out[u(dst_row + c * plane + x)] = buf[u(src_row + x * channels + c)]
 
 
-@njit
-def _row_taps(acc, at, count, src, src_at, src_step, weights, w_at, w_step, t0, t1):
-    """``acc[at + i] += sum_t weights[w_at + t*w_step] * src[src_at + t*src_step + i]`` for
-    ``t0 <= t < t1``, ``i < count``.
-
-    The taps go five (then three, then one) to a pass, so each pass loads and stores the
-    accumulators once for several multiply-adds (one pass per tap is bound by those loads and
-    stores)."""
+@_inline
+def _rows_channels_last(src, src_at, plane, dst, dst_at, channels, count):
+    """``dst[dst_at + p*C + c] = src[src_at + c*plane + p]`` for ``p < count``, ``c < C``: positions of
+    an NCHW plane regrouped channels-last through 8 x 8 register transposes, eight channel rows at a
+    time (eight sequential read streams)."""
     u = np.uint64
-    a = u(at)
+    p_full = count - count % _LANES
+    c_full = channels - channels % _LANES
+    for c0 in range(0, c_full, _LANES):
+        for p0 in range(0, p_full, _LANES):
+            transpose8(src, src_at + c0 * plane + p0, plane, dst, dst_at + p0 * channels + c0, channels)
+    for p in range(count):  # ragged edges: element by element
+        for ci in range(c_full if p < p_full else 0, channels):
+            dst[u(dst_at + p * channels + ci)] = src[u(src_at + ci * plane + p)]
+
+
+@_inline
+def _ring_rows(x, ring, n, c, h, w, k, iy0, iy1):
+    """Feature rows ``[iy0, iy1)`` of image ``n`` (contiguous NCHW ``x``) regrouped channels-last into
+    ``ring`` slot ``iy % k``: the ``k`` rows a window reads are always in distinct slots."""
+    for iy in range(iy0, iy1):
+        _rows_channels_last(x, (n * c * h + iy) * w, h * w, ring, (iy % k) * w * c, c, w)
+
+
+@_inline
+def _phases(s, quads, c, row, m_sy, m_sx, o_sy, o_sx):
+    """Offsets of the sub-pixel phases ``p = py*s + px`` of a block, padded to whole quads: in the
+    channels-last block row (``row`` elements a row; -1 for padding), in the mask and in a second
+    strided tensor."""
+    ph = np.full(4 * quads, -1, np.int64)
+    ph_m = np.zeros(4 * quads, np.int64)
+    ph_o = np.zeros(4 * quads, np.int64)
+    for p in range(s * s):
+        ph[p] = (p // s) * row + (p % s) * c
+        ph_m[p] = (p // s) * m_sy + (p % s) * m_sx
+        ph_o[p] = (p // s) * o_sy + (p % s) * o_sx
+    return ph, ph_m, ph_o
+
+
+@_inline
+def _quad_weights(wq, m, m_at, m_sc, ph, ph_m, q, kx0, kx1):
+    """``wq[4*kx + e] = mask`` of phase ``4*q + e`` at tap ``kx`` (0 for padded phases)."""
+    u = np.uint64
+    for kx in range(kx0, kx1):
+        for e in range(4):
+            p = 4 * q + e
+            wq[4 * kx + e] = m[u(m_at + kx * m_sc + ph_m[p])] if ph[p] >= 0 else 0
+
+
+@_inline
+def _gather_taps(acc, a0, a1, a2, a3, src, src_at, src_step, wq, t0, t1, count):
+    """``acc[a_j + i] += sum_t wq[4*t + j] * src[src_at + t*src_step + i]`` for ``t0 <= t < t1``,
+    ``i < count``: four sub-pixel phases of one block accumulate the block's taps, five taps a pass
+    (each pass loads five tap vectors once for all four phases, 20 multiply-adds)."""
+    u = np.uint64
+    p0, p1, p2, p3 = u(a0), u(a1), u(a2), u(a3)
     t = t0
     while t + 5 <= t1:
-        w0 = weights[u(w_at + t * w_step)]
-        w1 = weights[u(w_at + (t + 1) * w_step)]
-        w2 = weights[u(w_at + (t + 2) * w_step)]
-        w3 = weights[u(w_at + (t + 3) * w_step)]
-        w4 = weights[u(w_at + (t + 4) * w_step)]
+        f = 4 * t
+        w00, w01, w02, w03 = wq[f], wq[f + 1], wq[f + 2], wq[f + 3]
+        w10, w11, w12, w13 = wq[f + 4], wq[f + 5], wq[f + 6], wq[f + 7]
+        w20, w21, w22, w23 = wq[f + 8], wq[f + 9], wq[f + 10], wq[f + 11]
+        w30, w31, w32, w33 = wq[f + 12], wq[f + 13], wq[f + 14], wq[f + 15]
+        w40, w41, w42, w43 = wq[f + 16], wq[f + 17], wq[f + 18], wq[f + 19]
         b0 = u(src_at + t * src_step)
         b1 = u(src_at + (t + 1) * src_step)
         b2 = u(src_at + (t + 2) * src_step)
         b3 = u(src_at + (t + 3) * src_step)
         b4 = u(src_at + (t + 4) * src_step)
         for i in range(u(count)):
-            acc[a + i] += (w0 * src[b0 + i] + w1 * src[b1 + i] + w2 * src[b2 + i] + w3 * src[b3 + i]
-                           + w4 * src[b4 + i])
+            v0 = src[b0 + i]
+            v1 = src[b1 + i]
+            v2 = src[b2 + i]
+            v3 = src[b3 + i]
+            v4 = src[b4 + i]
+            acc[p0 + i] += w00 * v0 + w10 * v1 + w20 * v2 + w30 * v3 + w40 * v4
+            acc[p1 + i] += w01 * v0 + w11 * v1 + w21 * v2 + w31 * v3 + w41 * v4
+            acc[p2 + i] += w02 * v0 + w12 * v1 + w22 * v2 + w32 * v3 + w42 * v4
+            acc[p3 + i] += w03 * v0 + w13 * v1 + w23 * v2 + w33 * v3 + w43 * v4
         t += 5
-    while t + 3 <= t1:
-        w0 = weights[u(w_at + t * w_step)]
-        w1 = weights[u(w_at + (t + 1) * w_step)]
-        w2 = weights[u(w_at + (t + 2) * w_step)]
-        b0 = u(src_at + t * src_step)
-        b1 = u(src_at + (t + 1) * src_step)
-        b2 = u(src_at + (t + 2) * src_step)
-        for i in range(u(count)):
-            acc[a + i] += w0 * src[b0 + i] + w1 * src[b1 + i] + w2 * src[b2 + i]
-        t += 3
     while t < t1:
-        w0 = weights[u(w_at + t * w_step)]
+        f = 4 * t
+        w00, w01, w02, w03 = wq[f], wq[f + 1], wq[f + 2], wq[f + 3]
         b0 = u(src_at + t * src_step)
         for i in range(u(count)):
-            acc[a + i] += w0 * src[b0 + i]
+            v0 = src[b0 + i]
+            acc[p0 + i] += w00 * v0
+            acc[p1 + i] += w01 * v0
+            acc[p2 + i] += w02 * v0
+            acc[p3 + i] += w03 * v0
         t += 1
 
 
-@njit
-def _row_taps_pair(acc, at_a, at_b, count, src, src_at, src_step, weights, w_a, w_b, w_step, t0, t1):
-    """:func:`_row_taps` for two accumulators that read the same sources with their own weights (two
-    sub-pixel phases of one block): each source vector is loaded once for both."""
+@_inline
+def _scatter_taps(acc, acc_at, acc_step, count, src, s0, s1, s2, s3, wq, t0, t1):
+    """``acc[acc_at + t*acc_step + i] += sum_j wq[4*t + j] * src[s_j + i]`` for ``t0 <= t < t1``,
+    ``i < count``: four sub-pixel phases of one block spread over its taps, two taps a pass (each
+    pass loads the four phase vectors once for two accumulators)."""
     u = np.uint64
-    a = u(at_a)
-    b = u(at_b)
+    a0, a1, a2, a3 = u(s0), u(s1), u(s2), u(s3)
     t = t0
-    while t + 5 <= t1:
-        a0 = weights[u(w_a + t * w_step)]
-        a1 = weights[u(w_a + (t + 1) * w_step)]
-        a2 = weights[u(w_a + (t + 2) * w_step)]
-        a3 = weights[u(w_a + (t + 3) * w_step)]
-        a4 = weights[u(w_a + (t + 4) * w_step)]
-        b0 = weights[u(w_b + t * w_step)]
-        b1 = weights[u(w_b + (t + 1) * w_step)]
-        b2 = weights[u(w_b + (t + 2) * w_step)]
-        b3 = weights[u(w_b + (t + 3) * w_step)]
-        b4 = weights[u(w_b + (t + 4) * w_step)]
-        s0 = u(src_at + t * src_step)
-        s1 = u(src_at + (t + 1) * src_step)
-        s2 = u(src_at + (t + 2) * src_step)
-        s3 = u(src_at + (t + 3) * src_step)
-        s4 = u(src_at + (t + 4) * src_step)
-        for i in range(u(count)):
-            v0 = src[s0 + i]
-            v1 = src[s1 + i]
-            v2 = src[s2 + i]
-            v3 = src[s3 + i]
-            v4 = src[s4 + i]
-            acc[a + i] += a0 * v0 + a1 * v1 + a2 * v2 + a3 * v3 + a4 * v4
-            acc[b + i] += b0 * v0 + b1 * v1 + b2 * v2 + b3 * v3 + b4 * v4
-        t += 5
     while t < t1:
-        a0 = weights[u(w_a + t * w_step)]
-        b0 = weights[u(w_b + t * w_step)]
-        s0 = u(src_at + t * src_step)
-        for i in range(u(count)):
-            v0 = src[s0 + i]
-            acc[a + i] += a0 * v0
-            acc[b + i] += b0 * v0
-        t += 1
+        f = 4 * t
+        w0, w1, w2, w3 = wq[f], wq[f + 1], wq[f + 2], wq[f + 3]
+        b = u(acc_at + t * acc_step)
+        if t + 2 <= t1:
+            v0, v1, v2, v3 = wq[f + 4], wq[f + 5], wq[f + 6], wq[f + 7]
+            d = u(acc_at + (t + 1) * acc_step)
+            for i in range(u(count)):
+                g0 = src[a0 + i]
+                g1 = src[a1 + i]
+                g2 = src[a2 + i]
+                g3 = src[a3 + i]
+                acc[b + i] += w0 * g0 + w1 * g1 + w2 * g2 + w3 * g3
+                acc[d + i] += v0 * g0 + v1 * g1 + v2 * g2 + v3 * g3
+            t += 2
+        else:
+            for i in range(u(count)):
+                acc[b + i] += w0 * src[a0 + i] + w1 * src[a1 + i] + w2 * src[a2 + i] + w3 * src[a3 + i]
+            t += 1
 
 
-def _forward(x, m, out, n_img, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw):
-    """``x`` channels-last ``[N, H, W, C]`` flat, ``m`` the mask's storage from ``mask[0, 0, 0, 0]`` with
-    element strides ``m_s*``, ``out`` flat ``[N, sH, sW, C]`` (NHWC) or ``[N, C, sH, sW]`` (NCHW)."""
+@_inline
+def _dots_4x5(out, src, s0, s1, s2, s3, x, x_at, x_step, t0, t1, count):
+    """``out[4*t + j]`` = the dot product of the phase vector ``src[s_j:][:count]`` with the tap
+    vector ``x[x_at + (t0 + t)*x_step:][:count]`` for ``t < 5``: 20 products from 9 loads per lane
+    block. Taps at or past ``t1`` repeat tap ``t1 - 1`` (in range; their products are not used)."""
+    u = np.uint64
+    a0, a1, a2, a3 = u(s0), u(s1), u(s2), u(s3)
+    last = t1 - 1
+    b0 = u(x_at + t0 * x_step)
+    b1 = u(x_at + min(t0 + 1, last) * x_step)
+    b2 = u(x_at + min(t0 + 2, last) * x_step)
+    b3 = u(x_at + min(t0 + 3, last) * x_step)
+    b4 = u(x_at + min(t0 + 4, last) * x_step)
+    z = src.dtype.type(0)
+    r00 = r01 = r02 = r03 = r10 = r11 = r12 = r13 = r20 = r21 = z
+    r22 = r23 = r30 = r31 = r32 = r33 = r40 = r41 = r42 = r43 = z
+    for i in range(u(count)):
+        g0 = src[a0 + i]
+        g1 = src[a1 + i]
+        g2 = src[a2 + i]
+        g3 = src[a3 + i]
+        v = x[b0 + i]
+        r00 += g0 * v
+        r01 += g1 * v
+        r02 += g2 * v
+        r03 += g3 * v
+        v = x[b1 + i]
+        r10 += g0 * v
+        r11 += g1 * v
+        r12 += g2 * v
+        r13 += g3 * v
+        v = x[b2 + i]
+        r20 += g0 * v
+        r21 += g1 * v
+        r22 += g2 * v
+        r23 += g3 * v
+        v = x[b3 + i]
+        r30 += g0 * v
+        r31 += g1 * v
+        r32 += g2 * v
+        r33 += g3 * v
+        v = x[b4 + i]
+        r40 += g0 * v
+        r41 += g1 * v
+        r42 += g2 * v
+        r43 += g3 * v
+    out[0], out[1], out[2], out[3] = r00, r01, r02, r03
+    out[4], out[5], out[6], out[7] = r10, r11, r12, r13
+    out[8], out[9], out[10], out[11] = r20, r21, r22, r23
+    out[12], out[13], out[14], out[15] = r30, r31, r32, r33
+    out[16], out[17], out[18], out[19] = r40, r41, r42, r43
+
+
+def _forward(x, m, out, n_img, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx, nchw, lo, hi):
+    """Output rows of the input rows ``[lo, hi)`` (``n*H + y``). ``x`` is the feature flat NHWC
+    (``x_nhwc``) or contiguous NCHW (its rows regrouped channels-last into a ring of ``k`` rows as
+    the window moves down), ``m`` the mask's storage from ``mask[0, 0, 0, 0]`` (element strides
+    ``m_s*``), ``out`` flat NCHW (``nchw``) or NHWC. The ``s`` output rows of an input row accumulate
+    in ``buf [s, sW, C]`` (padded phases in a scratch tail) and are stored in the output's layout."""
     u = np.uint64
     r = (k - 1) // 2
     cg = c // g
     sw = s * w
-    sh = s * h
-    plane = sh * sw
-    for row in prange(n_img * h):
+    quads = (s * s + 3) // 4
+    scratch = s * sw * c
+    buf = np.empty(scratch + c, x.dtype)
+    ring = np.empty(0 if x_nhwc else k * w * c, x.dtype)
+    xs = x if x_nhwc else ring
+    wq = np.zeros(4 * k, x.dtype)
+    ph, ph_m, _ = _phases(s, quads, c, sw * c, m_sy, m_sx, 0, 0)
+    for row in range(lo, hi):
         n = row // h
         y = row % h
-        buf = np.empty(s * sw * c, x.dtype)
-        ky0 = max(0, r - y)
-        ky1 = min(k, h + r - y)
+        if not x_nhwc:
+            _ring_rows(x, ring, n, c, h, w, k, max(0, y - r) if row == lo or y == 0 else y + r, min(h, y + r + 1))
+        for i in range(u(scratch)):
+            buf[i] = 0
         for xx in range(w):
             kx0 = max(0, r - xx)
             kx1 = min(k, w + r - xx)
-            for py in range(s):
-                oy = y * s + py
-                for px in range(0, s, 2):  # phases in pairs (the last alone for odd s)
-                    ox = xx * s + px
-                    pair = px + 1 < s
-                    o = u((py * sw + ox) * c)
-                    for ci in range(u(c * (2 if pair else 1))):  # phase px + 1 follows at o + c
-                        buf[o + ci] = 0
-                    m_at = n * m_sn + oy * m_sy + ox * m_sx
-                    for gi in range(g):
-                        ob = o + u(gi * cg)
-                        for ky in range(ky0, ky1):
-                            x_row = ((n * h + y + ky - r) * w + xx - r) * c + gi * cg
-                            w_row = m_at + (gi * k + ky) * k * m_sc
-                            if pair:
-                                _row_taps_pair(buf, ob, ob + u(c), cg, x, x_row, c, m, w_row, w_row + m_sx, m_sc,
-                                               kx0, kx1)
-                            else:
-                                _row_taps(buf, ob, cg, x, x_row, c, m, w_row, m_sc, kx0, kx1)
-        if nchw:
-            _store_rows(buf, s, sw, c, out, n * c * plane + y * s * sw, plane, True)
-        else:
-            _store_rows(buf, s, sw, c, out, (n * sh + y * s) * sw * c, plane, False)
-
-
-@njit(fastmath=REASSOCIATE)
-def _dots_2x4(gy, a, b, x, x_at, step, count):
-    """The eight dot products ``gy[a:a+count]`` and ``gy[b:b+count]`` with ``x[x_at + j*step:][:count]``
-    for ``j < 4``: each of the six vectors is loaded once per lane block."""
-    u = np.uint64
-    x0 = u(x_at)
-    x1 = u(x_at + step)
-    x2 = u(x_at + 2 * step)
-    x3 = u(x_at + 3 * step)
-    zero = gy.dtype.type(0)
-    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = zero
-    for i in range(u(count)):
-        ga = gy[a + i]
-        gb = gy[b + i]
-        v0 = x[x0 + i]
-        v1 = x[x1 + i]
-        v2 = x[x2 + i]
-        v3 = x[x3 + i]
-        a0 += ga * v0
-        a1 += ga * v1
-        a2 += ga * v2
-        a3 += ga * v3
-        b0 += gb * v0
-        b1 += gb * v1
-        b2 += gb * v2
-        b3 += gb * v3
-    return a0, a1, a2, a3, b0, b1, b2, b3
-
-
-def _grad_mask(gy, x, gm, n_img, h, w, c, k, g, s, g_sn, g_sc, g_sy, g_sx):
-    """``gm[n, (g*k + ky)*k + kx, oy, ox] = sum_c gy[n, oy, ox, c] * x[n, tap, c]`` (0 off the map);
-    ``gy`` and ``x`` channels-last flat, ``gm`` written through element strides ``g_s*``."""
-    u = np.uint64
-    r = (k - 1) // 2
-    cg = c // g
-    sw = s * w
-    sh = s * h
-    for row in prange(n_img * sh):
-        n = row // sh
-        oy = row % sh
-        y = oy // s
-        for xx in range(w):
-            for px in range(0, s, 2):  # phases in pairs: both read the same taps
-                ox = xx * s + px
-                pair = px + 1 < s
-                gy_a = ((n * sh + oy) * sw + ox) * c
-                gy_b = gy_a + c if pair else gy_a
-                out_at = n * g_sn + oy * g_sy + ox * g_sx
-                for gi in range(g):
-                    a = u(gy_a + gi * cg)
-                    b = u(gy_b + gi * cg)
-                    for ky in range(k):
-                        iy = y + ky - r
-                        kx = 0
-                        while kx < k:
-                            ix = xx + kx - r
-                            at = out_at + ((gi * k + ky) * k + kx) * g_sc
-                            x_at = ((n * h + iy) * w + ix) * c + gi * cg
-                            if iy >= 0 and iy < h and ix >= 0 and ix + 3 < w and kx + 4 <= k:
-                                # four taps of the row at once: 6 loads per 8 multiply-adds
-                                t = _dots_2x4(gy, a, b, x, x_at, c, cg)
-                                for j in range(4):
-                                    gm[u(at + j * g_sc)] = t[j]
-                                    if pair:
-                                        gm[u(at + j * g_sc + g_sx)] = t[4 + j]
-                                kx += 4
-                                continue
-                            total_a = gm.dtype.type(0)
-                            total_b = gm.dtype.type(0)
-                            if iy >= 0 and iy < h and ix >= 0 and ix < w:
-                                xb = u(x_at)
-                                for ci in range(u(cg)):
-                                    v = x[xb + ci]
-                                    total_a += gy[a + ci] * v
-                                    total_b += gy[b + ci] * v
-                            gm[u(at)] = total_a
-                            if pair:
-                                gm[u(at + g_sx)] = total_b
-                            kx += 1
-
-
-def _grad_input(gy, m, gx, n_img, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw):
-    """``gx[n, iy, ix, c] = sum mask[n, tap, oy, ox] * gy[n, oy, ox, c]`` over the output pixels
-    ``(oy, ox)`` whose tap reads ``(iy, ix)``; ``gy`` channels-last flat, ``gx`` flat NHWC or NCHW."""
-    r = (k - 1) // 2
-    cg = c // g
-    sw = s * w
-    sh = s * h
-    for row in prange(n_img * h):
-        n = row // h
-        iy = row % h
-        buf = np.zeros(w * c, gy.dtype)
-        ky0 = max(0, iy + r - h + 1)
-        ky1 = min(k, iy + r + 1)
-        for ix in range(w):
-            kx0 = max(0, ix + r - w + 1)
-            kx1 = min(k, ix + r + 1)
+            b_at = xx * s * c
             for gi in range(g):
-                ob = ix * c + gi * cg
-                for ky in range(ky0, ky1):
-                    by = iy - ky + r
-                    for py in range(s):
-                        oy = by * s + py
-                        for px in range(s):
-                            # tap kx reads block bx = ix - kx + r: sources and weights step linearly in kx
-                            ox_r = (ix + r) * s + px
-                            gy_at = ((n * sh + oy) * sw + ox_r) * c + gi * cg
-                            w_at = n * m_sn + (gi * k + ky) * k * m_sc + oy * m_sy + ox_r * m_sx
-                            _row_taps(buf, ob, cg, gy, gy_at, -s * c, m, w_at, m_sc - s * m_sx, kx0, kx1)
-        if nchw:
-            _store_rows(buf, 1, w, c, gx, n * c * h * w + iy * w, h * w, True)
-        else:
-            _store_rows(buf, 1, w, c, gx, (n * h + iy) * w * c, h * w, False)
+                ch = gi * cg
+                for q in range(quads):
+                    a0 = (b_at + ph[4 * q] if ph[4 * q] >= 0 else scratch) + ch
+                    a1 = (b_at + ph[4 * q + 1] if ph[4 * q + 1] >= 0 else scratch) + ch
+                    a2 = (b_at + ph[4 * q + 2] if ph[4 * q + 2] >= 0 else scratch) + ch
+                    a3 = (b_at + ph[4 * q + 3] if ph[4 * q + 3] >= 0 else scratch) + ch
+                    for ky in range(max(0, r - y), min(k, h + r - y)):
+                        iy = y + ky - r
+                        x_at = (((n * h + iy) * w if x_nhwc else (iy % k) * w) + xx - r) * c + ch
+                        m_at = n * m_sn + y * s * m_sy + xx * s * m_sx + (gi * k + ky) * k * m_sc
+                        _quad_weights(wq, m, m_at, m_sc, ph, ph_m, q, kx0, kx1)
+                        _gather_taps(buf, a0, a1, a2, a3, xs, x_at, c, wq, kx0, kx1, cg)
+        out_at = (n * c * s * h + y * s) * sw if nchw else (n * s * h + y * s) * sw * c
+        _store_rows(buf, s, sw, c, out, out_at, s * h * sw, nchw)
 
 
-def _to_channels_last(src, dst, n_img, c, hw):
-    """``dst[n, p, c] = src[n, c, p]`` (flat, contiguous) through 8 x 8 register transposes."""
+def _backward(gy, x, m, gx, gm, n_img, h, w, c, k, g, s, gy_nhwc, x_nhwc, m_sn, m_sc, m_sy, m_sx,
+              g_sn, g_sc, g_sy, g_sx, gx_nchw, lo, hi):
+    """Both gradients of the input rows ``[lo, hi)`` (``n*H + y``) and of the blocks of those rows.
+
+    ``gy`` is grad_output flat NHWC (``gy_nhwc``) or contiguous NCHW, ``x`` as in :func:`_forward`,
+    ``m`` the mask's storage from ``mask[0, 0, 0, 0]`` (element strides ``m_s*``), ``gm`` grad_mask
+    written through ``g_s*``, ``gx`` flat NCHW (``gx_nchw``) or NHWC. Each block row ``by`` within
+    ``r`` rows of the span is read once, in place (NHWC, whole quads of phases) or regrouped into
+    ``blk [s, sW, C]`` (channels-last, zero tail for padded phases); the blocks of the span's own
+    rows get their grad_mask dot products, and every block adds ``mask * grad_output`` of its phases
+    to the taps that land on the span's rows (``acc``). Every sum has a fixed order and one owner,
+    so no two threads write one element."""
     u = np.uint64
-    p_full = hw - hw % _LANES
-    c_full = c - c % _LANES
-    for task in prange(n_img * ((hw + 63) // 64)):
-        n = task // ((hw + 63) // 64)
-        p_lo = (task % ((hw + 63) // 64)) * 64
-        p_hi = min(p_lo + 64, hw)
-        base = n * c * hw
-        for p0 in range(p_lo, min(p_hi, p_full), _LANES):
-            for c0 in range(0, c_full, _LANES):
-                transpose8(src, base + c0 * hw + p0, hw, dst, base + p0 * c + c0, c)
-            for ci in range(c_full, c):
-                for p in range(p0, p0 + _LANES):
-                    dst[u(base + p * c + ci)] = src[u(base + ci * hw + p)]
-        for p in range(max(p_lo, p_full), p_hi):
-            for ci in range(c):
-                dst[u(base + p * c + ci)] = src[u(base + ci * hw + p)]
+    r = (k - 1) // 2
+    cg = c // g
+    ss = s * s
+    sw = s * w
+    sh = s * h
+    quads = (ss + 3) // 4
+    zero_at = s * sw * c  # c zeros: the source of padded phases
+    direct = gy_nhwc and ss % 4 == 0
+    blk = np.zeros(0 if direct else zero_at + c, gy.dtype)
+    ring = np.empty(0 if x_nhwc else k * w * c, gy.dtype)
+    xs = x if x_nhwc else ring
+    acc = np.empty(min(hi - lo, h) * w * c, gy.dtype)
+    wq = np.zeros(4 * k, gy.dtype)
+    dq = np.empty(20, gy.dtype)
+    ph, ph_m, ph_g = _phases(s, quads, c, sw * c, m_sy, m_sx, g_sy, g_sx)
+    row = lo
+    while row < hi:
+        n = row // h
+        y0 = row % h
+        y1 = min(h, y0 + hi - row)
+        for i in range(u((y1 - y0) * w * c)):
+            acc[i] = 0
+        for by in range(max(0, y0 - r), min(h, y1 + r)):
+            row_at = 0
+            if direct:
+                row_at = (n * sh + by * s) * sw * c
+            elif gy_nhwc:
+                src_at = (n * sh + by * s) * sw * c
+                for i in range(u(s * sw * c)):
+                    blk[i] = gy[u(src_at) + i]
+            else:
+                _rows_channels_last(gy, n * c * sh * sw + by * s * sw, sh * sw, blk, 0, c, s * sw)
+            src = gy if direct else blk
+            own = by >= y0 and by < y1
+            if own and not x_nhwc:
+                _ring_rows(x, ring, n, c, h, w, k, max(0, by - r) if by == y0 else by + r, min(h, by + r + 1))
+            for bx in range(w):
+                kx0 = max(0, r - bx)
+                kx1 = min(k, w + r - bx)
+                b_at = row_at + bx * s * c
+                m_at = n * m_sn + by * s * m_sy + bx * s * m_sx
+                g_at = n * g_sn + by * s * g_sy + bx * s * g_sx
+                for gi in range(g):
+                    ch = gi * cg
+                    for q in range(quads):
+                        s0 = (b_at + ph[4 * q] if ph[4 * q] >= 0 else zero_at) + ch
+                        s1 = (b_at + ph[4 * q + 1] if ph[4 * q + 1] >= 0 else zero_at) + ch
+                        s2 = (b_at + ph[4 * q + 2] if ph[4 * q + 2] >= 0 else zero_at) + ch
+                        s3 = (b_at + ph[4 * q + 3] if ph[4 * q + 3] >= 0 else zero_at) + ch
+                        phases = min(4, ss - 4 * q)
+                        if own:  # grad_mask of this block's phases (0 for taps off the map)
+                            for ky in range(k):
+                                iy = by + ky - r
+                                row_in = iy >= 0 and iy < h
+                                t_at = g_at + (gi * k + ky) * k * g_sc
+                                for kx in range(k):
+                                    if not row_in or kx < kx0 or kx >= kx1:
+                                        for e in range(phases):
+                                            gm[u(t_at + kx * g_sc + ph_g[4 * q + e])] = 0
+                                if not row_in:
+                                    continue
+                                x_at = (((n * h + iy) * w if x_nhwc else (iy % k) * w) + bx - r) * c + ch
+                                for kx in range(kx0, kx1, 5):
+                                    _dots_4x5(dq, src, s0, s1, s2, s3, xs, x_at, c, kx, kx1, cg)
+                                    for j in range(min(5, kx1 - kx)):
+                                        for e in range(phases):
+                                            gm[u(t_at + (kx + j) * g_sc + ph_g[4 * q + e])] = dq[4 * j + e]
+                        # grad_input: taps of this block landing on the span's rows
+                        for ky in range(max(0, y0 - by + r), min(k, y1 - by + r)):
+                            _quad_weights(wq, m, m_at + (gi * k + ky) * k * m_sc, m_sc, ph, ph_m, q, kx0, kx1)
+                            acc_at = ((by + ky - r - y0) * w + bx - r) * c + ch
+                            _scatter_taps(acc, acc_at, c, cg, src, s0, s1, s2, s3, wq, kx0, kx1)
+        gx_at = n * c * h * w + y0 * w if gx_nchw else (n * h + y0) * w * c
+        _store_rows(acc, y1 - y0, w, c, gx, gx_at, h * w, gx_nchw)
+        row += y1 - y0
 
 
-_to_channels_last_serial, _to_channels_last_parallel = njit_variants(_to_channels_last)
-_forward_serial, _forward_parallel = njit_variants(_forward, fastmath=REASSOCIATE)
-_grad_mask_serial, _grad_mask_parallel = njit_variants(_grad_mask, fastmath=REASSOCIATE)
-_grad_input_serial, _grad_input_parallel = njit_variants(_grad_input, fastmath=REASSOCIATE)
+_forward = njit(_forward, fastmath=REASSOCIATE)
+_backward = njit(_backward, fastmath=REASSOCIATE)
 
 
 # ------------------------------------------------------------------------------------------- entry
@@ -350,17 +404,13 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _channels_last(t: torch.Tensor, acc: torch.dtype) -> np.ndarray:
-    """Flat contiguous channels-last copy (or view) of logical-NCHW ``t`` in ``acc``."""
+def _dense(t: torch.Tensor, acc: torch.dtype):
+    """Logical-NCHW ``t`` in ``acc`` as a flat array of its channels-last storage (``True``) or of a
+    contiguous NCHW copy or view (``False``): the kernels regroup NCHW rows themselves, in cache."""
     t = t.to(acc)
-    if t.is_contiguous():
-        n, c, h, w = t.shape
-        out = new_empty((n, h, w, c), acc, t.device)
-        flat = numpy_alias(out.view(-1))
-        _run(_to_channels_last_serial, _to_channels_last_parallel, t.numel() * 8,
-             numpy_alias(t.view(-1)), flat, n, c, h * w)
-        return flat
-    return numpy_alias(to_channels_last(t).reshape(-1))
+    if t.permute(0, 2, 3, 1).is_contiguous():
+        return numpy_alias(t.permute(0, 2, 3, 1).reshape(-1)), True
+    return numpy_alias(t.contiguous().view(-1)), False
 
 
 def _strided(t: torch.Tensor, acc: torch.dtype):
@@ -373,15 +423,33 @@ def _strided(t: torch.Tensor, acc: torch.dtype):
     return numpy_alias(flat), t.stride()
 
 
-def _run(serial, parallel, work, *args):
-    """``serial(*args)`` for small calls, else ``parallel(*args)`` with rows handed out one by one
-    (dynamic scheduling: a worker the OS deschedules holds up one row, not half the work)."""
-    if use_parallel(work, threshold=_PARALLEL_WORK):
-        match_torch_threads()
-        with _chunksize(1):
-            parallel(*args)
-    else:
-        serial(*args)
+def _split(kernel, args, rows, work, min_rows=1):
+    """``kernel(*args, lo, hi)`` over the rows ``[0, rows)``: on the calling thread for small calls,
+    else in chunks that the caller and the shared worker threads claim one by one (a worker the OS
+    deschedules holds up one chunk, not half the work). The kernels release the GIL.
+
+    Python threads rather than numba's ``prange``: numba's OpenMP pool is a second OpenMP runtime
+    beside torch's, and its fork/join waits for a descheduled or still-spinning thread of the other
+    runtime cost milliseconds per call."""
+    threads = torch.get_num_threads()
+    if threads < 2 or rows < 2 or work < _PARALLEL_WORK:
+        kernel(*args, 0, rows)
+        return
+    chunks = min(rows, threads * max(1, min(_CHUNKS_PER_THREAD, rows // (threads * min_rows))))
+    bounds = [rows * i // chunks for i in range(chunks + 1)]
+    claim = itertools.count()
+
+    def take():
+        i = next(claim)
+        while i < chunks:
+            kernel(*args, bounds[i], bounds[i + 1])
+            i = next(claim)
+
+    helpers = [pool(threads).submit(take) for _ in range(threads - 1)]
+    take()
+    for helper in helpers:  # every chunk is claimed: a helper still queued has nothing left to do
+        if not helper.cancel():
+            helper.result()
 
 
 def forward(features, masks, kernel_size, group_size, scale_factor, layout="NCHW"):
@@ -389,13 +457,13 @@ def forward(features, masks, kernel_size, group_size, scale_factor, layout="NCHW
     n, c, h, w = features.shape
     k, g, s = kernel_size, group_size, scale_factor
     acc = _acc_dtype(features.dtype)
-    x = _channels_last(features, acc)
+    x, x_nhwc = _dense(features, acc)
     m, (m_sn, m_sc, m_sy, m_sx) = _strided(masks, acc)
     nchw = layout != "NHWC"
     shape = (n, c, h * s, w * s) if nchw else (n, h * s, w * s, c)
     out = new_empty(shape, acc, features.device)
-    _run(_forward_serial, _forward_parallel, n * c * h * w * s * s * k * k,
-         x, m, numpy_alias(out.view(-1)), n, h, w, c, k, g, s, m_sn, m_sc, m_sy, m_sx, nchw)
+    _split(_forward, (x, m, numpy_alias(out.view(-1)), n, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx, nchw),
+           n * h, n * c * h * w * s * s * k * k, min_rows=_FORWARD_ROWS)
     out = out.to(features.dtype)
     return out if nchw else out.permute(0, 3, 1, 2)
 
@@ -405,24 +473,22 @@ def backward(grad_output, features, masks, kernel_size, group_size, scale_factor
     n, c, h, w = features.shape
     k, g, s = kernel_size, group_size, scale_factor
     acc = _acc_dtype(features.dtype)
-    x = _channels_last(features, acc)
-    gy = _channels_last(grad_output, acc)
+    x, x_nhwc = _dense(features, acc)
+    gy, gy_nhwc = _dense(grad_output, acc)
     m, (m_sn, m_sc, m_sy, m_sx) = _strided(masks, acc)
     nchw = layout != "NHWC"
-    work = n * c * h * w * s * s * k * k
     gk = g * k * k
     if nchw:
         gm = new_empty((n, gk, h * s, w * s), acc, features.device)
-        gm_strides = gm.stride()
+        gm_flat = numpy_alias(gm.view(-1))
         gx = new_empty((n, c, h, w), acc, features.device)
     else:
         gm_nhwc = new_empty((n, h * s, w * s, gk), acc, features.device)
+        gm_flat = numpy_alias(gm_nhwc.view(-1))
         gm = gm_nhwc.permute(0, 3, 1, 2)
-        gm_strides = gm.stride()
         gx = new_empty((n, h, w, c), acc, features.device)
-    gm_flat = numpy_alias((gm if nchw else gm_nhwc).view(-1))
-    _run(_grad_mask_serial, _grad_mask_parallel, work, gy, x, gm_flat, n, h, w, c, k, g, s, *gm_strides)
-    _run(_grad_input_serial, _grad_input_parallel, work, gy, m, numpy_alias(gx.view(-1)), n, h, w, c, k, g, s,
-         m_sn, m_sc, m_sy, m_sx, nchw)
+    _split(_backward, (gy, x, m, numpy_alias(gx.view(-1)), gm_flat, n, h, w, c, k, g, s, gy_nhwc, x_nhwc,
+                       m_sn, m_sc, m_sy, m_sx, *gm.stride(), nchw), n * h, 2 * n * c * h * w * s * s * k * k,
+           min_rows=_BACKWARD_ROWS)
     gi = gx if nchw else gx.permute(0, 3, 1, 2)
     return gi.to(features.dtype), gm.to(masks.dtype)
