@@ -37,6 +37,7 @@ import torch
 from .._core.jit import numba_enabled
 from .._core.memory import new_empty
 from .._core.parallel import pool, single_threaded
+from .kmap import sort_pairs_by_column
 
 BLOCK_BYTES = 1 << 20   # destination rows per block: this many bytes of output rows ...
 BLOCK_ROWS = (1024, 16384)  # ... within these bounds
@@ -102,8 +103,6 @@ def _scatter_gather(out: torch.Tensor, src: torch.Tensor, pairs: torch.Tensor, c
 def _segments(pairs: torch.Tensor, counts: list[int], col: int, block_rows: int, n_blocks: int):
     """``(pairs, bounds)``: the map with each offset ascending in ``pairs[k, col]`` (sorted here if it is not)
     and ``bounds[k][b]``, the first pair of offset ``k`` in destination block ``b`` (``bounds[k][-1] = n_k``)."""
-    from .functional import sort_pairs_by_column
-
     K = pairs.shape[0]
     num = torch.tensor(counts, dtype=torch.int64)
     for attempt in range(2):
