@@ -16,7 +16,12 @@ from typing import List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-import cvops
+from ._core.errors import BadParamError
+from ._core.validate import check_int, pair, require
+from .ops.carafe import carafe as _carafe, checks as _carafe_checks
+from .ops.masked_im2col import masked_conv2d as _masked_conv2d
+from .ops.psamask import checks as _psamask_checks, psamask as _psamask
+from .ops.psroipool import checks as _psroipool_checks, psroi_pool as _psroi_pool
 
 __all__ = ["CARAFE", "CARAFENaive", "CARAFEPack", "MaskedConv2d", "PSAMask", "PSRoIPool"]
 
@@ -25,7 +30,6 @@ def _check_sizes(op: str, **limits) -> None:
     """Constructor arguments: each ``name=(value, min_value)`` is an int or a pair of ints (a tuple
     only where the torch module takes one) of at least ``min_value``, so an impossible size fails at
     construction with ``BadParamError`` instead of building a zero-channel layer."""
-    from ._core.validate import check_int, pair
     for name, (value, min_value) in limits.items():
         if isinstance(value, (tuple, list)):
             pair(op, name, value, min_value=min_value)
@@ -33,18 +37,18 @@ def _check_sizes(op: str, **limits) -> None:
             check_int(op, name, value, min_value=min_value)
 @torch.jit.unused
 def _call_psamask(input: Tensor, psa_type: str, mask_size) -> Tensor:  # mask_size as given (int, pair, None)
-    return cvops.psamask(input, psa_type, mask_size)
+    return _psamask(input, psa_type, mask_size)
 
 
 @torch.jit.unused
 def _call_carafe(features: Tensor, masks: Tensor, kernel_size: int, group_size: int, scale_factor: int) -> Tensor:
-    return cvops.carafe(features, masks, kernel_size, group_size, scale_factor)
+    return _carafe(features, masks, kernel_size, group_size, scale_factor)
 
 
 @torch.jit.unused
 def _call_masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], padding: List[int],
                         stride: List[int], dilation: List[int], groups: int) -> Tensor:
-    return cvops.masked_conv2d(input, mask, weight, bias, padding, stride, dilation, groups)
+    return _masked_conv2d(input, mask, weight, bias, padding, stride, dilation, groups)
 
 
 for _name in ("_call_psamask", "_call_carafe", "_call_masked_conv2d"):
@@ -60,8 +64,8 @@ def _script_require(ok: bool, message: str) -> None:
 def _script_mask_hw(mask_size) -> Tuple[int, int]:
     """``(h_mask, w_mask)`` for the scripted path; ``(0, 0)`` when mask_size is no int or pair of ints
     (the eager path reports it)."""
-    pair = (mask_size, mask_size) if isinstance(mask_size, int) else tuple(mask_size or ())
-    return pair if len(pair) == 2 and all(type(v) is int for v in pair) else (0, 0)
+    hw = (mask_size, mask_size) if isinstance(mask_size, int) else tuple(mask_size or ())
+    return hw if len(hw) == 2 and all(type(v) is int for v in hw) else (0, 0)
 
 
 def _script_psamask(input: Tensor, psa_code: int, h_mask: int, w_mask: int) -> Tensor:
@@ -99,7 +103,6 @@ def _script_masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Opt
 
 
 def _carafe_int(name: str, value) -> int:
-    from ._core.errors import BadParamError
     if not isinstance(value, int) or isinstance(value, bool):
         raise BadParamError("CARAFE", f"{name} must be an int, got {value!r}")
     return value
@@ -118,8 +121,7 @@ class CARAFE(nn.Module):
 
     def __init__(self, kernel_size: int, group_size: int, scale_factor: int):
         super().__init__()
-        from .ops.carafe.checks import check_params
-        self.kernel_size, self.group_size, self.scale_factor = check_params(
+        self.kernel_size, self.group_size, self.scale_factor = _carafe_checks.check_params(
             kernel_size, group_size, scale_factor, type(self).__name__)
 
     def forward(self, features: Tensor, masks: Tensor) -> Tensor:
@@ -156,12 +158,10 @@ class CARAFEPack(nn.Module):
     def __init__(self, channels: int, scale_factor: int, up_kernel: int = 5, up_group: int = 1,
                  encoder_kernel: int = 3, encoder_dilation: int = 1, compressed_channels: int = 64):
         super().__init__()
-        from .ops.carafe.checks import check_params
-        from ._core.validate import require
         op = "CARAFEPack"
         _check_sizes(op, channels=(channels, 1), encoder_kernel=(encoder_kernel, 1),
                      encoder_dilation=(encoder_dilation, 1), compressed_channels=(compressed_channels, 1))
-        check_params(up_kernel, up_group, scale_factor, op)
+        _carafe_checks.check_params(up_kernel, up_group, scale_factor, op)
         require(encoder_kernel % 2 == 1, op,
                 f"encoder_kernel must be odd (the encoder keeps the spatial size), got {encoder_kernel}")
         require(channels % up_group == 0, op, f"channels ({channels}) must be divisible by up_group ({up_group})")
@@ -244,12 +244,8 @@ class PSAMask(nn.Module):
 
     def __init__(self, psa_type: str, mask_size=None):
         super().__init__()
-        from .ops.psamask.checks import OP, psa_type_code
-        from ._core.validate import pair
-        psa_type_code(psa_type)  # reject unknown modes at construction, as mmcv does
-        pair(OP, "mask_size", mask_size, min_value=1)  # and sizes no input could match
-        from .ops.psamask.checks import psa_type_code
-        self.psa_code = psa_type_code(psa_type)  # reject unknown modes at construction, as mmcv does
+        self.psa_code = _psamask_checks.psa_type_code(psa_type)  # reject unknown modes at construction, as mmcv does
+        pair(_psamask_checks.OP, "mask_size", mask_size, min_value=1)  # and sizes no input could match
         self.psa_type = psa_type
         self.mask_size = mask_size
         self.mask_hw = _script_mask_hw(mask_size)
@@ -267,7 +263,6 @@ def _rois_from_boxes(boxes, op: str) -> torch.Tensor:
     """``Tensor[R, 5]`` as given, or a list of per-image ``Tensor[L_i, 4]`` (torchvision) -> ``[R, 5]``."""
     if isinstance(boxes, torch.Tensor):
         return boxes
-    from ._core.validate import require
     require(isinstance(boxes, (list, tuple)) and all(isinstance(b, torch.Tensor) for b in boxes), op,
             "rois must be a Tensor[R, 5] or a list of Tensor[L_i, 4]")
     for i, b in enumerate(boxes):
@@ -286,11 +281,11 @@ def _psroi_pool_layer(input: torch.Tensor, rois: Union[torch.Tensor, List[torch.
                       output_dim: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
     """:class:`PSRoIPool`'s call: a leaf for ``torch.fx`` and plain Python under TorchScript (the checks it runs
     are not scriptable); ``torch.export`` / ``torch.compile`` trace through it to the custom op."""
-    from .ops.psroipool.checks import OP
     ph, pw = pooled_size
     if output_dim is None and isinstance(input, torch.Tensor) and input.dim() == 4:
         output_dim = max(input.shape[1] // (ph * pw), 1)
-    return cvops.psroi_pool(input, _rois_from_boxes(rois, OP), ph, pw, spatial_scale, group_size, output_dim)
+    return _psroi_pool(input, _rois_from_boxes(rois, _psroipool_checks.OP), ph, pw, spatial_scale, group_size,
+                       output_dim)
 
 
 class PSRoIPool(nn.Module):
@@ -314,8 +309,7 @@ class PSRoIPool(nn.Module):
     def __init__(self, pooled_size=None, spatial_scale: float = None, group_size=None, output_dim=None,
                  keep_mapping: bool = False, *, output_size=None):
         super().__init__()
-        from .ops.psroipool.checks import OP, check_pool_params
-        from ._core.validate import pair, require
+        OP = _psroipool_checks.OP
         require((pooled_size is None) != (output_size is None), OP,
                 "give pooled_size (or torchvision's name output_size), exactly once")
         require(spatial_scale is not None, OP, "spatial_scale is required")
@@ -323,7 +317,8 @@ class PSRoIPool(nn.Module):
         self.pooled_size = pair(OP, "pooled_size", pooled_size, min_value=1)
         ph, pw = self.pooled_size
         self.group_size = ph if group_size is None else group_size
-        check_pool_params(OP, ph, pw, spatial_scale, 1 if output_dim is None else output_dim, self.group_size)
+        _psroipool_checks.check_pool_params(OP, ph, pw, spatial_scale, 1 if output_dim is None else output_dim,
+                                            self.group_size)
         self.spatial_scale = float(spatial_scale)
         self.output_dim = output_dim
         self.keep_mapping = keep_mapping

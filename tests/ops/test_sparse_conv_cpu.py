@@ -69,7 +69,7 @@ def test_sort_pairs_numba_matches_torch(col, monkeypatch):
     """sort_pairs_by_column: the numba merge sort gives the torch stable sort's map (ties keep their order,
     the slots past indice_num stay as they were), and an already sorted map comes back as it is."""
     from cvops._core import jit
-    from cvops.sparse.functional import sort_pairs_by_column
+    from cvops.sparse.kmap import sort_pairs_by_column
     if not jit.numba_available():
         pytest.skip("numba not installed")
     g = torch.Generator().manual_seed(23)

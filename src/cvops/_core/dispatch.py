@@ -92,6 +92,14 @@ def resolve_backend(op: str, backend: str | None, device: torch.device) -> str:
     return backend
 
 
+def check_backend(op: str, backend: str | None, device: torch.device) -> None:
+    """Every public function calls this before any work: an unknown backend name raises BadParamError, and
+    ``"triton"`` where it cannot run (no triton, or a CPU tensor without ``TRITON_INTERPRET=1``) raises
+    NotSupportedError. ``None`` runs anywhere."""
+    if backend is not None:
+        resolve_backend(op, backend, device)
+
+
 def backend_module(package: str, op: str, backend: str | None, device: torch.device) -> ModuleType:
     """The module ``<package>.<backend>`` for ``op``; every backend module exposes the same functions."""
     return importlib.import_module(f"{package}.{resolve_backend(op, backend, device)}")

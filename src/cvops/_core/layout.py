@@ -28,9 +28,22 @@ def from_nchw(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t if layout == "NCHW" else t.permute(0, 2, 3, 1)
 
 
+def stored_shape(shape_nchw, layout: str) -> tuple:
+    """The shape a tensor of logical NCHW shape ``shape_nchw`` has when stored in ``layout``."""
+    n, c, h, w = shape_nchw
+    return (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
+
+
+def nchw_shape(shape, layout: str) -> tuple:
+    """The logical NCHW shape of a 4-D tensor shape given in ``layout`` (inverse of :func:`stored_shape`).
+    A shape of another length is returned as is, for the checks to name."""
+    if layout == "NHWC" and len(shape) == 4:
+        n, h, w, c = shape
+        return (n, c, h, w)
+    return tuple(shape)
+
+
 def empty_nchw(shape_nchw, layout: str, *, like: torch.Tensor, zero: bool = False) -> torch.Tensor:
     """A new tensor stored contiguously in ``layout``, returned as its logical NCHW view."""
-    n, c, h, w = shape_nchw
-    stored = (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
     alloc = new_zeros if zero else new_empty
-    return as_nchw(alloc(stored, like.dtype, like.device), layout)
+    return as_nchw(alloc(stored_shape(shape_nchw, layout), like.dtype, like.device), layout)

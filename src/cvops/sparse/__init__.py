@@ -12,7 +12,8 @@ Weights are spconv 2.x's ``[out, *kernel_size, in]``; ``cvops.mmcv``'s classes k
 SubM layers centre the kernel and ignore padding (spconv, mmcv); :func:`indice_conv` is the functional
 gather-GEMM-scatter on a kernel map. ``cvops.spconv`` is this package under spconv.pytorch's module paths.
 """
-from .functional import conv_output_size, identity_offset, indice_conv, sort_pairs_by_output
+from .functional import indice_conv
+from .kmap import conv_output_size, identity_offset, sort_pairs_by_output
 from .layers import conv_classes
 from .modules import (RemoveGrid, SparseBatchNorm, SparseConvolution, SparseIdentity, SparseModule, SparseReLU,
                       SparseSequential, ToDense, centred_padding, get_indice_pairs_nd)

@@ -34,9 +34,10 @@ from concurrent.futures import wait
 import numpy as np
 import torch
 
-from .._core.jit import numba_enabled
+from .._core.jit import numba_enabled, numba_kernels
 from .._core.memory import new_empty
 from .._core.parallel import pool, single_threaded
+from .kmap import sort_pairs_by_column
 
 BLOCK_BYTES = 1 << 20   # destination rows per block: this many bytes of output rows ...
 BLOCK_ROWS = (1024, 16384)  # ... within these bounds
@@ -53,18 +54,18 @@ def _chunk_rows(channels: int, itemsize: int) -> int:
     return max(1, CHUNK_BYTES // max(1, channels * itemsize))
 
 
-def _numba_rows(*tensors) -> bool:
-    if not numba_enabled():
-        return False
-    from . import cpu_numba
-    return all(cpu_numba.supports(t) for t in tensors)
+def _row_kernels(*tensors):
+    """The compiled row loops (``cpu_numba``, chosen by ``_core.jit.numba_kernels``) when numba is enabled and
+    they take every one of ``tensors``; None selects the torch loops."""
+    kernels = numba_kernels(__package__, tensors[0])
+    return kernels if kernels is not None and all(kernels.supports(t) for t in tensors[1:]) else None
 
 
 def _gather(src: torch.Tensor, pairs: torch.Tensor, col: int):
     """``gather(chunks, out)``: ``out[pos + i] = src[pairs[k, col, c0 + i]]`` for every chunk of a round."""
-    if _numba_rows(src):
-        from . import cpu_numba
-        return lambda chunks, out: cpu_numba.gather_chunks(out, src, pairs, col, chunks)
+    kernels = _row_kernels(src)
+    if kernels is not None:
+        return lambda chunks, out: kernels.gather_chunks(out, src, pairs, col, chunks)
 
     def each(chunks, out):
         for k, c0, c1, pos in chunks.tolist():
@@ -74,9 +75,9 @@ def _gather(src: torch.Tensor, pairs: torch.Tensor, col: int):
 
 def _scatter(out: torch.Tensor, pairs: torch.Tensor, col: int):
     """``scatter(chunks, rows)``: ``out[pairs[k, col, c0 + i]] += rows[pos + i]``, chunk by chunk in order."""
-    if _numba_rows(out):
-        from . import cpu_numba
-        return lambda chunks, rows: cpu_numba.scatter_add_chunks(out, pairs, col, chunks, rows)
+    kernels = _row_kernels(out)
+    if kernels is not None:
+        return lambda chunks, rows: kernels.scatter_add_chunks(out, pairs, col, chunks, rows)
 
     def each(chunks, rows):
         for k, c0, c1, pos in chunks.tolist():
@@ -87,10 +88,10 @@ def _scatter(out: torch.Tensor, pairs: torch.Tensor, col: int):
 def _scatter_gather(out: torch.Tensor, src: torch.Tensor, pairs: torch.Tensor, col: int):
     """``scatter_gather(chunks, rows, taken)``: the scatter of :func:`_scatter` into ``out`` and the gather
     of :func:`_gather` from ``src`` on the same rows, one numba pass when enabled."""
-    if _numba_rows(out, src):
-        from . import cpu_numba
-        return lambda chunks, rows, taken: cpu_numba.scatter_add_gather_chunks(out, pairs, col, chunks, rows,
-                                                                                taken, src)
+    kernels = _row_kernels(out, src)
+    if kernels is not None:
+        return lambda chunks, rows, taken: kernels.scatter_add_gather_chunks(out, pairs, col, chunks, rows,
+                                                                              taken, src)
     scatter, gather = _scatter(out, pairs, col), _gather(src, pairs, col)
 
     def separate(chunks, rows, taken):
@@ -102,8 +103,6 @@ def _scatter_gather(out: torch.Tensor, src: torch.Tensor, pairs: torch.Tensor, c
 def _segments(pairs: torch.Tensor, counts: list[int], col: int, block_rows: int, n_blocks: int):
     """``(pairs, bounds)``: the map with each offset ascending in ``pairs[k, col]`` (sorted here if it is not)
     and ``bounds[k][b]``, the first pair of offset ``k`` in destination block ``b`` (``bounds[k][-1] = n_k``)."""
-    from .functional import sort_pairs_by_column
-
     K = pairs.shape[0]
     num = torch.tensor(counts, dtype=torch.int64)
     for attempt in range(2):

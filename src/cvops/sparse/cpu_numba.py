@@ -200,7 +200,7 @@ _sort_serial, _sort_parallel = njit_variants(_sort_by_column)
 
 def sort_pairs_by_column(pairs: torch.Tensor, counts: torch.Tensor, col: int) -> torch.Tensor:
     """Each offset's valid pairs in ascending ``pairs[k, col]`` (stable merge sort), the tail slots as they
-    were: the result of ``functional.sort_pairs_by_column``'s torch sort, without its int64 key copy."""
+    were: the result of ``kmap.sort_pairs_by_column``'s torch sort, without its int64 key copy."""
     out = torch.empty_like(pairs)
     work = int(counts.sum()) * 16
     kernel = _sort_parallel if jit.use_parallel(work) else _sort_serial

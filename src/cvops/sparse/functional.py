@@ -18,78 +18,15 @@ Backward gives ``grad_features`` and ``grad_weight``; both are deterministic (se
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import torch
 
 from .._core.autocast import mixed_to_float32
-from .._core.dispatch import backend_module, resolve_backend
+from .._core.dispatch import backend_module, check_backend, resolve_backend
+from .._core.opdef import custom_op
 from .._core.validate import FLOAT_DTYPES, INDEX_DTYPES, check_int, check_tensor, require
 
 OP = "indice_conv"
-
-
-# ----------------------------------------------------------------------------- geometry helpers
-def conv_output_size(spatial_shape: Sequence[int], kernel_size, stride, padding, dilation) -> list[int]:
-    """``(in + 2p - d(k-1) - 1) // s + 1`` per dimension (mmcv/spconv ``get_conv_output_size``)."""
-    return [(i + 2 * p - d * (k - 1) - 1) // s + 1
-            for i, k, s, p, d in zip(spatial_shape, kernel_size, stride, padding, dilation)]
-
-
-def identity_offset(kernel_size: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> int:
-    """The flattened kernel offset whose subm pairs are ``(i, i)``: ``t = pad / dil`` per dimension.
-
-    A subm map has ``o = p + pad - t*dil``, so the identity sits where ``t*dil == pad``. Returns -1
-    when no offset satisfies it (then every offset is gathered and scattered).
-    """
-    flat = 0
-    for k, p, d in zip(kernel_size, padding, dilation):
-        if p % d or not 0 <= p // d < k:
-            return -1
-        flat = flat * k + p // d
-    return flat
-
-
-def sort_pairs_by_output(indice_pairs: torch.Tensor, indice_num: torch.Tensor) -> torch.Tensor:
-    """The kernel map with each offset's valid pairs reordered by ascending output row.
-
-    Scattering into rows in ascending order is several times faster on CPU (cache lines are reused)
-    than the contract's input-row order; the sums do not change, because within one offset every
-    output row occurs at most once. Invalid slots stay -1 at the back.
-    """
-    return sort_pairs_by_column(indice_pairs, indice_num, 1)
-
-
-def sort_pairs_by_column(indice_pairs: torch.Tensor, indice_num: torch.Tensor, col: int) -> torch.Tensor:
-    """The kernel map with each offset's valid pairs in ascending ``indice_pairs[k, col]`` (stable); the
-    map itself when it already is (as every map built on sorted sites is)."""
-    from .._core.jit import numba_enabled
-
-    K, _, L = indice_pairs.shape
-    if L < 2:
-        return indice_pairs
-    if indice_pairs.device.type == "cpu" and indice_pairs.is_contiguous() and numba_enabled():
-        # one pass to check, a per-offset merge sort only where needed, no int64 copy of the map
-        from . import cpu_numba
-        counts = indice_num.cpu().clamp(0, L)
-        if cpu_numba.block_bounds(indice_pairs, counts, col, 1 << 62, 0)[1]:
-            return indice_pairs
-        return cpu_numba.sort_pairs_by_column(indice_pairs, counts, col)
-    counts = indice_num.to(indice_pairs.device).clamp(0, L)
-    keys = indice_pairs[:, col]
-    # pair j of offset k is in order when it is past the valid ones or not below pair j - 1
-    in_order = (keys[:, 1:] >= keys[:, :-1]) | (torch.arange(1, L, device=keys.device) >= counts[:, None])
-    unsorted = torch.nonzero(~in_order.all(1)).squeeze(1).tolist()
-    if not unsorted:
-        # already in order: true of every map built on sorted input sites (all layers after
-        # the first strided conv, since get_indice_pairs' out_indices are sorted)
-        return indice_pairs
-    # one offset at a time: the scratch is one offset's sort, not int64 copies of the whole map
-    result = indice_pairs.clone()
-    for k, n in zip(unsorted, counts[unsorted].tolist()):
-        order = torch.sort(keys[k, :n], stable=True).indices
-        result[k, :, :n] = indice_pairs[k, :, :n].index_select(1, order)
-    return result
 
 
 # ----------------------------------------------------------------------------- checks
@@ -175,49 +112,38 @@ def check_rows_unique_per_offset(indice_pairs: torch.Tensor, indice_num: torch.T
 
 
 # ----------------------------------------------------------------------------- custom ops
-@torch.library.custom_op("cvops::sparse_indice_conv", mutates_args=())
-def _indice_conv_op(features: torch.Tensor, weight: torch.Tensor, pairs_forward: torch.Tensor,
-                    pairs_backward: torch.Tensor, indice_num: torch.Tensor, num_out: int, inverse: bool,
-                    identity_offset: int, backend: str | None) -> torch.Tensor:
+def _conv(features: torch.Tensor, weight: torch.Tensor, pairs_forward: torch.Tensor, pairs_backward: torch.Tensor,
+          indice_num: torch.Tensor, num_out: int, inverse: bool, identity_offset: int,
+          backend: str | None) -> torch.Tensor:
     # pairs_forward / pairs_backward: the same map, each offset ordered by the rows it scatters into
     impl = backend_module(__package__, OP, backend, features.device)
     return impl.forward(features, weight, pairs_forward, indice_num, num_out, inverse, identity_offset)
 
 
-@_indice_conv_op.register_fake
-def _(features, weight, pairs_forward, pairs_backward, indice_num, num_out, inverse, identity_offset, backend):
+def _conv_fake(features, weight, pairs_forward, pairs_backward, indice_num, num_out, *_):
     return features.new_empty(num_out, weight.shape[2])
 
 
-@torch.library.custom_op("cvops::sparse_indice_conv_backward", mutates_args=())
-def _indice_conv_backward_op(grad_out: torch.Tensor, features: torch.Tensor, weight: torch.Tensor,
-                             indice_pairs: torch.Tensor, indice_num: torch.Tensor, inverse: bool,
-                             identity_offset: int, backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _conv_grad(s, grad_out):
+    return _indice_conv_backward_op(grad_out, s.features, s.weight, s.pairs_backward, s.indice_num, s.inverse,
+                                    s.identity_offset, s.backend)
+
+
+def _conv_backward(grad_out: torch.Tensor, features: torch.Tensor, weight: torch.Tensor, indice_pairs: torch.Tensor,
+                   indice_num: torch.Tensor, inverse: bool, identity_offset: int,
+                   backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     impl = backend_module(__package__, OP, backend, features.device)
     return impl.backward(grad_out.contiguous(), features, weight, indice_pairs, indice_num, inverse,
                          identity_offset)
 
 
-@_indice_conv_backward_op.register_fake
-def _(grad_out, features, weight, indice_pairs, indice_num, inverse, identity_offset, backend):
+def _conv_backward_fake(grad_out, features, weight, *_):
     return torch.empty_like(features), torch.empty_like(weight)
 
 
-def _setup_context(ctx, inputs, output):
-    features, weight, _, pairs_backward, indice_num, _, inverse, identity_offset_, backend = inputs
-    ctx.save_for_backward(features, weight, pairs_backward, indice_num)
-    ctx.inverse, ctx.identity_offset, ctx.backend = inverse, identity_offset_, backend
-
-
-def _backward(ctx, grad_out):
-    features, weight, indice_pairs, indice_num = ctx.saved_tensors
-    grad_features, grad_weight = _indice_conv_backward_op(grad_out, features, weight, indice_pairs,
-                                                          indice_num, ctx.inverse, ctx.identity_offset,
-                                                          ctx.backend)
-    return grad_features, grad_weight, None, None, None, None, None, None, None
-
-
-_indice_conv_op.register_autograd(_backward, setup_context=_setup_context)
+_indice_conv_op = custom_op("sparse_indice_conv", _conv, _conv_fake, backward=_conv_grad,
+                            save=("features", "weight", "pairs_backward", "indice_num"))
+_indice_conv_backward_op = custom_op("sparse_indice_conv_backward", _conv_backward, _conv_backward_fake)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -251,6 +177,7 @@ def _indice_conv(features, weight, indice_pairs, indice_num, num_out, *, inverse
     weight = weight.reshape(math.prod(weight.shape[:-2]), weight.shape[-2], weight.shape[-1])
     num_out = check_indice_conv(features, weight, indice_pairs, indice_num, num_out, inverse, identity_offset,
                                 check_values)
+    check_backend(OP, backend, features.device)
     by_input = indice_pairs.contiguous()
     if indice_pairs_by_output is None:
         by_output = by_input

@@ -29,7 +29,9 @@ from torch import nn
 
 from .._core.errors import NotSupportedError
 from .._core.validate import check_int, pair, require
-from .functional import _indice_conv, conv_output_size, identity_offset
+from ..ops.get_indice_pairs import get_deconv_output_size, get_indice_pairs
+from .functional import _indice_conv
+from .kmap import conv_output_size, identity_offset
 from .tensor import IndiceData, SparseConvTensor
 
 MAX_NUM_VOXELS = "max_num_voxels_during_training"  # spconv 2.x's buffer name (record_voxel_count)
@@ -38,10 +40,8 @@ MAX_NUM_VOXELS = "max_num_voxels_during_training"  # spconv 2.x's buffer name (r
 def get_indice_pairs_nd(indices, batch_size, spatial_shape, kernel_size, stride, padding, dilation, subm,
                         transpose=False, out_padding=0):
     """The layer's kernel map from :func:`cvops.get_indice_pairs` (1-D to 4-D grids)."""
-    import cvops  # the kernel map lives in the get_indice_pairs operator
-
-    return cvops.get_indice_pairs(indices, batch_size, list(spatial_shape), list(kernel_size), list(stride),
-                                  list(padding), list(dilation), out_padding, subm=subm, transpose=transpose)
+    return get_indice_pairs(indices, batch_size, list(spatial_shape), list(kernel_size), list(stride),
+                            list(padding), list(dilation), out_padding, subm=subm, transpose=transpose)
 
 
 def centred_padding(kernel_size, dilation) -> tuple[int, ...]:
@@ -104,11 +104,10 @@ def kernel_map(layer, x: SparseConvTensor, *, inverse: bool = False, transposed:
                 name, f"layers sharing indice_key={key!r} must see the same sites: {data.indices.shape[0]} sites "
                 f"on {data.spatial_shape} there, {x.indices.shape[0]} on {x.spatial_shape} here")
         return data
-    import cvops
     if subm:
         out_spatial = list(x.spatial_shape)
     elif transposed:
-        out_spatial = cvops.get_deconv_output_size(x.spatial_shape, kernel, stride, padding, dilation,
+        out_spatial = get_deconv_output_size(x.spatial_shape, kernel, stride, padding, dilation,
                                                    output_padding)
     else:
         out_spatial = conv_output_size(x.spatial_shape, kernel, stride, padding, dilation)

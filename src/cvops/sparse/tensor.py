@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .._core.validate import FLOAT_DTYPES, INDEX_DTYPES, check_int, check_tensor, require
+from .kmap import sort_pairs_by_output
 
 OP = "SparseConvTensor"
 
@@ -51,7 +52,6 @@ class IndiceData:
 
     def pairs_sorted_by_output(self) -> torch.Tensor:
         if self.pairs_by_output is None:
-            from .functional import sort_pairs_by_output
             self.pairs_by_output = sort_pairs_by_output(self.indice_pairs, self.indice_num)
         return self.pairs_by_output
 

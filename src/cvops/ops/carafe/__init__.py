@@ -11,33 +11,39 @@ from typing import Optional
 
 import torch
 
-from cvops._core.autocast import mixed_to_float32
-from cvops._core.dispatch import backend_module
-from cvops._core.layout import as_nchw, from_nchw, parse_layout
-
+from ..._core.autocast import mixed_to_float32
+from ..._core.dispatch import backend_module, check_backend
+from ..._core.layout import as_nchw, from_nchw, parse_layout, stored_shape
+from ..._core.opdef import custom_op
 from . import checks
 
 __all__ = ["carafe", "carafe_forward", "carafe_backward", "carafe_naive"]
 
 
-def _stored_shape(shape_nchw, layout: str):
-    n, c, h, w = shape_nchw
-    return (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
-
-
-def _forward_impl(features, masks, kernel_size, group_size, scale_factor, layout, backend):
+def _forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int, group_size: int, scale_factor: int,
+             layout: str, backend: Optional[str]) -> torch.Tensor:
     f, m = as_nchw(features, layout), as_nchw(masks, layout)
-    shape = checks.output_shape(f.shape, scale_factor)
-    impl = backend_module(__package__, "carafe", backend, features.device)
+    impl = backend_module(__package__, checks.OP, backend, features.device)
     if checks.is_empty(features, masks):  # carafe_backward.md 1.1: zero elements return at once
-        return features.new_zeros(_stored_shape(shape, layout))
+        return features.new_zeros(stored_shape(checks.output_shape(f.shape, scale_factor), layout))
     out = impl.forward(f, m, kernel_size, group_size, scale_factor, layout)
     return from_nchw(out, layout).contiguous()
 
 
-def _backward_impl(grad_output, features, masks, kernel_size, group_size, scale_factor, layout, backend):
+def _forward_fake(features, masks, kernel_size, group_size, scale_factor, layout, backend):
+    return features.new_empty(stored_shape(checks.output_shape(as_nchw(features, layout).shape, scale_factor), layout))
+
+
+def _forward_grad(s, grad_out):
+    return _backward_op(grad_out.contiguous(), s.features, s.masks, s.kernel_size, s.group_size, s.scale_factor,
+                        s.layout, s.backend)
+
+
+def _backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Tensor, kernel_size: int,
+              group_size: int, scale_factor: int, layout: str,
+              backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor]:
     go, f, m = as_nchw(grad_output, layout), as_nchw(features, layout), as_nchw(masks, layout)
-    impl = backend_module(__package__, "carafe", backend, features.device)
+    impl = backend_module(__package__, checks.OP, backend, features.device)
     if checks.is_empty(grad_output, features, masks):
         return (torch.zeros_like(features, memory_format=torch.contiguous_format),
                 torch.zeros_like(masks, memory_format=torch.contiguous_format))
@@ -45,46 +51,18 @@ def _backward_impl(grad_output, features, masks, kernel_size, group_size, scale_
     return from_nchw(gi, layout).contiguous(), from_nchw(gm, layout).contiguous()
 
 
-@torch.library.custom_op("cvops::carafe_forward", mutates_args=())
-def _carafe_forward_op(features: torch.Tensor, masks: torch.Tensor, kernel_size: int, group_size: int,
-                       scale_factor: int, layout: str, backend: Optional[str]) -> torch.Tensor:
-    return _forward_impl(features, masks, kernel_size, group_size, scale_factor, layout, backend)
+def _backward_fake(grad_output, features, masks, *_):
+    return (torch.empty_like(features, memory_format=torch.contiguous_format),
+            torch.empty_like(masks, memory_format=torch.contiguous_format))
 
 
-@_carafe_forward_op.register_fake
-def _(features, masks, kernel_size, group_size, scale_factor, layout, backend):
-    shape = checks.output_shape(as_nchw(features, layout).shape, scale_factor)
-    return features.new_empty(_stored_shape(shape, layout))
+_forward_op = custom_op("carafe_forward", _forward, _forward_fake, backward=_forward_grad, save=("features", "masks"))
+_backward_op = custom_op("carafe_backward", _backward, _backward_fake)
 
 
-@torch.library.custom_op("cvops::carafe_backward", mutates_args=())
-def _carafe_backward_op(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Tensor,
-                        kernel_size: int, group_size: int, scale_factor: int, layout: str,
-                        backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    return _backward_impl(grad_output, features, masks, kernel_size, group_size, scale_factor, layout, backend)
-
-
-@_carafe_backward_op.register_fake
-def _(grad_output, features, masks, kernel_size, group_size, scale_factor, layout, backend):
-    return torch.empty_like(features, memory_format=torch.contiguous_format), \
-        torch.empty_like(masks, memory_format=torch.contiguous_format)
-
-
-def _setup_context(ctx, inputs, output):
-    features, masks, kernel_size, group_size, scale_factor, layout, backend = inputs
-    ctx.save_for_backward(features, masks)
-    ctx.params = (kernel_size, group_size, scale_factor, layout, backend)
-
-
-def _backward(ctx, grad_out):
-    features, masks = ctx.saved_tensors
-    kernel_size, group_size, scale_factor, layout, backend = ctx.params
-    grad_input, grad_mask = _carafe_backward_op(grad_out.contiguous(), features, masks, kernel_size,
-                                                group_size, scale_factor, layout, backend)
-    return grad_input, grad_mask, None, None, None, None, None
-
-
-_carafe_forward_op.register_autograd(_backward, setup_context=_setup_context)
+def _nchw_view(t, layout: str):
+    """The logical NCHW view of a 4-D tensor for the checks; None for anything else (the checks name it)."""
+    return as_nchw(t, layout) if isinstance(t, torch.Tensor) and t.dim() == 4 else None
 
 
 def carafe_forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int, group_size: int,
@@ -106,9 +84,9 @@ def carafe_forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int
     layout = parse_layout("carafe", layout)
     features, masks = mixed_to_float32(features, masks)
     k, g, s = checks.check_forward(features, masks, kernel_size, group_size, scale_factor,
-                                   as_nchw(features, layout) if isinstance(features, torch.Tensor) and features.dim() == 4 else None,
-                                   as_nchw(masks, layout) if isinstance(masks, torch.Tensor) and masks.dim() == 4 else None)
-    return _carafe_forward_op(features, masks, k, g, s, layout, backend)
+                                   _nchw_view(features, layout), _nchw_view(masks, layout))
+    check_backend(checks.OP, backend, features.device)
+    return _forward_op(features, masks, k, g, s, layout, backend)
 
 
 carafe = carafe_forward
@@ -125,7 +103,8 @@ def carafe_backward(grad_output: torch.Tensor, features: torch.Tensor, masks: to
     """
     layout = parse_layout("carafe", layout)
     grad_output, features, masks = mixed_to_float32(grad_output, features, masks)
-    nchw = (lambda t: as_nchw(t, layout) if isinstance(t, torch.Tensor) and t.dim() == 4 else None)
     k, g, s = checks.check_backward(grad_output, features, masks, kernel_size, group_size, scale_factor,
-                                    nchw(grad_output), nchw(features), nchw(masks))
-    return _carafe_backward_op(grad_output, features, masks, k, g, s, layout, backend)
+                                    _nchw_view(grad_output, layout), _nchw_view(features, layout),
+                                    _nchw_view(masks, layout))
+    check_backend(checks.OP, backend, features.device)
+    return _backward_op(grad_output, features, masks, k, g, s, layout, backend)

@@ -7,11 +7,13 @@ ascending input row; ``indice_num [K]`` int32 the pair count per offset.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import torch
 
-from ..._core.dispatch import backend_module, resolve_backend
+from ..._core.dispatch import backend_module, check_backend
+from ..._core.opdef import custom_op
 from . import checks
 from .checks import OP, Geometry, check_index_values, check_params
 
@@ -52,27 +54,24 @@ def _run(indices: torch.Tensor, geo: Geometry, backend: Optional[str]):
     return impl.get_indice_pairs(indices, geo)
 
 
-@torch.library.custom_op("cvops::get_indice_pairs", mutates_args=())
-def _get_indice_pairs_op(indices: torch.Tensor, batch_size: int, spatial_shape: list[int],
-                         out_spatial_shape: list[int], kernel_size: list[int], stride: list[int],
-                         padding: list[int], dilation: list[int], subm: bool, transpose: bool,
-                         backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _get_indice_pairs(indices: torch.Tensor, batch_size: int, spatial_shape: list[int], out_spatial_shape: list[int],
+                      kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int], subm: bool,
+                      transpose: bool, backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     geo = Geometry(batch_size, tuple(spatial_shape), tuple(out_spatial_shape), tuple(kernel_size),
                    tuple(stride), tuple(padding), tuple(dilation), subm, transpose)
     return _run(indices, geo, backend)
 
 
-@_get_indice_pairs_op.register_fake
-def _(indices, batch_size, spatial_shape, out_spatial_shape, kernel_size, stride, padding, dilation,
-      subm, transpose, backend):
-    L = indices.shape[0]
-    K = 1
-    for k in kernel_size:
-        K *= k
-    num_out = L if subm else torch.library.get_ctx().new_dynamic_size()
+def _fake(indices, batch_size, spatial_shape, out_spatial_shape, kernel_size, stride, padding, dilation, subm,
+          transpose, backend):
+    L, K = indices.shape[0], math.prod(kernel_size)
+    num_out = L if subm else torch.library.get_ctx().new_dynamic_size()  # the output count is data-dependent
     return (indices.new_empty((num_out, len(spatial_shape) + 1), dtype=torch.int32),
             indices.new_empty((K, 2, L), dtype=torch.int32),
             indices.new_empty((K,), dtype=torch.int32))
+
+
+_get_indice_pairs_op = custom_op("get_indice_pairs", _get_indice_pairs, _fake)  # integer maps: no gradient
 
 
 def get_indice_pairs(indices: torch.Tensor, batch_size: int, spatial_shape: Sequence[int],
@@ -105,7 +104,7 @@ def get_indice_pairs(indices: torch.Tensor, batch_size: int, spatial_shape: Sequ
         kernel_size = ksize
     geo = check_params(indices, batch_size, spatial_shape, kernel_size, stride, padding, dilation,
                        out_padding, subm, transpose, out_spatial_shape)
-    resolve_backend(OP, backend, indices.device)  # a bad backend name fails here, before any work
+    check_backend(OP, backend, indices.device)
     return _get_indice_pairs_op(indices, geo.batch_size, list(geo.spatial_shape),
                                 list(geo.out_spatial_shape), list(geo.kernel_size), list(geo.stride),
                                 list(geo.padding), list(geo.dilation), geo.subm, geo.transpose,

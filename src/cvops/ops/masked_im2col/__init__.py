@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from ..._core.autocast import to_autocast_dtype
-from ..._core.dispatch import backend_module, resolve_backend
+from ..._core.dispatch import backend_module, check_backend
+from ..._core.opdef import custom_op
 from ..._core.validate import pair, require
 from . import checks
 
@@ -28,112 +29,75 @@ def _backend(backend: Optional[str], device: torch.device):
 
 
 # ---------------------------------------------------------------------------------------------
-# torch.library custom ops: each forward's backward is the other op, so gradients of any order flow.
+# The custom ops: each forward's backward is the other op, so gradients of any order flow.
 
-@torch.library.custom_op("cvops::masked_im2col", mutates_args=())
-def _im2col_op(feature: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, kernel_h: int, kernel_w: int,
-               pad_h: int, pad_w: int, backend: Optional[str] = None) -> Tensor:
+def _im2col(feature: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, kernel_h: int, kernel_w: int, pad_h: int,
+            pad_w: int, backend: Optional[str] = None) -> Tensor:
     return _backend(backend, feature.device).im2col_forward(feature, mask_h_idx, mask_w_idx,
                                                             kernel_h, kernel_w, pad_h, pad_w)
 
 
-@_im2col_op.register_fake
-def _(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w, backend=None):
+def _im2col_fake(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w, backend=None):
     return feature.new_empty((feature.shape[1] * kernel_h * kernel_w, mask_h_idx.shape[0]))
 
 
-@torch.library.custom_op("cvops::masked_im2col_backward", mutates_args=())
-def _im2col_backward_op(grad_col: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, channels: int, height: int,
-                        width: int, kernel_h: int, kernel_w: int, pad_h: int, pad_w: int,
-                        backend: Optional[str] = None) -> Tensor:
+def _im2col_grad(s, grad_col):
+    _, channels, height, width = s.feature
+    return _im2col_backward_op(grad_col.contiguous(), s.mask_h_idx, s.mask_w_idx, channels, height, width,
+                               s.kernel_h, s.kernel_w, s.pad_h, s.pad_w, s.backend)
+
+
+def _im2col_backward(grad_col: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, channels: int, height: int,
+                     width: int, kernel_h: int, kernel_w: int, pad_h: int, pad_w: int,
+                     backend: Optional[str] = None) -> Tensor:
     return _backend(backend, grad_col.device).im2col_backward(
         grad_col, mask_h_idx, mask_w_idx, channels, height, width, kernel_h, kernel_w, pad_h, pad_w)
 
 
-@_im2col_backward_op.register_fake
-def _(grad_col, mask_h_idx, mask_w_idx, channels, height, width, kernel_h, kernel_w, pad_h, pad_w, backend=None):
+def _im2col_backward_fake(grad_col, mask_h_idx, mask_w_idx, channels, height, width, *_):
     return grad_col.new_empty((1, channels, height, width))
 
 
-@torch.library.custom_op("cvops::masked_col2im", mutates_args=())
-def _col2im_op(masked_output: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, height: int, width: int,
-               backend: Optional[str] = None) -> Tensor:
+def _im2col_backward_grad(s, grad_feature):
+    return _im2col_op(grad_feature.contiguous(), s.mask_h_idx, s.mask_w_idx, s.kernel_h, s.kernel_w, s.pad_h,
+                      s.pad_w, s.backend)
+
+
+def _col2im(masked_output: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, height: int, width: int,
+            backend: Optional[str] = None) -> Tensor:
     return _backend(backend, masked_output.device).col2im_forward(masked_output, mask_h_idx, mask_w_idx,
                                                                   height, width)
 
 
-@_col2im_op.register_fake
-def _(masked_output, mask_h_idx, mask_w_idx, height, width, backend=None):
+def _col2im_fake(masked_output, mask_h_idx, mask_w_idx, height, width, backend=None):
     return masked_output.new_empty((1, masked_output.shape[0], height, width))
 
 
-@torch.library.custom_op("cvops::masked_col2im_backward", mutates_args=())
-def _col2im_backward_op(grad_output: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor,
-                        backend: Optional[str] = None) -> Tensor:
+def _col2im_grad(s, grad_output):
+    return _col2im_backward_op(grad_output.contiguous(), s.mask_h_idx, s.mask_w_idx, s.backend)
+
+
+def _col2im_backward(grad_output: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor,
+                     backend: Optional[str] = None) -> Tensor:
     return _backend(backend, grad_output.device).col2im_backward(grad_output, mask_h_idx, mask_w_idx)
 
 
-@_col2im_backward_op.register_fake
-def _(grad_output, mask_h_idx, mask_w_idx, backend=None):
+def _col2im_backward_fake(grad_output, mask_h_idx, mask_w_idx, backend=None):
     return grad_output.new_empty((grad_output.shape[1], mask_h_idx.shape[0]))
 
 
-def _save_im2col(ctx, inputs, output):
-    feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w, backend = inputs
-    ctx.save_for_backward(mask_h_idx, mask_w_idx)
-    ctx.args = (feature.shape[1], feature.shape[2], feature.shape[3], kernel_h, kernel_w, pad_h, pad_w, backend)
+def _col2im_backward_grad(s, grad_masked):
+    _, _, height, width = s.grad_output
+    return _col2im_op(grad_masked.contiguous(), s.mask_h_idx, s.mask_w_idx, height, width, s.backend)
 
 
-def _grad_im2col(ctx, grad_col):
-    mask_h_idx, mask_w_idx = ctx.saved_tensors
-    channels, height, width, kernel_h, kernel_w, pad_h, pad_w, backend = ctx.args
-    grad = _im2col_backward_op(grad_col.contiguous(), mask_h_idx, mask_w_idx, channels, height, width,
-                               kernel_h, kernel_w, pad_h, pad_w, backend)
-    return grad, None, None, None, None, None, None, None
-
-
-def _save_im2col_backward(ctx, inputs, output):
-    grad_col, mask_h_idx, mask_w_idx, _, _, _, kernel_h, kernel_w, pad_h, pad_w, backend = inputs
-    ctx.save_for_backward(mask_h_idx, mask_w_idx)
-    ctx.args = (kernel_h, kernel_w, pad_h, pad_w, backend)
-
-
-def _grad_im2col_backward(ctx, grad_feature):
-    mask_h_idx, mask_w_idx = ctx.saved_tensors
-    kernel_h, kernel_w, pad_h, pad_w, backend = ctx.args
-    grad = _im2col_op(grad_feature.contiguous(), mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w, backend)
-    return (grad,) + (None,) * 10
-
-
-def _save_col2im(ctx, inputs, output):
-    _, mask_h_idx, mask_w_idx, _, _, backend = inputs
-    ctx.save_for_backward(mask_h_idx, mask_w_idx)
-    ctx.backend = backend
-
-
-def _grad_col2im(ctx, grad_output):
-    mask_h_idx, mask_w_idx = ctx.saved_tensors
-    grad = _col2im_backward_op(grad_output.contiguous(), mask_h_idx, mask_w_idx, ctx.backend)
-    return grad, None, None, None, None, None
-
-
-def _save_col2im_backward(ctx, inputs, output):
-    grad_output, mask_h_idx, mask_w_idx, backend = inputs
-    ctx.save_for_backward(mask_h_idx, mask_w_idx)
-    ctx.args = (grad_output.shape[2], grad_output.shape[3], backend)
-
-
-def _grad_col2im_backward(ctx, grad_masked):
-    mask_h_idx, mask_w_idx = ctx.saved_tensors
-    height, width, backend = ctx.args
-    grad = _col2im_op(grad_masked.contiguous(), mask_h_idx, mask_w_idx, height, width, backend)
-    return grad, None, None, None
-
-
-_im2col_op.register_autograd(_grad_im2col, setup_context=_save_im2col)
-_im2col_backward_op.register_autograd(_grad_im2col_backward, setup_context=_save_im2col_backward)
-_col2im_op.register_autograd(_grad_col2im, setup_context=_save_col2im)
-_col2im_backward_op.register_autograd(_grad_col2im_backward, setup_context=_save_col2im_backward)
+_IDX = ("mask_h_idx", "mask_w_idx")  # what every backward keeps
+_im2col_op = custom_op("masked_im2col", _im2col, _im2col_fake, backward=_im2col_grad, save=_IDX)
+_im2col_backward_op = custom_op("masked_im2col_backward", _im2col_backward, _im2col_backward_fake,
+                                backward=_im2col_backward_grad, save=_IDX)
+_col2im_op = custom_op("masked_col2im", _col2im, _col2im_fake, backward=_col2im_grad, save=_IDX)
+_col2im_backward_op = custom_op("masked_col2im_backward", _col2im_backward, _col2im_backward_fake,
+                                backward=_col2im_backward_grad, save=_IDX)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,8 +123,7 @@ def masked_im2col(feature: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, kerne
     """
     kernel_h, kernel_w, pad_h, pad_w = checks.check_masked_im2col(feature, mask_h_idx, mask_w_idx,
                                                                    kernel_size, padding)
-    if backend is not None:  # reject a bad backend before the custom op is entered
-        resolve_backend(_OP, backend, feature.device)
+    check_backend(_OP, backend, feature.device)
     return _im2col_op(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w, backend)
 
 
@@ -180,8 +143,7 @@ def masked_col2im(masked_output: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor,
         device. Differentiable w.r.t. ``masked_output``.
     """
     height, width = checks.check_masked_col2im(masked_output, mask_h_idx, mask_w_idx, height, width)
-    if backend is not None:
-        resolve_backend(_OP, backend, masked_output.device)
+    check_backend(_OP, backend, masked_output.device)
     return _col2im_op(masked_output, mask_h_idx, mask_w_idx, height, width, backend)
 
 

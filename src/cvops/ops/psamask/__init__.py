@@ -12,73 +12,54 @@ from typing import Optional
 
 import torch
 
-from ..._core.dispatch import backend_module
-from ..._core.layout import as_nchw, from_nchw
-from .checks import check_backward, check_forward
+from ..._core.dispatch import backend_module, check_backend
+from ..._core.layout import as_nchw, from_nchw, nchw_shape, stored_shape
+from ..._core.opdef import custom_op
+from .checks import OP, check_backward, check_forward
 
 __all__ = ["psamask", "psamask_forward", "psamask_backward"]
 
 
 def _run(direction: str, t: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str,
          backend: Optional[str]) -> torch.Tensor:
-    module = backend_module(__name__, "psamask", backend, t.device)
+    module = backend_module(__name__, OP, backend, t.device)
     if t.numel() == 0:  # psamask.md 1.1: zero elements return at once
-        return _empty_result(direction, t, h_mask, w_mask, layout)
+        return t.new_zeros(_result_shape(direction, t, h_mask, w_mask, layout))
     out = getattr(module, direction)(as_nchw(t, layout), psa_type, h_mask, w_mask, layout)
     return from_nchw(out, layout).contiguous()
 
 
 def _result_shape(direction, t, h_mask, w_mask, layout):
-    if layout == "NCHW":
-        n, _, h, w = t.shape
-    else:
-        n, h, w, _ = t.shape
-    c = h * w if direction == "forward" else h_mask * w_mask
-    return (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
+    n, _, h, w = nchw_shape(t.shape, layout)
+    return stored_shape((n, h * w if direction == "forward" else h_mask * w_mask, h, w), layout)
 
 
-def _empty_result(direction, t, h_mask, w_mask, layout):
-    return t.new_zeros(_result_shape(direction, t, h_mask, w_mask, layout))
-
-
-@torch.library.custom_op("cvops::psamask_forward", mutates_args=())
-def _forward_op(input: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str,
-                backend: Optional[str]) -> torch.Tensor:
+def _forward(input: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str,
+             backend: Optional[str]) -> torch.Tensor:
     return _run("forward", input, psa_type, h_mask, w_mask, layout, backend)
 
 
-@torch.library.custom_op("cvops::psamask_backward", mutates_args=())
-def _backward_op(grad_output: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str,
-                 backend: Optional[str]) -> torch.Tensor:
+def _backward(grad_output: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str,
+              backend: Optional[str]) -> torch.Tensor:
     return _run("backward", grad_output, psa_type, h_mask, w_mask, layout, backend)
 
 
-@_forward_op.register_fake
-def _(input, psa_type, h_mask, w_mask, layout, backend):
-    return input.new_empty(_result_shape("forward", input, h_mask, w_mask, layout))
+def _fake(direction):
+    return lambda t, psa_type, h_mask, w_mask, layout, backend: t.new_empty(
+        _result_shape(direction, t, h_mask, w_mask, layout))
 
 
-@_backward_op.register_fake
-def _(grad_output, psa_type, h_mask, w_mask, layout, backend):
-    return grad_output.new_empty(_result_shape("backward", grad_output, h_mask, w_mask, layout))
+# each direction's backward is the other direction: the exact adjoint, so gradients of any order flow
+def _forward_grad(s, grad):
+    return _backward_op(grad.contiguous(), s.psa_type, s.h_mask, s.w_mask, s.layout, s.backend)
 
 
-def _setup_context(ctx, inputs, output):
-    _, ctx.psa_type, ctx.h_mask, ctx.w_mask, ctx.layout, ctx.backend = inputs
+def _backward_grad(s, grad):
+    return _forward_op(grad.contiguous(), s.psa_type, s.h_mask, s.w_mask, s.layout, s.backend)
 
 
-def _forward_grad(ctx, grad):
-    dx = _backward_op(grad.contiguous(), ctx.psa_type, ctx.h_mask, ctx.w_mask, ctx.layout, ctx.backend)
-    return dx, None, None, None, None, None
-
-
-def _backward_grad(ctx, grad):  # the adjoint of the adjoint: double backward is the forward
-    dy = _forward_op(grad.contiguous(), ctx.psa_type, ctx.h_mask, ctx.w_mask, ctx.layout, ctx.backend)
-    return dy, None, None, None, None, None
-
-
-_forward_op.register_autograd(_forward_grad, setup_context=_setup_context)
-_backward_op.register_autograd(_backward_grad, setup_context=_setup_context)
+_forward_op = custom_op("psamask_forward", _forward, _fake("forward"), backward=_forward_grad)
+_backward_op = custom_op("psamask_backward", _backward, _fake("backward"), backward=_backward_grad)
 
 
 def psamask_forward(input: torch.Tensor, psa_type, mask_size, layout: str = "NCHW",
@@ -97,6 +78,7 @@ def psamask_forward(input: torch.Tensor, psa_type, mask_size, layout: str = "NCH
         ``[N, H*W, H, W]`` (NCHW) or ``[N, H, W, H*W]`` (NHWC), same dtype and device as ``input``.
     """
     code, h_mask, w_mask, layout = check_forward(input, psa_type, mask_size, layout)
+    check_backend(OP, backend, input.device)
     return _forward_op(input, code, h_mask, w_mask, layout, backend)
 
 
@@ -107,6 +89,7 @@ def psamask_backward(grad_output: torch.Tensor, psa_type, mask_size, layout: str
     ``grad_output [N, H*W, H, W]`` (or NHWC ``[N, H, W, H*W]``) -> ``[N, h_mask*w_mask, H, W]`` (or NHWC).
     """
     code, h_mask, w_mask, layout = check_backward(grad_output, psa_type, mask_size, layout)
+    check_backend(OP, backend, grad_output.device)
     return _backward_op(grad_output, code, h_mask, w_mask, layout, backend)
 
 

@@ -1,9 +1,7 @@
 """psamask parameter checks (psamask.md §1.4 and §3.4, semantics.md §1, decisions.md)."""
 from __future__ import annotations
 
-import torch
-
-from ..._core.layout import parse_layout
+from ..._core.layout import nchw_shape, parse_layout
 from ..._core.validate import FLOAT_DTYPES, check_tensor, pair, require
 
 OP = "psamask"
@@ -19,21 +17,13 @@ def psa_type_code(psa_type) -> int:
     return _PSA_TYPES[key]
 
 
-def _spatial(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
-    """(N, C, H, W) of a 4-D tensor stored in ``layout``."""
-    if layout == "NCHW":
-        return tuple(t.shape)
-    n, h, w, c = t.shape
-    return n, c, h, w
-
-
 def _check(tensor, name, psa_type, mask_size, layout):
     """Checks shared by both directions; returns (code, h_mask, w_mask, layout, (N, C, H, W))."""
     code = psa_type_code(psa_type)
     h_mask, w_mask = pair(OP, "mask_size", mask_size, min_value=1)
     layout = parse_layout(OP, layout)
     check_tensor(OP, name, tensor, dim=4, dtypes=FLOAT_DTYPES)
-    return code, h_mask, w_mask, layout, _spatial(tensor, layout)
+    return code, h_mask, w_mask, layout, nchw_shape(tensor.shape, layout)
 
 
 def check_forward(input, psa_type, mask_size, layout):

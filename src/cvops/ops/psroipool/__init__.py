@@ -22,100 +22,65 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..._core.dispatch import backend_module
+from ..._core.dispatch import backend_module, check_backend
 from ..._core.errors import NotSupportedError
-from ..._core.layout import as_nchw, from_nchw, parse_layout
+from ..._core.layout import as_nchw, from_nchw, nchw_shape, parse_layout, stored_shape
+from ..._core.opdef import custom_op
 from ..._core.validate import require
 from . import checks
 
 __all__ = ["psroi_pool", "psroi_pool_backward"]
 
 
-def _impl(backend: Optional[str], device: torch.device, op: str):
-    return backend_module(__package__, op, backend, device)
-
-
-def _pooled_shape(layout: str, r: int, od: int, ph: int, pw: int) -> tuple[int, ...]:
-    return (r, od, ph, pw) if layout == "NCHW" else (r, ph, pw, od)
-
-
-def _forward_impl(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
-                  spatial_scale: float, output_dim: int, layout: str, backend: Optional[str],
-                  convention: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int, spatial_scale: float,
+             output_dim: int, layout: str, backend: Optional[str],
+             convention: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward on real tensors: the one check of the RoI values (batch indices, finite corners), then the
     backend, which works on the logical NCHW view of the input; results in ``layout``."""
     x = as_nchw(input, layout)
     checks.check_roi_values(checks.OP, rois, x.shape[0])
-    impl = _impl(backend, x.device, checks.OP)
+    impl = backend_module(__package__, checks.OP, backend, x.device)
     output, mapping = impl.forward(x, rois, pooled_height, pooled_width, spatial_scale, output_dim, layout, convention)
     return from_nchw(output, layout), from_nchw(mapping, layout)
 
 
-_forward_op = torch.library.custom_op("cvops::psroi_pool_forward", _forward_impl, mutates_args=())
-
-
-@_forward_op.register_fake
-def _(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, layout, backend, convention):
-    shape = _pooled_shape(layout, rois.shape[0], output_dim, pooled_height, pooled_width)
+def _forward_fake(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, layout, backend, convention):
+    shape = stored_shape((rois.shape[0], output_dim, pooled_height, pooled_width), layout)
     return input.new_empty(shape), input.new_empty(shape, dtype=torch.int32)
 
 
-def _backward_impl(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor,
-                   spatial_scale: float, output_dim: int, input_shape: Sequence[int], layout: str,
-                   backend: Optional[str], convention: str, trusted_mapping: bool = False) -> torch.Tensor:
+def _forward_grad(s, grad_output, _grad_mapping):
+    if not s.needs_input_grad[0]:
+        return None
+    (mapping,) = s.outputs  # the forward's own mapping: no range/form check needed
+    return _backward_op(grad_output, s.rois, mapping, s.spatial_scale, s.output_dim, list(s.input), s.layout,
+                        s.backend, s.convention, True)
+
+
+def _backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor, spatial_scale: float,
+              output_dim: int, input_shape: Sequence[int], layout: str, backend: Optional[str], convention: str,
+              trusted_mapping: bool = False) -> torch.Tensor:
     """The backward on real tensors: the RoI values are checked here once, as in the forward."""
-    shape = _nchw_shape(tuple(input_shape), layout)
+    shape = nchw_shape(input_shape, layout)
     checks.check_roi_values(checks.OP_BACKWARD, rois, shape[0])
-    impl = _impl(backend, top_grad.device, checks.OP_BACKWARD)
+    impl = backend_module(__package__, checks.OP_BACKWARD, backend, top_grad.device)
     bottom = impl.backward(as_nchw(top_grad, layout), rois, as_nchw(mapping_channel, layout), spatial_scale,
                            output_dim, shape, layout, trusted_mapping, convention)
     return from_nchw(bottom, layout)
 
 
-_backward_op = torch.library.custom_op("cvops::psroi_pool_backward", _backward_impl, mutates_args=())
-
-
-@_backward_op.register_fake
-def _(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, layout, backend, convention,
-      trusted_mapping=False):
+def _backward_fake(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, *_):
     return top_grad.new_empty(tuple(input_shape))
 
 
-def _setup_context(ctx, inputs, output):
-    input, rois, _ph, _pw, spatial_scale, output_dim, layout, backend, convention = inputs
-    _, mapping = output
-    ctx.save_for_backward(rois, mapping)
-    ctx.args = (spatial_scale, output_dim, list(input.shape), layout, backend, convention)
-
-
-def _backward(ctx, grad_output, _grad_mapping):
-    rois, mapping = ctx.saved_tensors
-    grad_input = None
-    if ctx.needs_input_grad[0]:  # the forward's own mapping: no range/form check needed
-        grad_input = _backward_op(grad_output, rois, mapping, *ctx.args, True)
-    return grad_input, None, None, None, None, None, None, None, None
-
-
-_forward_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-def _setup_backward_context(ctx, inputs, output):
-    top_grad, rois, mapping, spatial_scale, output_dim, _shape, layout, backend, convention, trusted = inputs
-    ctx.save_for_backward(rois, mapping)
-    ctx.pooled = tuple(top_grad.shape[2:4]) if layout == "NCHW" else tuple(top_grad.shape[1:3])
-    ctx.args = (spatial_scale, output_dim, layout, backend, convention)
-    ctx.trusted = trusted
-
-
-def _backward_backward(ctx, grad_bottom):
+def _backward_grad(s, grad_bottom):
     """The backward is linear in top_grad; its adjoint is the forward pooling (for the forward's mapping)."""
-    rois, mapping = ctx.saved_tensors
-    spatial_scale, output_dim, layout, backend, convention = ctx.args
-    if not ctx.trusted and not _forward_mapping(mapping, layout):
+    if not s.trusted_mapping and not _forward_mapping(s.mapping_channel, s.layout):
         raise NotSupportedError(checks.OP_BACKWARD, "double backward needs the forward's mapping_channel")
-    ph, pw = ctx.pooled
-    grad_top, _ = _forward_op(grad_bottom, rois, ph, pw, spatial_scale, output_dim, layout, backend, convention)
-    return grad_top, None, None, None, None, None, None, None, None, None
+    _, _, ph, pw = nchw_shape(s.top_grad, s.layout)
+    grad_top, _ = _forward_op(grad_bottom, s.rois, ph, pw, s.spatial_scale, s.output_dim, s.layout, s.backend,
+                              s.convention)
+    return grad_top
 
 
 def _forward_mapping(mapping: torch.Tensor, layout: str) -> bool:
@@ -123,14 +88,10 @@ def _forward_mapping(mapping: torch.Tensor, layout: str) -> bool:
     return _is_canonical(as_nchw(mapping, layout))
 
 
-_backward_op.register_autograd(_backward_backward, setup_context=_setup_backward_context)
-
-
-def _nchw_shape(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
-    if layout == "NHWC" and len(shape) == 4:
-        n, h, w, c = shape
-        return (n, c, h, w)
-    return shape
+_forward_op = custom_op("psroi_pool_forward", _forward, _forward_fake, backward=_forward_grad, save=("rois",),
+                        save_outputs=(1,))
+_backward_op = custom_op("psroi_pool_backward", _backward, _backward_fake, backward=_backward_grad,
+                         save=("rois", "mapping_channel"))
 
 
 def psroi_pool(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
@@ -164,6 +125,7 @@ def psroi_pool(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pool
     x_nchw = as_nchw(input, layout) if is_4d else input
     checks.check_forward(x_nchw, rois, pooled_height, pooled_width, spatial_scale, group_size, output_dim)
     convention = checks.check_convention(checks.OP, convention)
+    check_backend(checks.OP, backend, input.device)
     return _forward_op(input, rois, int(pooled_height), int(pooled_width), float(spatial_scale), int(output_dim),
                        layout, backend, convention)
 
@@ -194,8 +156,9 @@ def psroi_pool_backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_chan
     dims_ok = all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (top_grad, mapping_channel))
     top_nchw = as_nchw(top_grad, layout) if dims_ok else top_grad
     map_nchw = as_nchw(mapping_channel, layout) if dims_ok else mapping_channel
-    shape_nchw = _nchw_shape(shape, layout)
+    shape_nchw = nchw_shape(shape, layout)
     checks.check_backward(top_nchw, rois, map_nchw, spatial_scale, output_dim, shape_nchw)
     convention = checks.check_convention(checks.OP_BACKWARD, convention)
+    check_backend(checks.OP_BACKWARD, backend, top_grad.device)
     return _backward_op(top_grad, rois, mapping_channel, float(spatial_scale), int(output_dim), list(shape), layout,
                         backend, convention)
