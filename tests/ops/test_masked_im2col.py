@@ -539,7 +539,7 @@ def test_masked_conv2d_inference_routes_agree(pad, dtype, monkeypatch):
             continue
         with monkeypatch.context() as m:
             _routes(m, route)
-            assert routes.plan(x, mask, weight, bias, *expected.shape[2:], None)[1] == route
+            assert routes.plan(x, mask, weight, bias, *expected.shape[2:], None).route == route
             got = cvops.masked_conv2d(x, mask, weight, bias, pad)
         assert got.shape == expected.shape and got.dtype == dtype
         assert torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.isinf(), expected.isinf()), route
@@ -560,21 +560,33 @@ def test_masked_conv2d_empty_mask_gives_zeros():
 
 def test_masked_conv2d_route_follows_the_cost_rule():
     """The GA-RetinaNet head: masking 10% of P3 (100x168, 256 -> 80) gathers; the whole P4 map convolves
-    densely; a few points of the 7x11 P7 map take the direct loop (numba installed); other backends,
-    dtypes and training take the custom ops (None)."""
+    densely; 4 output channels take the tap products; a few points of the 7x11 P7 map take the direct
+    loop (numba installed); other backends, dtypes and training take the custom ops (None)."""
     from cvops.ops.masked_im2col import route as routes
-    weight = torch.zeros(80, 256, 3, 3)
+    weight, loc = torch.zeros(80, 256, 3, 3), torch.zeros(4, 256, 3, 3)
     p3 = torch.zeros(1, 256, 100, 168)
     sparse = (torch.rand(1, 100, 168, generator=torch.Generator().manual_seed(0)) < 0.1).float()
-    assert routes.plan(p3, sparse, weight, None, 100, 168, None)[1] == "masked"
+    assert routes.plan(p3, sparse, weight, None, 100, 168, None).route == "masked"
+    assert routes.plan(p3, sparse, loc, None, 100, 168, None).route == "taps"
     p4 = torch.zeros(1, 256, 50, 84)
-    assert routes.plan(p4, torch.ones(1, 50, 84), weight, None, 50, 84, None)[1] == "dense"
+    assert routes.plan(p4, torch.ones(1, 50, 84), weight, None, 50, 84, None).route == "dense"
     p7, few = torch.zeros(1, 256, 7, 11), torch.zeros(1, 7, 11)
     few[0, 3, :4] = 1
-    assert routes.plan(p7, few, weight, None, 7, 11, None)[1] == ("direct" if numba_enabled() else "masked")
-    keep, _ = routes.plan(p7, few, weight, None, 7, 11, None)
-    assert torch.equal(keep, few[0] > 0)
+    chosen = routes.plan(p7, few, weight, None, 7, 11, None)
+    assert chosen.route == ("direct" if numba_enabled() else "masked")
+    assert torch.equal(chosen.keep, few[0] > 0) and chosen.points.tolist() == [33, 34, 35, 36]
     ones = torch.ones(1, 7, 11)
     assert routes.plan(p7, ones, weight, None, 7, 11, "reference") is None
     assert routes.plan(p7.half(), ones, weight.half(), None, 7, 11, None) is None
     assert routes.plan(p7, ones, weight.requires_grad_(), None, 7, 11, None) is None  # training: custom ops
+
+
+def test_masked_conv2d_taps_route_follows_in_place_weight_changes(monkeypatch):
+    """The taps route keeps a tap-major copy per weight tensor; an in-place update is seen."""
+    _routes(monkeypatch, "taps")
+    x, mask = torch.randn(1, 3, 6, 7), (torch.rand(1, 6, 7) > 0.5).float()
+    weight = torch.randn(2, 3, 3, 3)
+    first = cvops.masked_conv2d(x, mask, weight, None, 1)
+    weight.mul_(2)
+    second = cvops.masked_conv2d(x, mask, weight, None, 1)
+    assert torch.allclose(second, 2 * first, rtol=1e-5, atol=1e-5) and bool((first != 0).any())

@@ -227,8 +227,7 @@ def masked_conv2d(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional
             f"padded input {features.shape[2] + 2 * pad_h}x{features.shape[3] + 2 * pad_w}")
     chosen = route.plan(features, mask, weight, bias, out_h, out_w, backend)
     if chosen is not None:
-        keep, name = chosen
-        return route.run(name, features, keep, weight, bias, (pad_h, pad_w))
+        return route.run(chosen, features, weight, bias, (pad_h, pad_w))
     mask_h_idx, mask_w_idx = torch.nonzero(mask[0] > 0, as_tuple=True)  # row-major: sorted by (h, w)
     data_col = masked_im2col(features, mask_h_idx, mask_w_idx, (kernel_h, kernel_w), (pad_h, pad_w),
                              backend=backend)

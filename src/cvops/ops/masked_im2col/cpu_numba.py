@@ -225,18 +225,50 @@ def _direct(feature, channels, height, width, points, out_w, weight, bias, kerne
                 out[o, p] = acc + bias[o]
 
 
-def masked_conv2d_direct(features, keep, weight, bias, padding):
-    """``masked_conv2d`` at the points of ``keep [out_h, out_w]`` without autograd (see :func:`_direct`);
-    float32/float64, the same values as the gather-and-multiply route within the accumulating-op
-    tolerance."""
+def masked_conv2d_direct(features, points, out_size, weight, bias, padding):
+    """``masked_conv2d`` at ``points`` (flat, ascending ``h*out_w + w``) of an ``out_size`` output without
+    autograd (see :func:`_direct`); float32/float64, the same values as the gather-and-multiply route
+    within the accumulating-op tolerance."""
     _, channels, height, width = features.shape
     out_channels, _, kernel_h, kernel_w = weight.shape
-    out_h, out_w = keep.shape
+    out_h, out_w = out_size
     out = torch.zeros((1, out_channels, out_h, out_w), dtype=features.dtype)
     if bias is None:
         bias = features.new_zeros(out_channels)
-    points = keep.view(-1).nonzero().view(-1)
     _direct(numpy_alias(features.contiguous().view(-1)), channels, height, width, numpy_alias(points),
             out_w, numpy_alias(weight.reshape(out_channels, -1)), numpy_alias(bias), kernel_h, kernel_w,
             padding[0], padding[1], numpy_alias(out.view(out_channels, -1)), DIRECT_BLOCK)
+    return out
+
+
+@njit(fastmath=REASSOCIATE)
+def _tap_sum(taps, height, width, points, out_w, bias, kernel_h, kernel_w, pad_h, pad_w, out):
+    """``out[o, p] = bias[o] + sum_{i,j} taps[(i*kw + j)*O + o, (h - pad_h + i)*W + (w - pad_w + j)]``
+    at every point ``p = h*out_w + w`` of ``points``, taps outside the feature left out (they read 0).
+    ``taps [kh*kw*O, H*W]`` holds every tap's weight times every feature position; it is walked one
+    row at a time (the points are sorted, so each row is read front to back)."""
+    out_channels = bias.shape[0]
+    for o in range(out_channels):
+        for m in range(points.shape[0]):
+            out[o, points[m]] = bias[o]
+    for i in range(kernel_h):
+        for j in range(kernel_w):
+            for o in range(out_channels):
+                row = taps[(i * kernel_w + j) * out_channels + o]
+                for m in range(points.shape[0]):
+                    p = points[m]
+                    y, x = p // out_w - pad_h + i, p % out_w - pad_w + j
+                    if y >= 0 and y < height and x >= 0 and x < width:
+                        out[o, p] += row[np.uint64(y * width + x)]
+
+
+def tap_sum(taps, points, out_size, bias, kernel, padding, height, width):
+    """The taps route's last step (see :func:`_tap_sum`): ``[1, O, out_h, out_w]``, zeros off ``points``."""
+    out_channels = taps.shape[0] // (kernel[0] * kernel[1])
+    out_h, out_w = out_size
+    out = torch.zeros((1, out_channels, out_h, out_w), dtype=taps.dtype)
+    if bias is None:
+        bias = taps.new_zeros(out_channels)
+    _tap_sum(numpy_alias(taps), height, width, numpy_alias(points), out_w, numpy_alias(bias), kernel[0], kernel[1],
+             padding[0], padding[1], numpy_alias(out.view(out_channels, -1)))
     return out

@@ -1,16 +1,20 @@
 """How ``masked_conv2d`` computes on the CPU when no gradient is wanted.
 
-Three routes give the same values (within the accumulating-op tolerance) and exact zeros off the mask:
+Four routes give the same values (within the accumulating-op tolerance) and exact zeros off the mask:
 
 * *masked*: gather the windows of the mask points (``cpu.im2col_forward``, the kernel behind
   ``masked_im2col``), one ``[O, C*kh*kw] x [C*kh*kw, M]`` product, scatter the columns into a zero map;
 * *direct* (numba installed): one compiled loop gathers a few points' windows at a time and takes
   their dot products with the weight rows (``cpu_numba.masked_conv2d_direct``): the least fixed cost,
   for few points;
+* *taps*: every tap's weight times the whole map, ``[kh*kw*O, C] x [C, H*W]`` (no window gather), then
+  per point the sum of its window's taps: the dense convolution's multiply-adds at the matmul's rate,
+  the cheapest for few output channels;
 * *dense*: ``conv2d`` over the whole map, then an exact zero fill off the mask points.
 
-:func:`plan` picks the cheaper one from a cost model of both (fitted to single-thread CPU times of
-the GA-RetinaNet head: P3..P7 of an 800x1333 image, 256 -> 80 and 256 -> 4 channels, 3x3). All call
+:func:`plan` picks the cheapest from a cost model of each (fitted to single-thread CPU times of the
+GA-RetinaNet head with numba installed: P3..P7 of an 800x1333 image, 256 -> 80 and 256 -> 4 channels,
+3x3, 10% and 30% of the positions masked). All call
 their kernels directly rather than through the custom ops: without autograd and outside
 ``torch.compile`` the custom-op dispatch only adds a fixed cost, which on the small pyramid levels is
 as large as the convolution itself. Under ``torch.compile``, with autograd, other backends or other
@@ -18,7 +22,9 @@ dtypes :func:`plan` returns None and ``masked_conv2d`` takes the custom ops.
 """
 from __future__ import annotations
 
-from typing import Optional
+import weakref
+from types import ModuleType
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -26,24 +32,38 @@ from torch import Tensor
 from ..._core.jit import numba_kernels
 from . import cpu
 
-# Cost model in nanoseconds, per route: a fixed part, then per window element (one of the C*kh*kw
-# values of a point's or position's window) a gather part plus a part per output channel.
-MASKED_FIXED_NS = 150_000     # point indices, the gather's plan, the product, scatter: about ten torch calls
+# Cost model in nanoseconds, per route: a fixed part (the whole call's, argument checks included), then
+# per window element (one of the C*kh*kw values of a point's or position's window) a gather part plus a
+# part per output channel.
+MASKED_FIXED_NS = 210_000     # point indices, the gather's plan, the product, scatter: about ten torch calls
 MASKED_ELEMENT_NS = 1.05      # gather into data_col (channel plane by plane), read back by the product
 MASKED_MAC_NS = 0.015         # per multiply-add of the [O, C*kh*kw] x [C*kh*kw, M] product
-DIRECT_FIXED_NS = 25_000      # one compiled call (numba installed)
+DIRECT_FIXED_NS = 90_000      # one compiled call (numba installed)
 DIRECT_ELEMENT_NS = 0.95      # gather into a per-block buffer
 DIRECT_MAC_NS = 0.046         # per multiply-add of the per-point dot products
-DENSE_FIXED_NS = 75_000       # conv2d's own set-up on a small map, and the select
+TAPS_FIXED_NS = 80_000        # one product, the tap sum call
+TAPS_MAC_NS = 0.02            # per multiply-add of the [kh*kw*O, C] x [C, H*W] product
+TAPS_POINT_NS = 1.0           # per (point, tap, output channel) of the tap sum
+DENSE_FIXED_NS = 110_000      # conv2d's own set-up on a small map, and the select
 DENSE_ELEMENT_NS = 0.28       # per window element of every output position (conv2d's own packing)
 DENSE_MAC_NS = 0.016          # per multiply-add of the dense convolution
-ROUTES = ("masked", "direct", "dense")
+ROUTES = ("masked", "direct", "taps", "dense")
+
+
+class Plan(NamedTuple):
+    """What :func:`plan` chose: the route, the ``[out_h, out_w]`` bool map of the points to compute,
+    their flat indices ``h*out_w + w`` (ascending) and the compiled kernels (None without numba)."""
+
+    route: str
+    keep: Tensor
+    points: Tensor
+    fused: Optional[ModuleType]
 
 
 def plan(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], out_h: int, out_w: int,
-         backend: Optional[str]) -> Optional[tuple[Tensor, str]]:
-    """``(keep, route)``: the ``[out_h, out_w]`` bool map of the points to compute and the cheapest of
-    :data:`ROUTES`; None where these routes do not apply (then the custom ops run).
+         backend: Optional[str]) -> Optional[Plan]:
+    """The cheapest of :data:`ROUTES` for this call, or None where these routes do not apply (then the
+    custom ops run).
 
     Applies to CPU float32/float64 with the default or cpu backend, without autograd (the weight
     gradient of the dense route would sum over every position, so a non-finite feature value off the
@@ -58,16 +78,21 @@ def plan(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor],
         keep = mask[0] > 0
     else:
         keep = _output_keep(mask, out_h, out_w)
-    out_channels, _, kernel_h, kernel_w = weight.shape
-    window = features.shape[1] * kernel_h * kernel_w
-    points = int(keep.sum())
+    flat = keep.view(-1).nonzero().view(-1)  # row-major: distinct, inside the output
+    fused = numba_kernels(cpu.__package__, features)
+    points = flat.shape[0]
     if points == 0:
-        return keep, "masked"  # nothing to compute: a zero map
+        return Plan("masked", keep, flat, fused)  # nothing to compute: a zero map
+    out_channels, channels, kernel_h, kernel_w = weight.shape
+    taps_count = kernel_h * kernel_w
+    window = channels * taps_count
     costs = {"masked": MASKED_FIXED_NS + points * window * (MASKED_ELEMENT_NS + out_channels * MASKED_MAC_NS),
-             "dense": DENSE_FIXED_NS + out_h * out_w * window * (DENSE_ELEMENT_NS + out_channels * DENSE_MAC_NS)}
-    if numba_kernels(cpu.__package__, features) is not None:
+             "dense": DENSE_FIXED_NS + out_h * out_w * window * (DENSE_ELEMENT_NS + out_channels * DENSE_MAC_NS),
+             "taps": (TAPS_FIXED_NS + features.shape[2] * features.shape[3] * window * out_channels * TAPS_MAC_NS
+                      + points * taps_count * out_channels * TAPS_POINT_NS)}
+    if fused is not None:
         costs["direct"] = DIRECT_FIXED_NS + points * window * (DIRECT_ELEMENT_NS + out_channels * DIRECT_MAC_NS)
-    return keep, min(costs, key=costs.get)
+    return Plan(min(costs, key=costs.get), keep, flat, fused)
 
 
 def _output_keep(mask: Tensor, out_h: int, out_w: int) -> Tensor:
@@ -81,26 +106,24 @@ def _output_keep(mask: Tensor, out_h: int, out_w: int) -> Tensor:
     return keep
 
 
-def run(name: str, features: Tensor, keep: Tensor, weight: Tensor, bias: Optional[Tensor], padding) -> Tensor:
-    """Route ``name`` of :data:`ROUTES` at the points of ``keep``."""
-    if name == "direct":
-        return numba_kernels(cpu.__package__, features).masked_conv2d_direct(features, keep, weight, bias, padding)
-    return (dense if name == "dense" else masked)(features, keep, weight, bias, padding)
+def run(chosen: Plan, features: Tensor, weight: Tensor, bias: Optional[Tensor], padding) -> Tensor:
+    """The route of ``chosen`` at its points: ``[1, O, out_h, out_w]``, exact zeros off the points."""
+    if chosen.route == "dense":
+        out = torch.nn.functional.conv2d(features, weight, bias, padding=padding)
+        return out.masked_fill_(chosen.keep.logical_not_(), 0)  # a fill: a NaN off the points does not leak
+    if chosen.route == "direct":
+        return chosen.fused.masked_conv2d_direct(features, chosen.points, chosen.keep.shape, weight, bias, padding)
+    if chosen.route == "taps":
+        return taps(features, chosen, weight, bias, padding)
+    return masked(features, chosen, weight, bias, padding)
 
 
-def dense(features: Tensor, keep: Tensor, weight: Tensor, bias: Optional[Tensor], padding) -> Tensor:
-    """``conv2d`` everywhere, then the value at every point of ``keep`` and an exact zero elsewhere (a
-    fill, not a product, so a NaN or inf off the mask points does not leak into the zeros)."""
-    out = torch.nn.functional.conv2d(features, weight, bias, padding=padding)
-    return out.masked_fill_(keep.logical_not_(), 0)
-
-
-def masked(features: Tensor, keep: Tensor, weight: Tensor, bias: Optional[Tensor], padding) -> Tensor:
-    """The windows of the points of ``keep`` times the weight, scattered into a zero map."""
-    out_h, out_w = keep.shape
+def masked(features: Tensor, chosen: Plan, weight: Tensor, bias: Optional[Tensor], padding) -> Tensor:
+    """The windows of the points times the weight, scattered into a zero map."""
+    out_h, out_w = chosen.keep.shape
     out_channels = weight.shape[0]
     out = torch.zeros((1, out_channels, out_h, out_w), dtype=features.dtype)
-    flat = keep.view(-1).nonzero().view(-1)  # row-major: distinct, inside the output
+    flat = chosen.points
     if flat.numel() == 0:
         return out
     data_col = cpu.im2col_forward(features, flat // out_w, flat % out_w, weight.shape[2], weight.shape[3],
@@ -108,6 +131,57 @@ def masked(features: Tensor, keep: Tensor, weight: Tensor, bias: Optional[Tensor
     values = project(weight.reshape(out_channels, -1), data_col, bias)
     out.view(out_channels, out_h * out_w).index_copy_(1, flat, values)
     return out
+
+
+# tap-major copies of the weights the taps route has seen (by id, with a weak reference to tell a
+# new tensor at a reused address apart), reused while the weight is unchanged
+_TAP_WEIGHTS: dict = {}
+_TAP_WEIGHTS_KEPT = 16
+
+
+def _tap_weight(weight: Tensor) -> Tensor:
+    """``weight [O, C, kh, kw]`` as ``[kh*kw*O, C]`` (row ``(i*kw + j)*O + o``). The copy is kept per
+    weight tensor (a module's parameter is the same tensor on every call) and made again when the
+    weight changed in place (its version counter moved)."""
+    kept = _TAP_WEIGHTS.get(id(weight))
+    if kept is not None and kept[0]() is weight and kept[1] == weight._version:
+        return kept[2]
+    out_channels, channels, kernel_h, kernel_w = weight.shape
+    tap_weight = weight.permute(2, 3, 0, 1).reshape(kernel_h * kernel_w * out_channels, channels).contiguous()
+    for key in [k for k, v in _TAP_WEIGHTS.items() if v[0]() is None]:  # weights gone
+        del _TAP_WEIGHTS[key]
+    if len(_TAP_WEIGHTS) >= _TAP_WEIGHTS_KEPT:
+        _TAP_WEIGHTS.pop(next(iter(_TAP_WEIGHTS)))
+    _TAP_WEIGHTS[id(weight)] = (weakref.ref(weight), weight._version, tap_weight)
+    return tap_weight
+
+
+SMALL_MAP = 1024  # positions below which BLAS's product beats oneDNN's set-up in the taps route
+
+
+def taps(features: Tensor, chosen: Plan, weight: Tensor, bias: Optional[Tensor], padding) -> Tensor:
+    """Every tap's weight times every feature position, ``[kh*kw*O, C] x [C, H*W]`` (a plain product on
+    the map as it is stored: no window gather), then per point the sum of its window's taps. The
+    product costs what the dense convolution costs in multiply-adds, but runs at the matmul's rate, so
+    for few output channels (GA-RetinaNet's 4-channel loc branch) it is cheaper than ``conv2d``."""
+    _, channels, height, width = features.shape
+    out_channels, _, kernel_h, kernel_w = weight.shape
+    tap_weight = _tap_weight(weight)
+    plane = features.reshape(channels, height * width)
+    products = tap_weight.mm(plane) if height * width < SMALL_MAP else project(tap_weight, plane, None)
+    if chosen.fused is not None:
+        return chosen.fused.tap_sum(products, chosen.points, chosen.keep.shape, bias, (kernel_h, kernel_w),
+                                    padding, height, width)
+    out_h, out_w = chosen.keep.shape
+    pad_h, pad_w = padding
+    shifted = torch.nn.functional.pad(products.view(-1, height, width), (pad_w, pad_w, pad_h, pad_h))
+    shifted = shifted.view(kernel_h, kernel_w, out_channels, height + 2 * pad_h, width + 2 * pad_w)
+    out = torch.zeros((out_channels, out_h, out_w), dtype=features.dtype) if bias is None else \
+        bias.view(out_channels, 1, 1).expand(out_channels, out_h, out_w).clone()
+    for i in range(kernel_h):
+        for j in range(kernel_w):
+            out += shifted[i, j, :, i:i + out_h, j:j + out_w]
+    return out.masked_fill_(chosen.keep.logical_not_(), 0).unsqueeze(0)
 
 
 def _onednn_matmul_usable(weight_2d: Tensor, data_col: Tensor, bias: Optional[Tensor]) -> bool:
