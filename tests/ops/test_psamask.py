@@ -353,6 +353,16 @@ def test_numba_covering_masks_take_sheared_forward_and_stay_exact():
 
 
 @requires_numba
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_numba_backward_tiles_narrower_than_the_map(layout):
+    """Maps wider than the strided-source backwards' tile (BACKWARD_TILE planes): partial tiles."""
+    from cvops.ops.psamask import cpu_numba
+    w = cpu_numba.BACKWARD_TILE + 5
+    for mode in MODES:
+        run_case("cpu-numba", 2, 3, w, 5, 2 * w + 1, mode, layout)
+
+
+@requires_numba
 def test_numba_sheared_tiles_copy_nan_payloads():
     x = make(1, 5, 12, 15, "NCHW", torch.float64)
     x.view(torch.int64)[0, 7, 2, 3] = 0x7FF0000000000123  # a signalling NaN with a payload

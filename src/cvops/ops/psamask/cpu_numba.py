@@ -46,7 +46,7 @@ CHUNKS_PER_THREAD = 4
 # Planes written together (see the kernels). Rows whose source is contiguous too (the copy is a memcpy)
 # want a small tile; strided sources want whole blocks, so one prefetch pass covers each row.
 CONTIGUOUS_TILE = 8
-COLLECT_BACKWARD_TILE = 16  # planes per tile of the NCHW COLLECT backward (see backward())
+BACKWARD_TILE = 16  # planes per tile of the strided-source backwards (see backward())
 
 
 def supports(t: torch.Tensor) -> bool:
@@ -420,11 +420,11 @@ def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: 
     else:                     # channel holds p, spatial holds q
         strides = (sn, sh, sw, w * sc, sc)
     if layout == "NCHW":
-        # COLLECT runs faster with tiles smaller than a block (PSANet's training shapes), DISTRIBUTE
+        # at PSANet's training shapes COLLECT runs faster with tiles smaller than a block, DISTRIBUTE
         # with whole blocks
-        tile = COLLECT_BACKWARD_TILE if psa_type == COLLECT else w_mask
+        tile = BACKWARD_TILE if psa_type == COLLECT else w_mask
         _launch(_backward_d_major, tile, dx, dy, strides, h, w, h_mask, w_mask, n * h_mask)
     else:
-        tile = CONTIGUOUS_TILE if strides[2] == 1 else w
+        tile = CONTIGUOUS_TILE if strides[2] == 1 else BACKWARD_TILE
         _launch(_backward_p_major, tile, dx, dy, strides, h, w, h_mask, w_mask, n * h)
     return dx
