@@ -4,8 +4,8 @@ Rows:
 * ``masked_im2col`` forward: IO = feature + both index tensors + data_col (MLU-OPS default).
   Anchor: the dense torch route, ``F.unfold`` of the whole map then picking the mask columns.
 * ``MaskedConv2d`` forward (cases with ``out_channels``): IO = input + mask + weight + bias +
-  output, FLOPs = 2*O*C*kh*kw*M. Anchor: the dense ``F.conv2d`` of the same layer (masked_conv2d
-  itself takes that route, plus a select, where its cost rule says gathering costs more).
+  output, FLOPs = 2*O*C*kh*kw*M. Anchor: the dense ``F.conv2d`` of the same layer (without autograd
+  masked_conv2d picks the cheapest of its CPU routes, that one among them: ``ops/masked_im2col/route.py``).
   Cases that differ only in ``out_channels`` share one masked_im2col row.
 
     python benchmarks/bench_masked_im2col.py [--tag network] [--backend cpu] [--threads 1]

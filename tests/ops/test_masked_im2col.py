@@ -11,6 +11,7 @@ import cvops
 from cvops import mluops
 from tests.support.cases import case_id, load_cases
 from cvops._core.errors import BadParamError, Status
+from cvops._core.jit import numba_enabled
 from cvops._core.metrics import bit_equal, diff1, diff2
 from cvops.ops.masked_im2col import cpu, reference
 from tests.support.inputs.masked_im2col import case_inputs, case_mask
@@ -434,8 +435,8 @@ def test_masked_conv2d_triton_backend_matches_cpu():
     weight, bias = torch.randn(4, 3, 3, 3), torch.randn(4)
     mask = (torch.rand(1, 6, 5) > 0.5).float()
     a = cvops.masked_conv2d(x, mask, weight, bias, 1, backend="triton")
-    b = cvops.masked_conv2d(x, mask, weight, bias, 1, backend="cpu")
-    assert bit_equal(a, b)
+    b = cvops.masked_conv2d(x, mask, weight, bias, 1, backend="cpu")  # an inference route: its own sum order
+    assert torch.equal(a == 0, b == 0) and torch.allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------ int64 limits
@@ -510,49 +511,82 @@ def test_masked_conv2d_every_argument_checked_before_use(change, error, fragment
 
 # -------------------------------------------------------------------------------- masked_conv2d route choice (speed work)
 def _routes(monkeypatch, route):
-    """Force masked_conv2d's CPU route: 'masked' (gather + matmul) or 'dense' (conv2d + select)."""
-    import cvops.ops.masked_im2col as mi
-    monkeypatch.setattr(mi, "_MASKED_FIXED_NS", 0 if route == "masked" else 1e18)
+    """Force masked_conv2d's CPU inference route (one of route.ROUTES) through its fixed cost."""
+    from cvops.ops.masked_im2col import route as routes
+    monkeypatch.setattr(routes, route.upper() + "_FIXED_NS", -1e18)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("pad", [(1, 1), (2, 0), (0, 1)])
-def test_masked_conv2d_dense_and_masked_routes_agree(pad, monkeypatch):
-    """Both inference routes give the same values (within the accumulating tolerance) and exact zeros
-    off the mask, even with inf/NaN in the feature; outputs larger or smaller than the mask."""
+def test_masked_conv2d_inference_routes_agree(pad, dtype, monkeypatch):
+    """Every inference route gives the custom-op (autograd) route's values (within the accumulating
+    tolerance) and exact zeros off the mask, even with inf/NaN in the feature; outputs larger or
+    smaller than the mask; points on the border."""
+    from cvops.ops.masked_im2col import route as routes
     torch.manual_seed(5)
-    x = torch.randn(1, 6, 9, 11, dtype=torch.float64)
+    x = torch.randn(1, 6, 9, 11, dtype=dtype)
     x[0, 1, 0, 0] = float("inf")
     x[0, 2, 8, 10] = float("nan")
-    weight = torch.randn(5, 6, 3, 3, dtype=torch.float64)
-    bias = torch.randn(5, dtype=torch.float64)
+    weight = torch.randn(5, 6, 3, 3, dtype=dtype)
+    bias = torch.randn(5, dtype=dtype)
     mask = (torch.rand(1, 9, 11) > 0.6).double()
-    results = {}
-    for route in ("masked", "dense"):
-        _routes(monkeypatch, route)
-        results[route] = cvops.masked_conv2d(x, mask, weight, bias, pad)
-    a, b = results["masked"], results["dense"]
-    assert a.shape == b.shape
-    assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.isinf(), b.isinf())
-    assert (b.isnan() | b.isinf()).any()
-    finite = a.isfinite()
-    assert torch.allclose(a[finite], b[finite], rtol=1e-12, atol=1e-12)
-    keep = torch.zeros(a.shape[2:], dtype=torch.bool)
-    rows, cols = min(a.shape[2], 9), min(a.shape[3], 11)
-    keep[:rows, :cols] = mask[0, :rows, :cols] > 0
-    assert bool((b[:, :, ~keep] == 0).all()) and not torch.signbit(b[:, :, ~keep]).any()
+    mask[0, 0, 0] = mask[0, 8, 10] = mask[0, 4, 5] = 1
+    expected = cvops.masked_conv2d(x, mask, weight, bias.requires_grad_(), pad).detach()  # custom ops
+    bias = bias.detach()
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for route in routes.ROUTES:
+        if route == "direct" and not numba_enabled():
+            continue
+        with monkeypatch.context() as m:
+            _routes(m, route)
+            assert routes.plan(x, mask, weight, bias, *expected.shape[2:], None).route == route
+            got = cvops.masked_conv2d(x, mask, weight, bias, pad)
+        assert got.shape == expected.shape and got.dtype == dtype
+        assert torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.isinf(), expected.isinf()), route
+        assert (got.isnan() | got.isinf()).any()
+        finite = got.isfinite()
+        assert torch.allclose(got[finite], expected[finite], rtol=tol, atol=tol), route
+        keep = torch.zeros(got.shape[2:], dtype=torch.bool)
+        rows, cols = min(got.shape[2], 9), min(got.shape[3], 11)
+        keep[:rows, :cols] = mask[0, :rows, :cols] > 0
+        assert bool((got[:, :, ~keep] == 0).all()) and not torch.signbit(got[:, :, ~keep]).any(), route
+
+
+def test_masked_conv2d_empty_mask_gives_zeros():
+    out = cvops.masked_conv2d(torch.randn(1, 3, 5, 5), torch.zeros(1, 5, 5), torch.randn(2, 3, 3, 3),
+                              torch.randn(2), 1)
+    assert out.shape == (1, 2, 5, 5) and bool((out == 0).all())
 
 
 def test_masked_conv2d_route_follows_the_cost_rule():
-    """The GA-RetinaNet head: masking 10% of P3 (100x168, 256 -> 80) gathers; the whole 7x11 P7 map, or
-    most of a map, convolves densely; other backends, dtypes and training take the masked route."""
-    import cvops.ops.masked_im2col as mi
-    weight = torch.zeros(80, 256, 3, 3)
+    """The GA-RetinaNet head: masking 10% of P3 (100x168, 256 -> 80) gathers; the whole P4 map convolves
+    densely; 4 output channels take the tap products; a few points of the 7x11 P7 map take the direct
+    loop (numba installed); other backends, dtypes and training take the custom ops (None)."""
+    from cvops.ops.masked_im2col import route as routes
+    weight, loc = torch.zeros(80, 256, 3, 3), torch.zeros(4, 256, 3, 3)
     p3 = torch.zeros(1, 256, 100, 168)
     sparse = (torch.rand(1, 100, 168, generator=torch.Generator().manual_seed(0)) < 0.1).float()
-    assert mi._dense_keep(p3, sparse, weight, None, 100, 168, None) is None
-    assert mi._dense_keep(p3, torch.ones(1, 100, 168), weight, None, 100, 168, None) is not None
-    p7, ones = torch.zeros(1, 256, 7, 11), torch.ones(1, 7, 11)
-    assert mi._dense_keep(p7, ones, weight, None, 7, 11, None) is not None
-    assert mi._dense_keep(p7, ones, weight, None, 7, 11, "reference") is None
-    assert mi._dense_keep(p7.half(), ones, weight.half(), None, 7, 11, None) is None
-    assert mi._dense_keep(p7, ones, weight.requires_grad_(), None, 7, 11, None) is None  # training: masked
+    assert routes.plan(p3, sparse, weight, None, 100, 168, None).route == "masked"
+    assert routes.plan(p3, sparse, loc, None, 100, 168, None).route == "taps"
+    p4 = torch.zeros(1, 256, 50, 84)
+    assert routes.plan(p4, torch.ones(1, 50, 84), weight, None, 50, 84, None).route == "dense"
+    p7, few = torch.zeros(1, 256, 7, 11), torch.zeros(1, 7, 11)
+    few[0, 3, :4] = 1
+    chosen = routes.plan(p7, few, weight, None, 7, 11, None)
+    assert chosen.route == ("direct" if numba_enabled() else "masked")
+    assert torch.equal(chosen.keep, few[0] > 0) and chosen.points.tolist() == [33, 34, 35, 36]
+    ones = torch.ones(1, 7, 11)
+    assert routes.plan(p7, ones, weight, None, 7, 11, "reference") is None
+    assert routes.plan(p7.half(), ones, weight.half(), None, 7, 11, None) is None
+    assert routes.plan(p7, ones, weight.requires_grad_(), None, 7, 11, None) is None  # training: custom ops
+
+
+def test_masked_conv2d_taps_route_follows_in_place_weight_changes(monkeypatch):
+    """The taps route keeps a tap-major copy per weight tensor; an in-place update is seen."""
+    _routes(monkeypatch, "taps")
+    x, mask = torch.randn(1, 3, 6, 7), (torch.rand(1, 6, 7) > 0.5).float()
+    weight = torch.randn(2, 3, 3, 3)
+    first = cvops.masked_conv2d(x, mask, weight, None, 1)
+    weight.mul_(2)
+    second = cvops.masked_conv2d(x, mask, weight, None, 1)
+    assert torch.allclose(second, 2 * first, rtol=1e-5, atol=1e-5) and bool((first != 0).any())

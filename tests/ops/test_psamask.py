@@ -320,6 +320,9 @@ def test_module_under_torch_compile_with_backward():
 # sheared-tile kernels; these shapes cover full and partial 8 x 8 blocks on both sides, odd and even masks
 # and masks both narrower and wider than the map.
 SHEARED_SHAPES = ((2, 5, 13, 3, 5), (1, 9, 16, 7, 9), (1, 4, 24, 4, 6), (2, 3, 17, 5, 30), (1, 6, 8, 2, 1))
+# masks that cover the whole map from every position (PSANet's training shapes): the forward takes the
+# sheared tiles, the backward the row kernel; odd and even masks, exactly covering and wider
+COVERING_SHAPES = ((1, 9, 9, 17, 17), (2, 5, 10, 9, 19), (1, 8, 11, 16, 22))
 
 
 @requires_numba
@@ -330,13 +333,33 @@ def test_numba_sheared_tiles_bit_exact(dtype, monkeypatch):
     threads = torch.get_num_threads()
     try:
         for n, h, w, hm, wm in SHEARED_SHAPES:
-            assert cpu_numba._sheared(make(n, h, w, hm * wm, "NCHW", dtype), "NCHW", w, wm)
+            assert cpu_numba._sheared(make(n, h, w, hm * wm, "NCHW", dtype), "NCHW", w, wm, False)
             for count in (1, 3):
                 torch.set_num_threads(count)
                 for mode in MODES:
                     run_case("cpu-numba", n, h, w, hm, wm, mode, "NCHW", dtype)
     finally:
         torch.set_num_threads(threads)
+
+
+@requires_numba
+def test_numba_covering_masks_take_sheared_forward_and_stay_exact():
+    from cvops.ops.psamask import cpu_numba
+    for n, h, w, hm, wm in COVERING_SHAPES:
+        x = make(n, h, w, hm * wm, "NCHW")
+        assert cpu_numba._sheared(x, "NCHW", w, wm, True) and not cpu_numba._sheared(x, "NCHW", w, wm, False)
+        for mode in MODES:
+            run_case("cpu-numba", n, h, w, hm, wm, mode, "NCHW")
+
+
+@requires_numba
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_numba_backward_tiles_narrower_than_the_map(layout):
+    """Maps wider than the strided-source backwards' tile (BACKWARD_TILE planes): partial tiles."""
+    from cvops.ops.psamask import cpu_numba
+    w = cpu_numba.BACKWARD_TILE + 5
+    for mode in MODES:
+        run_case("cpu-numba", 2, 3, w, 5, 2 * w + 1, mode, layout)
 
 
 @requires_numba

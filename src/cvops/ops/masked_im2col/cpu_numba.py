@@ -27,7 +27,7 @@ import torch
 from numba import prange
 
 from ..._core.bits import as_bits, numpy_alias, storage_bits
-from ..._core.jit import match_torch_threads, njit, njit_variants, use_parallel
+from ..._core.jit import REASSOCIATE, match_torch_threads, njit, njit_variants, use_parallel
 from ..._core.jit_intrinsics import store_fence, stream_store
 from ..._core.memory import new_empty
 
@@ -160,3 +160,115 @@ def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, p
     else:
         _gather_serial(storage, stride_c, *plan, out, streaming)
     return data_col
+
+
+# ------------------------------------------------------------------------------- direct masked conv
+DIRECT_BLOCK = 32  # points whose windows are gathered together (32 x C*kh*kw values stay in L2)
+
+
+@njit(fastmath=REASSOCIATE)
+def _direct(feature, channels, height, width, points, out_w, weight, bias, kernel_h, kernel_w, pad_h, pad_w,
+            out, block):
+    """``out[o, p] = bias[o] + sum_k weight[o, k] * window(p)[k]`` at every point ``p = h*out_w + w`` of
+    ``points`` (``out [O, out_h*out_w]`` is zero-filled by the caller; ``feature`` is the flat contiguous
+    ``[C, H, W]`` map). The windows (``k = (c*kh + i)*kw + j``, 0 outside the feature) of ``block``
+    points are gathered channel plane by plane (each plane is read while it is in cache) into a small
+    buffer, then one dot product per (point, output channel): no ``data_col`` in memory, and the sums
+    over k vectorise. Unsigned indices: no negative-index wrap test per load."""
+    out_channels, window = weight.shape
+    plane = height * width
+    taps = kernel_h * kernel_w
+    cols = np.zeros((block, window), feature.dtype)
+    origin = np.full(block, -1, np.int64)  # window start in a plane; -1: over the border
+    for b0 in range(0, points.shape[0], block):
+        nb = min(block, points.shape[0] - b0)
+        for m in range(nb):
+            p = points[b0 + m]
+            top, left = p // out_w - pad_h, p % out_w - pad_w
+            if top >= 0 and top + kernel_h <= height and left >= 0 and left + kernel_w <= width:
+                origin[m] = top * width + left
+            else:
+                origin[m] = -1
+                for c in range(channels):  # a window over the border: taps outside the feature read 0
+                    for i in range(kernel_h):
+                        y = top + i
+                        for j in range(kernel_w):
+                            x = left + j
+                            inside = y >= 0 and y < height and x >= 0 and x < width
+                            cols[m, (c * kernel_h + i) * kernel_w + j] = (
+                                feature[c * plane + y * width + x] if inside else 0)
+        for c in range(channels):
+            for m in range(nb):
+                if origin[m] >= 0:
+                    dst = cols[m]
+                    k = np.uint64(c * taps)
+                    row = np.uint64(c * plane + origin[m])
+                    if kernel_w == 3:  # the common 3-wide window, unrolled
+                        for i in range(kernel_h):
+                            dst[k] = feature[row]
+                            dst[k + np.uint64(1)] = feature[row + np.uint64(1)]
+                            dst[k + np.uint64(2)] = feature[row + np.uint64(2)]
+                            k += np.uint64(3)
+                            row += np.uint64(width)
+                    else:
+                        for i in range(kernel_h):
+                            for j in range(kernel_w):
+                                dst[k + np.uint64(j)] = feature[row + np.uint64(j)]
+                            k += np.uint64(kernel_w)
+                            row += np.uint64(width)
+        for m in range(nb):
+            p = points[b0 + m]
+            for o in range(out_channels):
+                acc = out[o, p]  # the caller's zero, in out's dtype
+                for k in range(window):
+                    acc += weight[o, np.uint64(k)] * cols[m, np.uint64(k)]
+                out[o, p] = acc + bias[o]
+
+
+def masked_conv2d_direct(features, points, out_size, weight, bias, padding):
+    """``masked_conv2d`` at ``points`` (flat, ascending ``h*out_w + w``) of an ``out_size`` output without
+    autograd (see :func:`_direct`); float32/float64, the same values as the gather-and-multiply route
+    within the accumulating-op tolerance."""
+    _, channels, height, width = features.shape
+    out_channels, _, kernel_h, kernel_w = weight.shape
+    out_h, out_w = out_size
+    out = torch.zeros((1, out_channels, out_h, out_w), dtype=features.dtype)
+    if bias is None:
+        bias = features.new_zeros(out_channels)
+    _direct(numpy_alias(features.contiguous().view(-1)), channels, height, width, numpy_alias(points),
+            out_w, numpy_alias(weight.reshape(out_channels, -1)), numpy_alias(bias), kernel_h, kernel_w,
+            padding[0], padding[1], numpy_alias(out.view(out_channels, -1)), DIRECT_BLOCK)
+    return out
+
+
+@njit(fastmath=REASSOCIATE)
+def _tap_sum(taps, height, width, points, out_w, bias, kernel_h, kernel_w, pad_h, pad_w, out):
+    """``out[o, p] = bias[o] + sum_{i,j} taps[(i*kw + j)*O + o, (h - pad_h + i)*W + (w - pad_w + j)]``
+    at every point ``p = h*out_w + w`` of ``points``, taps outside the feature left out (they read 0).
+    ``taps [kh*kw*O, H*W]`` holds every tap's weight times every feature position; it is walked one
+    row at a time (the points are sorted, so each row is read front to back)."""
+    out_channels = bias.shape[0]
+    for o in range(out_channels):
+        for m in range(points.shape[0]):
+            out[o, points[m]] = bias[o]
+    for i in range(kernel_h):
+        for j in range(kernel_w):
+            for o in range(out_channels):
+                row = taps[(i * kernel_w + j) * out_channels + o]
+                for m in range(points.shape[0]):
+                    p = points[m]
+                    y, x = p // out_w - pad_h + i, p % out_w - pad_w + j
+                    if y >= 0 and y < height and x >= 0 and x < width:
+                        out[o, p] += row[np.uint64(y * width + x)]
+
+
+def tap_sum(taps, points, out_size, bias, kernel, padding, height, width):
+    """The taps route's last step (see :func:`_tap_sum`): ``[1, O, out_h, out_w]``, zeros off ``points``."""
+    out_channels = taps.shape[0] // (kernel[0] * kernel[1])
+    out_h, out_w = out_size
+    out = torch.zeros((1, out_channels, out_h, out_w), dtype=taps.dtype)
+    if bias is None:
+        bias = taps.new_zeros(out_channels)
+    _tap_sum(numpy_alias(taps), height, width, numpy_alias(points), out_w, numpy_alias(bias), kernel[0], kernel[1],
+             padding[0], padding[1], numpy_alias(out.view(out_channels, -1)))
+    return out

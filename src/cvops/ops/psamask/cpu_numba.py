@@ -18,9 +18,9 @@ What makes it fast:
   strided loops into AVX-512 gathers, slower than scalar loads on AMD CPUs;
 * array indices are unsigned (no negative-index wrap test per access).
 
-Contiguous NCHW calls whose mask does not cover the whole width (PSANet's whole-image test map) take
-the sheared-tile kernels instead (``_shear_blocks``, described above them): there the row kernels'
-strided side maps every row to the same cache sets.
+Contiguous NCHW forwards, and NCHW backwards whose mask does not cover the whole width (PSANet's
+whole-image test map), take the sheared-tile kernels instead (``_shear_blocks``, described above them):
+there the row kernels' strided side maps every row to the same cache sets.
 
 Tensors reach the kernels as flat integer views of their storage (raw bits: every dtype is copied
 exactly, NaN payloads included) plus element strides of the logical ``[n, mask/position axes]`` view,
@@ -46,6 +46,7 @@ CHUNKS_PER_THREAD = 4
 # Planes written together (see the kernels). Rows whose source is contiguous too (the copy is a memcpy)
 # want a small tile; strided sources want whole blocks, so one prefetch pass covers each row.
 CONTIGUOUS_TILE = 8
+BACKWARD_TILE = 16  # planes per tile of the strided-source backwards (see backward())
 
 
 def supports(t: torch.Tensor) -> bool:
@@ -367,14 +368,15 @@ def _split(kernel, args, tail, blocks: int, elements: int) -> None:
 _FLOAT_OF_WIDTH = {4: np.float32, 8: np.float64}  # transpose8's element types, used as raw-bit carriers
 
 
-def _sheared(t: torch.Tensor, layout: str, w: int, w_mask: int) -> bool:
-    """Whether the sheared-tile kernel takes this call: contiguous NCHW, 4- or 8-byte elements, W >= 8,
-    and a mask that does not cover the whole width from every position. (When it does, most of each
-    slab is either all of the map or zeros, and the row kernels above are as fast or faster.)"""
+def _sheared(t: torch.Tensor, layout: str, w: int, w_mask: int, forward: bool) -> bool:
+    """Whether the sheared-tile kernel takes this call: contiguous NCHW, 4- or 8-byte elements, W >= 8;
+    for the backward also a mask that does not cover the whole width from every position. (When it
+    does, as at PSANet's training shapes, the backward's row kernel is as fast or faster, while the
+    forward's sheared tiles are faster in both cases.)"""
     hw = (w_mask - 1) // 2
     covers = hw >= w - 1 and w_mask - 1 - hw >= w - 1
     return (layout == "NCHW" and t.is_contiguous() and t.element_size() in _FLOAT_OF_WIDTH and w >= 8
-            and not covers)
+            and (forward or not covers))
 
 
 def _flat(t: torch.Tensor) -> np.ndarray:
@@ -392,7 +394,7 @@ def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: st
     """x: logical NCHW ``[N, h_mask*w_mask, H, W]`` -> logical NCHW ``[N, H*W, H, W]`` stored in ``layout``."""
     n, _, h, w = x.shape
     out = empty_nchw((n, h * w, h, w), layout, like=x)
-    if _sheared(x, layout, w, w_mask):
+    if _sheared(x, layout, w, w_mask, True):
         _launch_sheared(out, x, True, psa_type == COLLECT, h, w, h_mask, w_mask, n * h)
         return out
     sn, sc, sh, sw = x.stride()
@@ -409,7 +411,7 @@ def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: 
     """dy: logical NCHW ``[N, H*W, H, W]`` -> dx logical NCHW ``[N, h_mask*w_mask, H, W]``."""
     n, _, h, w = dy.shape
     dx = empty_nchw((n, h_mask * w_mask, h, w), layout, like=dy)
-    if _sheared(dy, layout, w, w_mask):
+    if _sheared(dy, layout, w, w_mask, False):
         _launch_sheared(dx, dy, False, psa_type == COLLECT, h, w, h_mask, w_mask, n * h_mask)
         return dx
     sn, sc, sh, sw = dy.stride()
@@ -418,8 +420,11 @@ def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: 
     else:                     # channel holds p, spatial holds q
         strides = (sn, sh, sw, w * sc, sc)
     if layout == "NCHW":
-        _launch(_backward_d_major, w_mask, dx, dy, strides, h, w, h_mask, w_mask, n * h_mask)
+        # at PSANet's training shapes COLLECT runs faster with tiles smaller than a block, DISTRIBUTE
+        # with whole blocks
+        tile = BACKWARD_TILE if psa_type == COLLECT else w_mask
+        _launch(_backward_d_major, tile, dx, dy, strides, h, w, h_mask, w_mask, n * h_mask)
     else:
-        tile = CONTIGUOUS_TILE if strides[2] == 1 else w
+        tile = CONTIGUOUS_TILE if strides[2] == 1 else BACKWARD_TILE
         _launch(_backward_p_major, tile, dx, dy, strides, h, w, h_mask, w_mask, n * h)
     return dx
