@@ -181,6 +181,7 @@ def masked_conv2d(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional
     stride, dilation = _int_pair(op, "stride", stride), _int_pair(op, "dilation", dilation)
     pad_h, pad_w = _int_pair(op, "padding", padding, min_value=0)  # torch's conv rejects negative padding too
     checks.check_masked_conv2d(op, features, mask, weight, bias, stride, dilation, groups)
+    check_backend(op, backend, features.device)
     out_channels, _, kernel_h, kernel_w = weight.shape
     out_h = features.shape[2] + 2 * pad_h - kernel_h + 1
     out_w = features.shape[3] + 2 * pad_w - kernel_w + 1
