@@ -13,6 +13,7 @@ other threads run meanwhile run single-threaded (slower, never wrong).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Sequence
@@ -71,3 +72,42 @@ def run_split(items: Sequence, body: Callable[[object], None]) -> None:
         futures = [pool(threads).submit(share, part) for part in range(threads)]
         for future in futures:
             future.result()
+
+
+def even_parts(total: int, count: int) -> list[tuple[int, int]]:
+    """``[0, total)`` cut into ``min(count, total)`` ranges of near-equal length."""
+    count = max(1, min(count, total))
+    bounds = [total * i // count for i in range(count + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def run_parts(call: Callable[[int, int], None], parts: Sequence[tuple[int, int]]) -> None:
+    """``call(lo, hi)`` for every range of ``parts``, claimed one by one by the calling thread and torch's
+    thread count of pool workers, for compiled kernels that release the GIL and write disjoint outputs.
+
+    More parts than threads, claimed as threads come free: on a shared machine a descheduled thread then
+    holds up its current part, not a fixed share of the work. Python threads rather than numba's
+    ``prange``: numba's OpenMP pool is a second OpenMP runtime beside torch's, and its fork/join waits for
+    a descheduled or still-spinning thread of the other runtime cost milliseconds per call. One thread
+    or one part runs on the calling thread alone.
+    """
+    threads = torch.get_num_threads()
+    if threads < 2 or len(parts) < 2:
+        for lo, hi in parts:
+            call(lo, hi)
+        return
+    claim = itertools.count()
+
+    def take() -> None:
+        i = next(claim)  # itertools.count is atomic under the GIL
+        while i < len(parts):
+            call(*parts[i])
+            i = next(claim)
+
+    helpers = [pool(threads).submit(take) for _ in range(threads - 1)]
+    try:
+        take()
+    finally:  # the kernels hold the caller's buffers: wait for every helper, even after an error here
+        for helper in helpers:  # every part is claimed: a helper still queued has nothing left to do
+            if not helper.cancel():
+                helper.result()

@@ -30,7 +30,6 @@ float32 (float64 for float64); float16/bfloat16 go through float32 copies.
 """
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import torch
@@ -39,7 +38,7 @@ from ..._core.bits import numpy_alias
 from ..._core.jit import REASSOCIATE, njit
 from ..._core.jit_intrinsics import transpose8
 from ..._core.memory import new_empty
-from ..._core.parallel import pool
+from ..._core.parallel import even_parts, run_parts
 
 _LANES = 8  # transpose8's block
 _PARALLEL_WORK = 1e6  # multiply-adds (tens of microseconds) below which one thread runs the call
@@ -424,32 +423,15 @@ def _strided(t: torch.Tensor, acc: torch.dtype):
 
 
 def _split(kernel, args, rows, work, min_rows=1):
-    """``kernel(*args, lo, hi)`` over the rows ``[0, rows)``: on the calling thread for small calls,
-    else in chunks that the caller and the shared worker threads claim one by one (a worker the OS
-    deschedules holds up one chunk, not half the work). The kernels release the GIL.
-
-    Python threads rather than numba's ``prange``: numba's OpenMP pool is a second OpenMP runtime
-    beside torch's, and its fork/join waits for a descheduled or still-spinning thread of the other
-    runtime cost milliseconds per call."""
+    """``kernel(*args, lo, hi)`` over the rows ``[0, rows)``: on the calling thread for small calls, else in
+    chunks of at least ``min_rows`` rows that the caller and the shared worker threads claim one by one
+    (``_core.parallel.run_parts``). The kernels release the GIL."""
     threads = torch.get_num_threads()
     if threads < 2 or rows < 2 or work < _PARALLEL_WORK:
         kernel(*args, 0, rows)
         return
-    chunks = min(rows, threads * max(1, min(_CHUNKS_PER_THREAD, rows // (threads * min_rows))))
-    bounds = [rows * i // chunks for i in range(chunks + 1)]
-    claim = itertools.count()
-
-    def take():
-        i = next(claim)
-        while i < chunks:
-            kernel(*args, bounds[i], bounds[i + 1])
-            i = next(claim)
-
-    helpers = [pool(threads).submit(take) for _ in range(threads - 1)]
-    take()
-    for helper in helpers:  # every chunk is claimed: a helper still queued has nothing left to do
-        if not helper.cancel():
-            helper.result()
+    chunks = threads * max(1, min(_CHUNKS_PER_THREAD, rows // (threads * min_rows)))
+    run_parts(lambda lo, hi: kernel(*args, lo, hi), even_parts(rows, chunks))
 
 
 def forward(features, masks, kernel_size, group_size, scale_factor, layout="NCHW"):

@@ -37,7 +37,7 @@ from ..._core.bits import as_bits, numpy_alias, storage_bits
 from ..._core.jit import njit
 from ..._core.jit_intrinsics import STREAMING, compile_scalar, prefetch, store_fence, stream_store, transpose8
 from ..._core.layout import empty_nchw
-from ..._core.parallel import pool
+from ..._core.parallel import even_parts, run_parts
 from .checks import COLLECT
 
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -352,17 +352,11 @@ def _launch(kernel, tile, out: torch.Tensor, src: torch.Tensor, strides, h, w, h
 
 def _split(kernel, args, tail, blocks: int, elements: int) -> None:
     """``kernel(*args, lo, hi, *tail)`` over the blocks ``[0, blocks)``, split over the thread pool."""
-    workers = torch.get_num_threads()
-    if workers < 2 or blocks < 2 or elements < _PARALLEL_ELEMENTS:
+    if torch.get_num_threads() < 2 or blocks < 2 or elements < _PARALLEL_ELEMENTS:
         kernel(*args, 0, blocks, *tail)
         return
-    # More chunks than threads, taken from the pool's queue as threads come free: on a shared machine one
-    # descheduled thread then delays only its current chunk, not half of the work.
-    chunks = min(blocks, workers * CHUNKS_PER_THREAD)
-    bounds = [blocks * i // chunks for i in range(chunks + 1)]
-    futures = [pool(workers).submit(kernel, *args, lo, hi, *tail) for lo, hi in zip(bounds[:-1], bounds[1:])]
-    for future in futures:
-        future.result()
+    parts = even_parts(blocks, torch.get_num_threads() * CHUNKS_PER_THREAD)
+    run_parts(lambda lo, hi: kernel(*args, lo, hi, *tail), parts)
 
 
 _FLOAT_OF_WIDTH = {4: np.float32, 8: np.float64}  # transpose8's element types, used as raw-bit carriers
