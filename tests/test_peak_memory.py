@@ -79,6 +79,22 @@ def build(large, subm={subm}):
     idx = torch.cat([torch.zeros(len(coords), 1, dtype=coords.dtype), coords], 1).int()
     return lambda: cvops.get_indice_pairs(idx, 1, shape, 3, 1 if subm else 2, 1, subm=subm)
 """,
+    "carafe_forward": """
+def build(large, layout="{layout}"):
+    h, w = (104, 168) if large else (5, 6)
+    x, m = torch.randn(2, 256, h, w), torch.rand(2, 25, 2 * h, 2 * w)
+    if layout == "NHWC":
+        x, m = x.permute(0, 2, 3, 1).contiguous(), m.permute(0, 2, 3, 1).contiguous()
+    return lambda: cvops.carafe_forward(x, m, 5, 1, 2, layout)
+""",
+    "carafe_backward": """
+def build(large, layout="{layout}"):
+    h, w = (104, 168) if large else (5, 6)
+    x, m, g = torch.randn(2, 256, h, w), torch.rand(2, 25, 2 * h, 2 * w), torch.randn(2, 256, 2 * h, 2 * w)
+    if layout == "NHWC":
+        x, m, g = (t.permute(0, 2, 3, 1).contiguous() for t in (x, m, g))
+    return lambda: cvops.carafe_backward(g, x, m, 5, 1, 2, layout)
+""",
     "indice_conv": """
 from cvops import sparse
 def build(large):
@@ -99,6 +115,10 @@ CASES = [
     ("psamask_forward", {"layout": "NHWC"}, lambda out: SCRATCH),
     ("psamask_backward", {"layout": "NCHW"}, lambda out: SCRATCH),
     ("psamask_backward", {"layout": "NHWC"}, lambda out: SCRATCH),
+    ("carafe_forward", {"layout": "NCHW"}, lambda out: SCRATCH),
+    ("carafe_forward", {"layout": "NHWC"}, lambda out: SCRATCH),
+    ("carafe_backward", {"layout": "NCHW"}, lambda out: SCRATCH),
+    ("carafe_backward", {"layout": "NHWC"}, lambda out: SCRATCH),
     ("masked_im2col", {}, lambda out: SCRATCH),
     ("masked_col2im", {}, lambda out: SCRATCH),
     # the candidate (offset, site) lists: a few int64 words per pair found, below 1.5x the kernel map
