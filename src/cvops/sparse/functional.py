@@ -159,6 +159,8 @@ def indice_conv(features: torch.Tensor, weight: torch.Tensor, indice_pairs: torc
     ``indice_pairs_by_output``: optionally :func:`sort_pairs_by_output` of the map (cached by the
     layers), used where rows are scattered into output rows; the result is the same without it.
     Every pair value is range-checked against ``features`` and ``num_out`` before any kernel runs.
+    Memory on the CPU: the output, a sorted copy of the map when it is not in output-row order (the layers
+    pass it sorted), and blocks of a few MiB per worker thread.
     """
     return _indice_conv(features, weight, indice_pairs, indice_num, num_out, inverse=inverse,
                         identity_offset=identity_offset, indice_pairs_by_output=indice_pairs_by_output,

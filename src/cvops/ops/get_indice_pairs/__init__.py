@@ -99,6 +99,9 @@ def get_indice_pairs(indices: torch.Tensor, batch_size: int, spatial_shape: Sequ
         ``out_indices [M, NDim + 1]`` int32 (sorted by (b, *coords); subm: ``indices``),
         ``indice_pairs [K, 2, L]`` int32 (-1 filled, packed, ascending input row),
         ``indice_num [K]`` int32, with ``K = prod(kernel_size)``.
+
+    Memory on the CPU: the outputs plus the candidate lists of the pairs (a few int64 words per pair
+    found, below 1.5x the outputs); no dense grid of the spatial shape is ever allocated.
     """
     if ksize is not None:
         kernel_size = ksize

@@ -119,7 +119,8 @@ def masked_im2col(feature: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, kerne
     Returns:
         ``data_col [C*kh*kw, M]`` with ``data_col[(c*kh + i)*kw + j, m] =
         feature[0, c, mask_h_idx[m] - pad_h + i, mask_w_idx[m] - pad_w + j]`` (0 outside).
-        Bit-exact copies; differentiable w.r.t. ``feature``.
+        Bit-exact copies; differentiable w.r.t. ``feature``. On the CPU the call needs ``data_col``
+        and less than 8 MiB of scratch besides its inputs.
     """
     kernel_h, kernel_w, pad_h, pad_w = checks.check_masked_im2col(feature, mask_h_idx, mask_w_idx,
                                                                    kernel_size, padding)
@@ -140,7 +141,8 @@ def masked_col2im(masked_output: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor,
         ``output [1, C, height, width]``: ``output[0, :, mask_h_idx[m], mask_w_idx[m]] =
         masked_output[:, m]``, zeros elsewhere. Points outside ``height x width`` are dropped, and
         where several points share a position the last one (largest m) is written, on every
-        device. Differentiable w.r.t. ``masked_output``.
+        device. Differentiable w.r.t. ``masked_output``. On the CPU the call needs ``output`` and less
+        than 8 MiB of scratch besides its inputs.
     """
     height, width = checks.check_masked_col2im(masked_output, mask_h_idx, mask_w_idx, height, width)
     check_backend(_OP, backend, masked_output.device)

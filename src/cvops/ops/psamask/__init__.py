@@ -5,6 +5,7 @@
 ``out[n, q, p] = x[n, m(q - p), p]`` for every position p and every neighbour q inside the mask
 window centred at p, DISTRIBUTE writes the transpose ``out[n, p, q]``; everything else is 0. Pure data
 movement: every backend is bit-exact. The backward is the exact adjoint (a gather, no accumulation).
+On the CPU a call needs its output and less than 8 MiB of scratch besides its input (both paths).
 """
 from __future__ import annotations
 
