@@ -13,11 +13,16 @@ One method per direction, whose cost follows the RoIs' work:
   no atomics), and the band is written out in the input's channel order (zeros where no bin reaches). A
   mapping_channel other than the forward's sends each value to the run of its own channel instead.
 
+Threads: calls with enough work are split over torch's thread count (the shared pool of ``_core.parallel``).
+The forward splits the bins by the row they start on (each bin is summed by one thread, which regroups the
+rows its bins reach), the backward splits the rows of the gradient (each pixel is written by one thread, its
+bins still added RoI by RoI): no atomics, and the same bits on any thread count.
+
 Bin edges come from :func:`_edges`, the one place that knows the two conventions (R-FCN, torchvision), in the
 accumulation dtype (float32; float64 for float64 input).
 
-Memory: besides the inputs and outputs, a call holds the band scratch (at most ``BAND_BYTES`` = 1 MiB, or one
-row of the image when a row is larger: ``W * PH*PW * S`` accumulation-dtype elements, S = od rounded up to 8),
+Memory: besides the inputs and outputs, a call holds a band scratch per thread (at most ``BAND_BYTES`` = 1 MiB,
+or one row of the image when a row is larger: ``W * PH*PW * S`` accumulation-dtype elements, S = od rounded up to 8),
 the forward's accumulators (``R * PH*PW * S`` elements, the size of the output in float32/float64 plus the
 padding to S) or the backward's ``top_grad / area`` (the same size), and the bin edges (``16 * R * max(PH, PW)``
 bytes). float16/bfloat16 tensors are read and written in place through their bits (no widened copy).
@@ -120,8 +125,10 @@ def _edges(rois, scale, ph_n, pw_n, height, width, torchvision):
     edges = np.zeros((rois.shape[0], 4, max(ph_n, pw_n)), np.int32)
     area, y0, y1, x0, x1 = 0, height, 0, width, 0
     for i in range(rois.shape[0]):
-        _axis_edges(dt(rois[i, 2]), dt(rois[i, 4]), scale, ph_n, height, torchvision, edges, i, 0, dt)
-        _axis_edges(dt(rois[i, 1]), dt(rois[i, 3]), scale, pw_n, width, torchvision, edges, i, 2, dt)
+        for row in range(0, 4, 2):  # rows (y corners) then columns (x corners); one call site, one compilation
+            bins, limit = (ph_n, height) if row == 0 else (pw_n, width)
+            _axis_edges(dt(rois[i, 2 - row // 2]), dt(rois[i, 4 - row // 2]), scale, bins, limit, torchvision, edges,
+                        i, row, dt)
         rows, cols = 0, 0
         for p in range(ph_n):
             rows += max(edges[i, 1, p] - edges[i, 0, p], 0)
@@ -272,7 +279,7 @@ def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_row
     groups = ph_n * pw_n
     u_run = np.uint64(run)
     for b in range(n):
-        y0, y1, x0, x1 = height, 0, width, 0  # the rows and columns this call's bins of image b cover
+        y0, y1, x0, x1 = height, np.int64(0), width, np.int64(0)  # the rows and columns this call's bins cover
         for i in range(r):
             if int(rois[i, 0]) == b:
                 for ph in range(ph_n):
