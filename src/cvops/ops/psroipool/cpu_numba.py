@@ -243,7 +243,15 @@ def _regroup(x, xs, b, y0, y1, x0, x1, groups, od, run, plane, g):
 
 @njit(error_model="numpy")
 def _ungroup(acc, b, y0, y1, width, groups, od, run, plane, bottom, bs):
-    """The inverse of :func:`_regroup` over whole rows: ``acc`` ``[k, y, x, 0:od]`` runs -> image b of bottom."""
+    """The inverse of :func:`_regroup` over whole rows: ``acc`` ``[k, y, x, 0:od]`` runs -> image b of bottom; the
+    rows of ``acc`` read are zeroed again (while they are in cache) for the next band."""
+    _ungroup_rows(acc, b, y0, y1, width, groups, od, run, plane, bottom, bs)
+    for k in range(groups):
+        acc[k * plane:k * plane + (y1 - y0) * width * run] = 0
+
+
+@njit(error_model="numpy")
+def _ungroup_rows(acc, b, y0, y1, width, groups, od, run, plane, bottom, bs):
     if bs[1] == 1:
         for y in range(y0, y1):
             for xx in range(width):
@@ -372,10 +380,10 @@ def _backward(diffs, rois, edges, dest, canonical, ph_n, pw_n, od, run, n, heigh
         if not used:
             _zero_rows(bottom, bs, b, y_lo, y_hi, width, groups * od)
             continue
+        for j in range(groups * plane):  # zero once: each band's rows are zeroed again as they are written out
+            acc[np.uint64(j)] = 0
         for yb in range(y_lo, y_hi, band_rows):
             ye = min(yb + band_rows, y_hi)
-            for j in range(groups * plane):
-                acc[np.uint64(j)] = 0
             for i in range(r):
                 if int(rois[i, 0]) != b or edges[i, 0, 0] >= ye or edges[i, 1, ph_n - 1] <= yb:
                     continue
