@@ -40,6 +40,7 @@ from ..._core.jit import njit
 from ..._core.jit_access import load, store, transpose
 from ..._core.jit_intrinsics import compile_slp
 from ..._core.layout import empty_nchw
+from ..._core.memory import new_empty
 from ..._core.parallel import pool
 from . import checks
 
@@ -280,8 +281,8 @@ def _zero_rows(bottom, bs, b, y0, y1, width, channels):
 def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_rows, sums, out, os, mapping, ms,
              y_lo, y_hi, g):
     """The forward of the bins whose first row is in [y_lo, y_hi) (see the module docstring): each bin is summed
-    by one call, so a split of the rows changes nothing. ``sums``: zeroed accumulators [R*K*run] (accumulation
-    dtype, also that of ``g``, the band scratch); out / mapping: flat storage with the strides of their logical
+    by one call, so a split of the rows changes nothing. ``sums``: accumulators [R*K*run] (accumulation dtype, also
+    that of ``g``, the band scratch; each bin's are zeroed at its first row); out / mapping: flat storage with the strides of their logical
     NCHW views."""
     r = rois.shape[0]
     groups = ph_n * pw_n
@@ -310,9 +311,12 @@ def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_row
                         ws, we = edges[i, 2, pw], edges[i, 3, pw]
                         k = np.uint64(ph * pw_n + pw)
                         if we > ws:
+                            d = (np.uint64(i * groups) + k) * u_run
+                            if edges[i, 0, ph] >= yb:  # the bin's first band: its accumulators start at 0
+                                for j in range(run):
+                                    sums[d + np.uint64(j)] = 0
                             first = k * plane + (np.uint64(hs - yb) * wc + np.uint64(ws - x0)) * u_run
-                            _sum_window(g, first, wc * u_run, he - hs, we - ws, u_run, sums,
-                                        (np.uint64(i * groups) + k) * u_run, run)
+                            _sum_window(g, first, wc * u_run, he - hs, we - ws, u_run, sums, d, run)
     dt = sums.dtype.type
     step, m_step = np.uint64(os[1]), np.uint64(ms[1])
     for i in range(r):
@@ -513,7 +517,7 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     mapping = empty_nchw(shape, out_layout, like=input.new_empty(0, dtype=torch.int32))
     x, xs = _dense(input)
     (out, os), (maps, ms) = _dense(output), _dense(mapping)
-    sums = np.zeros(r * groups * run, acc)
+    sums = numpy_alias(new_empty((r * groups * run,), torch.from_numpy(np.empty(0, acc)).dtype))  # recycled
     _split(_forward, (x, xs, n, h, w, rois_np, edges, pooled_height, pooled_width, od, run, band_rows, sums, out, os,
                       maps, ms), parts, band_rows * w * groups * run, acc, work)
     return output, mapping
@@ -544,7 +548,7 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
         dest = numpy_alias(torch.remainder(ch, groups) * plane + torch.div(ch, groups, rounding_mode="floor"))
     bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad)
     (top, ts), (b_flat, bs) = _dense(top_grad), _dense(bottom)
-    diffs = np.empty(r * groups * run, acc)
+    diffs = numpy_alias(new_empty((r * groups * run,), torch.from_numpy(np.empty(0, acc)).dtype))
     _split(_scaled_top, (top, ts, edges, ph_n, pw_n, od, run, diffs), _ranges(r, 2 * torch.get_num_threads()), 1,
            acc, r * groups * od)
     work = n * h * w * c + area * od
