@@ -29,6 +29,7 @@ bytes). float16/bfloat16 tensors are read and written in place through their bit
 """
 from __future__ import annotations
 
+import itertools
 import threading
 
 import numba
@@ -36,7 +37,7 @@ import numpy as np
 import torch
 
 from ..._core.bits import numpy_alias
-from ..._core.jit import njit
+from ..._core.jit import njit, use_parallel
 from ..._core.jit_access import load, store, transpose
 from ..._core.jit_intrinsics import compile_slp
 from ..._core.layout import empty_nchw
@@ -435,8 +436,8 @@ def _mapping_kind(mapping, ms, r, od, ph_n, pw_n, channels):
 # ----------------------------------------------------------------------------------------------------- wrappers
 _COMPILED: set = set()  # (kernel, argument types) compiled with the SLP vectoriser
 _SCRATCH = threading.local()
-PARALLEL_WORK = 1 << 19  # elements read or summed below which a thread hand-off costs more than it saves
-FWD_PARTS, BWD_PARTS = 1, 2  # parts per thread: a forward part re-reads the rows its bins share with the next
+PARALLEL_WORK = 2e6  # elements read or summed from which a call goes to the threads (jit.use_parallel)
+PARTS = 2  # parts per thread (a forward part also regroups the rows its bins share with the next part)
 
 
 def _compiled(kernel, args):
@@ -459,21 +460,30 @@ def _band_scratch(size: int, dtype) -> np.ndarray:
 
 
 def _split(kernel, args, parts, scratch: int, acc, work: int) -> None:
-    """``kernel(*args, lo, hi, band_scratch)`` for each ``(lo, hi)`` of ``parts``: on the calling thread, or on
-    torch's thread count of pool workers (each with its own band scratch) when the call has ``work`` enough.
-    The parts write disjoint outputs, so the result does not depend on the split."""
-    sample = (*args, 0, 0, _band_scratch(scratch, acc))
-    kernel = _compiled(kernel, sample)
-    workers = torch.get_num_threads()
-    if workers <= 1 or len(parts) <= 1 or work < PARALLEL_WORK:
+    """``kernel(*args, lo, hi, band_scratch)`` for each ``(lo, hi)`` of ``parts``: on the calling thread, or, when
+    the call has ``work`` enough, taken one by one from a shared counter by the calling thread and pool workers
+    (torch's thread count in all, each with its own band scratch). On a busy machine a worker that is not
+    scheduled in time leaves its parts to the others instead of stalling the call. The parts write disjoint
+    outputs, so the result does not depend on who runs them."""
+    kernel = _compiled(kernel, (*args, 0, 0, _band_scratch(scratch, acc)))
+    workers = min(torch.get_num_threads(), len(parts))
+    if workers <= 1 or not use_parallel(work, PARALLEL_WORK):
         for lo, hi in parts:
             kernel(*args, lo, hi, _band_scratch(scratch, acc))
         return
+    taken = itertools.count()  # next() on it is atomic under the GIL
 
-    def task(lo, hi):
-        kernel(*args, lo, hi, _band_scratch(scratch, acc))
-    for future in [pool(workers).submit(task, lo, hi) for lo, hi in parts]:
-        future.result()
+    def drain():
+        g = _band_scratch(scratch, acc)
+        j = next(taken)
+        while j < len(parts):
+            kernel(*args, *parts[j], g)
+            j = next(taken)
+    helpers = [pool(torch.get_num_threads()).submit(drain) for _ in range(workers - 1)]
+    drain()
+    for helper in helpers:
+        if not helper.cancel():  # one that never started has nothing left to do
+            helper.result()
 
 
 def _ranges(total: int, count: int) -> list[tuple[int, int]]:
@@ -510,7 +520,7 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     run = _run_length(od)
     band_rows = _band_rows(h, w * groups * run, acc)
     work = box * c + area * od
-    count = min(FWD_PARTS * torch.get_num_threads(), h) if work >= PARALLEL_WORK and torch.get_num_threads() > 1 else 1
+    count = min(PARTS * torch.get_num_threads(), h) if use_parallel(work, PARALLEL_WORK) else 1
     parts = [(lo, hi if hi < h else h + 1) for lo, hi in _ranges(h, count)]  # the last takes bins clamped to H
     shape = (r, od, pooled_height, pooled_width)
     output = empty_nchw(shape, out_layout, like=input)
@@ -553,7 +563,7 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
            acc, r * groups * od)
     work = n * h * w * c + area * od
     bands = -(-h // band_rows)
-    count = min(BWD_PARTS * torch.get_num_threads(), bands) if work >= PARALLEL_WORK and torch.get_num_threads() > 1 else 1
+    count = min(PARTS * torch.get_num_threads(), bands) if use_parallel(work, PARALLEL_WORK) else 1
     parts = [(lo * band_rows, min(hi * band_rows, h)) for lo, hi in _ranges(bands, count)]
     _split(_backward, (diffs, rois_np, edges, dest, canonical, ph_n, pw_n, od, run, n, h, w, band_rows, b_flat, bs),
            parts, groups * plane, acc, work)
