@@ -437,7 +437,7 @@ def _mapping_kind(mapping, ms, r, od, ph_n, pw_n, channels):
 _COMPILED: set = set()  # (kernel, argument types) compiled with the SLP vectoriser
 _SCRATCH = threading.local()
 PARALLEL_WORK = 2e6  # elements read or summed from which a call goes to the threads (jit.use_parallel)
-PARTS = 2  # parts per thread (a forward part also regroups the rows its bins share with the next part)
+BACKWARD_PARTS = 2  # per thread (a forward has one per thread: each also regroups the rows its bins reach)
 
 
 def _compiled(kernel, args):
@@ -520,7 +520,7 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     run = _run_length(od)
     band_rows = _band_rows(h, w * groups * run, acc)
     work = box * c + area * od
-    count = min(PARTS * torch.get_num_threads(), h) if use_parallel(work, PARALLEL_WORK) else 1
+    count = min(torch.get_num_threads(), h) if use_parallel(work, PARALLEL_WORK) else 1
     parts = [(lo, hi if hi < h else h + 1) for lo, hi in _ranges(h, count)]  # the last takes bins clamped to H
     shape = (r, od, pooled_height, pooled_width)
     output = empty_nchw(shape, out_layout, like=input)
@@ -563,7 +563,7 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
            acc, r * groups * od)
     work = n * h * w * c + area * od
     bands = -(-h // band_rows)
-    count = min(PARTS * torch.get_num_threads(), bands) if use_parallel(work, PARALLEL_WORK) else 1
+    count = min(BACKWARD_PARTS * torch.get_num_threads(), bands) if use_parallel(work, PARALLEL_WORK) else 1
     parts = [(lo * band_rows, min(hi * band_rows, h)) for lo, hi in _ranges(bands, count)]
     _split(_backward, (diffs, rois_np, edges, dest, canonical, ph_n, pw_n, od, run, n, h, w, band_rows, b_flat, bs),
            parts, groups * plane, acc, work)
