@@ -331,14 +331,21 @@ def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_row
                 at = np.uint64((i * groups + k) * run)
                 o = np.uint64(i * os[0] + ph * os[2] + pw * os[3])
                 m = np.uint64(i * ms[0] + ph * ms[2] + pw * ms[3])
-                if step == 1 and m_step == 1:  # NHWC: contiguous runs, vector code
+                if m_step == 1:  # NHWC: one contiguous run, vector stores
                     for ctop in range(od):
                         mapping[m + np.uint64(ctop)] = ctop * groups + k
-                        store(out, o + np.uint64(ctop), sums[at + np.uint64(ctop)] / area if not empty else dt(0.0))
-                    continue
-                for ctop in range(od):
-                    mapping[m + np.uint64(ctop) * m_step] = ctop * groups + k
-                    store(out, o + np.uint64(ctop) * step, sums[at + np.uint64(ctop)] / area if not empty else dt(0.0))
+                else:
+                    for ctop in range(od):
+                        mapping[m + np.uint64(ctop) * m_step] = ctop * groups + k
+                if empty:
+                    for ctop in range(od):
+                        store(out, o + np.uint64(ctop) * step, dt(0.0))
+                elif step == 1:  # NHWC: one contiguous run, vector divisions
+                    for ctop in range(od):
+                        store(out, o + np.uint64(ctop), sums[at + np.uint64(ctop)] / area)
+                else:
+                    for ctop in range(od):
+                        store(out, o + np.uint64(ctop) * step, sums[at + np.uint64(ctop)] / area)
 
 
 @njit(error_model="numpy")
