@@ -1,5 +1,8 @@
-"""The recycling allocator behind large CPU outputs (_core.memory)."""
+"""The recycling allocator behind large CPU outputs (_core.memory), and the peak memory of ops on large inputs."""
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -127,3 +130,47 @@ def test_empty_cache_returns_memory_to_the_system():
     memory.empty_cache()
     assert before - _rss() >= 32 << 20, (before, _rss())
     del keep
+
+
+_PSROI_PEAK = """
+import json, resource, torch, cvops
+from cvops.ops.psroipool import cpu, cpu_numba
+dtype, direction, numba = {dtype}, {direction!r}, {numba}
+shape, p, od = (1, 100, 250, 4 * 500), 2, 500
+rois = torch.tensor([[0, 0, 0, 249, 99], [0, 10, 10, 200, 90], [0, -5, -5, 300, 120], [0, 3, 4, 5, 6]], dtype=dtype)
+small = torch.ones(1, 3, 3, 4 * 500, dtype=dtype)  # compile/warm up first: numba/LLVM memory is not the op's
+out, m = cvops.psroi_pool(small, rois, p, p, 1.0, p, od, "NHWC")
+cvops.psroi_pool_backward(torch.ones_like(out), rois, m, 1.0, od, tuple(small.shape), "NHWC")
+if direction == "forward":
+    x = torch.full(shape, 0.5, dtype=dtype)
+else:
+    x = torch.full((4, p, p, od), 0.5, dtype=dtype)
+    m = m.clone()
+peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+base = peak()
+if direction == "forward":
+    result = cvops.psroi_pool(x, rois, p, p, 1.0, p, od, "NHWC")[0]
+    outputs = 2 * result.numel() * (result.element_size() + 4)  # output + mapping, and the fp32 sums
+else:
+    result = cvops.psroi_pool_backward(x, rois, m, 1.0, od, shape, "NHWC")
+    outputs = result.numel() * result.element_size()
+if numba:  # a band scratch per thread (cpu_numba.BAND_BYTES or one row)
+    scratch = torch.get_num_threads() * max(cpu_numba.BAND_BYTES, shape[2] * p * p * cpu_numba._run_length(od) * 4)
+else:  # tables of a few channels (cpu.TABLE_BYTES, float64 while NaN/inf are counted)
+    scratch = 3 * cpu.TABLE_BYTES
+print(json.dumps(dict(grew=peak() - base, allowed=outputs + scratch, input=x.numel() * x.element_size())))
+"""
+
+
+@pytest.mark.parametrize("path", ["cpu-torch", pytest.param("cpu-numba", marks=requires_numba)])
+@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.float32, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_psroipool_peak_memory_is_inputs_outputs_and_a_bounded_scratch(path, dtype, direction):
+    # a 100 MB float16 (200 MB float32) map, 4 RoIs over all of it: the call may add its outputs and the bounded
+    # scratch its docstring states to the peak RSS, nothing like a widened copy or a table of the whole map
+    code = _PSROI_PEAK.format(dtype=dtype, direction=direction, numba=path == "cpu-numba")
+    env = dict(os.environ, CVOPS_NUMBA="1" if path == "cpu-numba" else "0", CVOPS_RECYCLE="0")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    slack = 24 << 20  # allocator and interpreter noise
+    assert got["grew"] <= got["allowed"] + slack, got

@@ -195,6 +195,29 @@ def test_non_contiguous_input_and_rois(cpu_path):
     compare_backends("cpu", x, rois, *params(case), "NCHW")
 
 
+@pytest.mark.parametrize("finite", [True, False])
+def test_torch_path_in_column_chunks(finite, monkeypatch):
+    # tables of one or two output_dim columns at a time (cpu.TABLE_BYTES tiny): the same results as one table
+    from cvops.ops.psroipool import cpu
+    monkeypatch.setenv("CVOPS_NUMBA", "0")
+    case = next(c for c in UNIT if c["name"] == "fractional_rois")
+    ph, pw, scale, group, od = params(case)
+    x, rois = case_input(case).permute(0, 3, 1, 2).contiguous(), case_rois(case)
+    g = torch.randn(len(rois), od, ph, pw, generator=torch.Generator().manual_seed(5))
+    if not finite:
+        x[0, 3, 2, 1], x[1, 0, 4, 4], g[0, 1, 1, 1], g[1, 0, 0, 2] = float("nan"), float("inf"), float("-inf"), float("nan")
+    mapping = torch.randint(0, od * ph * pw, g.shape, generator=torch.Generator().manual_seed(3), dtype=torch.int32)
+    shape = tuple(x.shape)
+    for table_bytes in (8 * 2 * 9 * 10 * 12 * 2, 1):  # two columns per table, then one
+        monkeypatch.setattr(cpu, "TABLE_BYTES", table_bytes)
+        out, canonical = cvops.psroi_pool(x, rois, ph, pw, scale, group, od, backend="cpu")
+        expected, _ = cvops.psroi_pool(x, rois, ph, pw, scale, group, od, backend="reference")
+        assert_close(out, expected)
+        for m in (canonical, mapping):
+            assert_close(cvops.psroi_pool_backward(g, rois, m, scale, od, shape, backend="cpu"),
+                         cvops.psroi_pool_backward(g, rois, m, scale, od, shape, backend="reference"))
+
+
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
 def test_any_mapping_channel_in_backward(backend, monkeypatch):
     backend = select(backend, monkeypatch)

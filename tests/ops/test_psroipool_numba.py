@@ -1,4 +1,4 @@
-"""psroipool: the numba path (compiled loops) against the torch path and the reference, its switch, scratch and peak memory."""
+"""psroipool: the numba path (compiled loops) against the torch path and the reference, and its switch (peak memory: tests/test_memory.py)."""
 from __future__ import annotations
 
 import os
@@ -77,49 +77,6 @@ def test_numba_property_bit_equal(n, h, w, ph, pw, od, r, scale, layout, dtype, 
         mine = _pair(backend, *args, seed=seed, convention=convention)
     for a, b in zip(mine, _pair("reference", *args, seed=seed, convention=convention)):
         assert bit_equal(a, b)
-
-
-@requires_numba
-@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.float32, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("direction", ["forward", "backward"])
-def test_numba_peak_memory_is_inputs_outputs_and_a_bounded_scratch(dtype, direction):
-    # a 100 MB float16 (200 MB float32) map, 4 RoIs over all of it: the call may add its outputs, the band
-    # scratch (cpu_numba.BAND_BYTES or one row) and small per-RoI buffers to the peak RSS, nothing like a widened
-    # copy or a table of the whole map
-    import json
-    import subprocess
-    import sys
-    code = f"""
-import json, resource, torch, cvops
-from cvops.ops.psroipool import cpu_numba
-dtype, direction = {dtype}, {direction!r}
-shape, p, od = (1, 100, 250, 4 * 500), 2, 500
-rois = torch.tensor([[0, 0, 0, 249, 99], [0, 10, 10, 200, 90], [0, -5, -5, 300, 120], [0, 3, 4, 5, 6]], dtype=dtype)
-small = torch.ones(1, 3, 3, 4 * 500, dtype=dtype)  # compile first: numba/LLVM memory is not the op's
-out, m = cvops.psroi_pool(small, rois, p, p, 1.0, p, od, "NHWC")
-cvops.psroi_pool_backward(torch.ones_like(out), rois, m, 1.0, od, tuple(small.shape), "NHWC")
-if direction == "forward":
-    x = torch.full(shape, 0.5, dtype=dtype)
-else:
-    x = torch.full((4, p, p, od), 0.5, dtype=dtype)
-    m = m.clone()
-peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-base = peak()
-if direction == "forward":
-    result = cvops.psroi_pool(x, rois, p, p, 1.0, p, od, "NHWC")[0]
-    extra_allowed = 2 * result.numel() * (result.element_size() + 4)
-else:
-    result = cvops.psroi_pool_backward(x, rois, m, 1.0, od, shape, "NHWC")
-    extra_allowed = result.numel() * result.element_size()
-row = shape[2] * p * p * cpu_numba._run_length(od) * 4
-print(json.dumps(dict(grew=peak() - base, allowed=extra_allowed + 2 * max(cpu_numba.BAND_BYTES, row),
-                      input=x.numel() * x.element_size())))
-"""
-    env = dict(os.environ, CVOPS_NUMBA="1", CVOPS_RECYCLE="0")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    got = json.loads(done.stdout.strip().splitlines()[-1])
-    slack = 24 << 20  # allocator and interpreter noise
-    assert got["grew"] <= got["allowed"] + slack, got
 
 
 @requires_numba

@@ -13,6 +13,14 @@ cumulative sums turn it into ``bottom_grad``, and a coverage count gives exact z
 Non-finite values would poison every later entry of a summed-area table, so when any is present the
 table holds the finite values and count tables of NaN, +inf and -inf decide those bins.
 
+Memory. Each column ``ctop`` of the tables is independent, so both directions build them for a few of the
+``od`` columns at a time: a table holds at most ``TABLE_BYTES`` (16 MiB, counted as float64), or one column
+(``N*K*(H+1)*(W+1)`` entries, 1/od of the map) where that is larger. Besides the inputs and outputs, a call holds
+at most three such tables at once (float64 copies while counting NaN/inf) and per-bin buffers: the forward's corner rows
+and weights (``R*K*5`` int64 and accumulation-dtype entries) and its ``[R*K, od]`` accumulation-dtype result,
+the backward's ``[R*K, od + 1]`` values (``4*od + 1`` with NaN/inf) and, for a mapping_channel other than the
+forward's, four int64 table indices per value.
+
 With numba installed (the ``numba`` extra) and ``CVOPS_NUMBA`` not ``0``, non-empty CPU calls go to the fused
 loops of ``cpu_numba`` instead (the network cases are too small for eager torch to reach the IO goal);
 this torch code is the fallback and gives the same results within the accumulation tolerance.
@@ -27,6 +35,7 @@ from ..._core.layout import empty_nchw
 from . import checks
 
 _SIGNS = (1.0, -1.0, -1.0, 1.0)  # corners (hs,ws), (hs,we), (he,ws), (he,we)
+TABLE_BYTES = 16 << 20  # a summed-area or difference table covers as many output_dim columns as fit in this
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -109,6 +118,13 @@ def _grouped(t_nchw: torch.Tensor, groups: int) -> torch.Tensor:
     return t_nchw.unflatten(1, (c // groups, groups)).permute(0, 2, 3, 4, 1)
 
 
+def _column_chunks(n_rows: int, od: int, parts: int, extra: int = 0) -> list[tuple[int, int]]:
+    """Ranges of the ``od`` columns such that a table of ``n_rows`` rows and ``parts`` float64 columns per channel
+    (plus ``extra``) stays within ``TABLE_BYTES``, or holds one channel where a single one is larger."""
+    step = max(1, (TABLE_BYTES // (8 * n_rows) - extra) // parts)
+    return [(c0, min(c0 + step, od)) for c0 in range(0, od, step)]
+
+
 def _integral_table(values: torch.Tensor, dtype: torch.dtype, centre: bool):
     """``[N*K*(H+1)*(W+1) + N*K, od]``: the summed-area table of ``values - mean`` (zero border), followed
     by the per-plane means (row ``n_table + b*K + k``). ``values`` is ``[N, K, H, W, od]``."""
@@ -152,7 +168,7 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
     bins = r * groups
 
     grouped = _grouped(input, groups)
-    table, n_table = _integral_table(grouped, acc, centre=True)
+    n_table = n * groups * (h + 1) * (w + 1)
     # bags: 4 corner rows and the plane-mean row; weights +-1/area and 1 (all 0 for an empty bin)
     rows = torch.empty((bins, 5), dtype=torch.int64, device=dev)
     _corner_rows(grid, batch, ph_n, pw_n, h, w, out=rows[:, :4])
@@ -164,9 +180,14 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
     inv_area = nonempty / torch.clamp_min(area, 1)
     torch.mul(inv_area, torch.tensor(_SIGNS, dtype=acc, device=dev), out=weights[:, :4])
 
-    result = F.embedding_bag(rows, table, mode="sum", per_sample_weights=weights)  # [R*PH*PW, od]
-    if not bool(torch.isfinite(table[n_table:]).all()):  # some plane holds NaN/inf (or overflows)
-        result = _nonfinite_forward(grouped, acc, rows, weights)
+    result = torch.empty((bins, od), dtype=acc, device=dev)
+    for c0, c1 in _column_chunks(n_table + n * groups, od, 1):  # a table of a few channels at a time
+        part = grouped[..., c0:c1]
+        table, n_table = _integral_table(part, acc, centre=True)
+        sums = F.embedding_bag(rows, table, mode="sum", per_sample_weights=weights)  # [R*PH*PW, c1 - c0]
+        finite = bool(torch.isfinite(table[n_table:]).all())  # else some plane holds NaN/inf (or overflows)
+        del table
+        result[:, c0:c1] = sums if finite else _nonfinite_forward(part, acc, rows, weights)
     result = result.view(r, ph_n, pw_n, od)
     if out_layout == "NHWC" and result.dtype == input.dtype:
         return result.permute(0, 3, 1, 2), mapping
@@ -236,7 +257,8 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
     dev = top_grad.device
     grid, batch = edge_grid(rois, ph_n, pw_n, spatial_scale, h, w, acc, convention)
     bins = r * groups
-    n_rows = n * groups * (h + 1) * (w + 1)
+    plane = (h + 1) * (w + 1)
+    n_rows = n * groups * plane
     rows = _corner_rows(grid, batch, ph_n, pw_n, h, w)
     area = _areas(grid, ph_n, pw_n, acc)
 
@@ -254,35 +276,40 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
         for i, marker in enumerate((torch.isnan(grad), grad == float("inf"), grad == float("-inf")), 1):
             torch.mul(marker, nonempty, out=values[:, i * od:(i + 1) * od])
 
-    if canonical:  # (r, ph, pw) -> a whole table row, ctop -> its column
-        table = _splat(rows, values, n_rows).view(n, groups, h + 1, w + 1, width)
-        parts = [table[..., i * od:(i + 1) * od] for i in range((width - 1) // od)]
-        cover = table[..., -1:]
-    else:  # any channel: split it into (ctop, k) and address single elements
-        ch = mapping_channel.permute(0, 2, 3, 1).reshape(bins, od).to(torch.int64)
-        ctop, k = ch // groups, ch % groups
-        canonical_k = torch.arange(groups, device=dev).repeat(r)[:, None]
-        plane = (h + 1) * (w + 1)
-        elem = (rows[:, None, :] + ((k - canonical_k) * plane)[:, :, None]) * od + ctop[:, :, None]  # [B, od, 4]
-        per_elem = torch.stack([values[:, i * od:(i + 1) * od] for i in range((width - 1) // od)]
-                               + [values[:, -1:].expand(-1, od)], -1).reshape(bins * od, -1)
-        table = _splat(elem.view(-1, 4), per_elem, n_rows * od).view(n, groups, h + 1, w + 1, od, -1)
-        parts = [table[..., i] for i in range(table.shape[-1] - 1)]
-        cover = table[..., -1]
-    table.cumsum_(2)
-    table.cumsum_(3)
-    crop = (slice(None), slice(None), slice(0, h), slice(0, w))
-    result = parts[0][crop]
-    if not finite:
-        nan_n, pos_n, neg_n = (t[crop] > 0.5 for t in parts[1:])
-        result = torch.where(pos_n, float("inf"), result)
-        result = torch.where(neg_n, float("-inf"), result)
-        result = torch.where(nan_n | (pos_n & neg_n), float("nan"), result)
-    # [N, K, H, W, od] -> logical [N, od, K, H, W] (channel ctop*K + k), zero where no bin reaches
+    # [N, K, H, W, od] view of bottom (channel ctop*K + k); the tables cover a few of its od columns at a time
     target = bottom.unflatten(1, (od, groups)).permute(0, 2, 3, 4, 1)
-    covered = cover[crop] > 0.5
-    if target.dtype == acc:
-        torch.where(covered, result, torch.zeros((), dtype=acc, device=dev), out=target)
-    else:
-        target.copy_(torch.where(covered, result, 0.0))
+    parts = (width - 1) // od
+    if not canonical:  # any channel: split it into (ctop, k); a value moves to its k's plane and ctop's column
+        ch = mapping_channel.permute(0, 2, 3, 1).reshape(bins, od).to(torch.int64)
+        ctop, shift = ch // groups, (ch % groups - torch.arange(groups, device=dev).repeat(r)[:, None]) * plane
+    for c0, c1 in _column_chunks(n_rows, od, parts, extra=1):
+        cw = c1 - c0
+        if canonical:  # (r, ph, pw) -> a whole table row, ctop -> its column
+            cols = [values[:, i * od + c0:i * od + c1] for i in range(parts)] + [values[:, -1:]]
+            table = _splat(rows, torch.cat(cols, 1), n_rows).view(n, groups, h + 1, w + 1, -1)
+            sums = [table[..., i * cw:(i + 1) * cw] for i in range(parts)]
+            cover = table[..., -1:]
+        else:  # single elements: the (bin, j) whose channel falls in the chunk
+            b_i, j_i = ((ctop >= c0) & (ctop < c1)).nonzero().unbind(1)
+            elem = (rows[b_i] + shift[b_i, j_i, None]) * cw + (ctop[b_i, j_i] - c0)[:, None]  # [M, 4]
+            per_elem = torch.stack([values[b_i, i * od + j_i] for i in range(parts)] + [values[b_i, -1]], 1)
+            table = _splat(elem, per_elem, n_rows * cw).view(n, groups, h + 1, w + 1, cw, parts + 1)
+            sums = [table[..., i] for i in range(parts)]
+            cover = table[..., -1]
+        table.cumsum_(2)
+        table.cumsum_(3)
+        crop = (slice(None), slice(None), slice(0, h), slice(0, w))
+        result = sums[0][crop]
+        if not finite:
+            nan_n, pos_n, neg_n = (t[crop] > 0.5 for t in sums[1:])
+            result = torch.where(pos_n, float("inf"), result)
+            result = torch.where(neg_n, float("-inf"), result)
+            result = torch.where(nan_n | (pos_n & neg_n), float("nan"), result)
+        covered = cover[crop] > 0.5  # exact zeros where no bin reaches
+        dst = target[..., c0:c1]
+        if dst.dtype == acc:
+            torch.where(covered, result, torch.zeros((), dtype=acc, device=dev), out=dst)
+        else:
+            dst.copy_(torch.where(covered, result, 0.0))
+        del table, sums, cover, result, covered
     return bottom

@@ -13,17 +13,23 @@ One method per direction, whose cost follows the RoIs' work:
   no atomics), and the band is written out in the input's channel order (zeros where no bin reaches). A
   mapping_channel other than the forward's sends each value to the run of its own channel instead.
 
+Threads: calls with enough work are split over torch's thread count (the shared pool of ``_core.parallel``).
+The forward splits the bins by the row they start on (each bin is summed by one thread, which regroups the
+rows its bins reach), the backward splits the rows of the gradient (each pixel is written by one thread, its
+bins still added RoI by RoI): no atomics, and the same bits on any thread count.
+
 Bin edges come from :func:`_edges`, the one place that knows the two conventions (R-FCN, torchvision), in the
 accumulation dtype (float32; float64 for float64 input).
 
-Memory: besides the inputs and outputs, a call holds the band scratch (at most ``BAND_BYTES`` = 1 MiB, or one
-row of the image when a row is larger: ``W * PH*PW * S`` accumulation-dtype elements, S = od rounded up to 8),
+Memory: besides the inputs and outputs, a call holds a band scratch per thread (at most ``BAND_BYTES`` = 1 MiB,
+or one row of the image when a row is larger: ``W * PH*PW * S`` accumulation-dtype elements, S = od rounded up to 8),
 the forward's accumulators (``R * PH*PW * S`` elements, the size of the output in float32/float64 plus the
 padding to S) or the backward's ``top_grad / area`` (the same size), and the bin edges (``16 * R * max(PH, PW)``
 bytes). float16/bfloat16 tensors are read and written in place through their bits (no widened copy).
 """
 from __future__ import annotations
 
+import itertools
 import threading
 
 import numba
@@ -31,10 +37,12 @@ import numpy as np
 import torch
 
 from ..._core.bits import numpy_alias
-from ..._core.jit import njit
+from ..._core.jit import njit, use_parallel
 from ..._core.jit_access import load, store, transpose
 from ..._core.jit_intrinsics import compile_slp
 from ..._core.layout import empty_nchw
+from ..._core.memory import new_empty
+from ..._core.parallel import pool
 from . import checks
 
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -111,15 +119,27 @@ def _axis_edges(c1, c2, scale, bins, limit, torchvision, edges, i, row, dt):
 
 @njit(error_model="numpy")
 def _edges(rois, scale, ph_n, pw_n, height, width, torchvision):
-    """int32 [R, 4, max(PH, PW)]: rows hs, he (bin rows) and ws, we (bin columns) of every RoI, computed in the dtype
-    of ``scale`` (a 1-element array). The RoI values were checked (finite corners, batch indices in range)."""
+    """(int32 [R, 4, max(PH, PW)], work): rows hs, he (bin rows) and ws, we (bin columns) of every RoI, computed in
+    the dtype of ``scale`` (a 1-element array), and the RoIs' summed bin area and the pixels of the box around all
+    of them (how much a call reads). The RoI values were checked (finite corners, batch indices in range)."""
     dt = scale.dtype.type
     scale = scale[0]
     edges = np.zeros((rois.shape[0], 4, max(ph_n, pw_n)), np.int32)
+    area, y0, y1, x0, x1 = 0, height, 0, width, 0
     for i in range(rois.shape[0]):
-        _axis_edges(dt(rois[i, 2]), dt(rois[i, 4]), scale, ph_n, height, torchvision, edges, i, 0, dt)
-        _axis_edges(dt(rois[i, 1]), dt(rois[i, 3]), scale, pw_n, width, torchvision, edges, i, 2, dt)
-    return edges
+        for row in range(0, 4, 2):  # rows (y corners) then columns (x corners); one call site, one compilation
+            bins, limit = (ph_n, height) if row == 0 else (pw_n, width)
+            _axis_edges(dt(rois[i, 2 - row // 2]), dt(rois[i, 4 - row // 2]), scale, bins, limit, torchvision, edges,
+                        i, row, dt)
+        rows, cols = 0, 0
+        for p in range(ph_n):
+            rows += max(edges[i, 1, p] - edges[i, 0, p], 0)
+        for p in range(pw_n):
+            cols += max(edges[i, 3, p] - edges[i, 2, p], 0)
+        area += rows * cols
+        y0, y1 = min(y0, edges[i, 0, 0]), max(y1, edges[i, 1, ph_n - 1])
+        x0, x1 = min(x0, edges[i, 2, 0]), max(x1, edges[i, 3, pw_n - 1])
+    return edges, area, max(y1 - y0, 0) * max(x1 - x0, 0)
 
 
 # ------------------------------------------------------------------------------------------- runs of channels
@@ -205,14 +225,14 @@ def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length):
 @njit(error_model="numpy")
 def _regroup(x, xs, b, y0, y1, x0, x1, groups, od, run, plane, g):
     """Rows [y0, y1) x columns [x0, x1) of image b into ``g`` as ``[k, y, x, 0:od]`` runs of ``run`` entries (input
-    channel ``ctop*K + k`` at ``k*plane + pixel*run + ctop``), so that a bin's pixels lie close together:
-    NHWC storage pixel by pixel, NCHW storage channel plane row by row."""
+    channel ``ctop*K + k`` at ``k*plane + pixel*run + ctop``), so that a bin's pixels lie close together: NHWC
+    storage pixel by pixel, NCHW storage channel plane row by row."""
     wc = x1 - x0
     if xs[1] == 1:
         for y in range(y0, y1):
             for xx in range(x0, x1):
                 transpose(x, b * xs[0] + y * xs[2] + xx * xs[3], groups, od, groups, g,
-                           ((y - y0) * wc + xx - x0) * run, plane)
+                          ((y - y0) * wc + xx - x0) * run, plane)
     else:
         for ctop in range(od):
             for k in range(groups):
@@ -225,7 +245,15 @@ def _regroup(x, xs, b, y0, y1, x0, x1, groups, od, run, plane, g):
 
 @njit(error_model="numpy")
 def _ungroup(acc, b, y0, y1, width, groups, od, run, plane, bottom, bs):
-    """The inverse of :func:`_regroup` over whole rows: ``acc`` ``[k, y, x, 0:od]`` runs -> image b of bottom."""
+    """The inverse of :func:`_regroup` over whole rows: ``acc`` ``[k, y, x, 0:od]`` runs -> image b of bottom; the
+    rows of ``acc`` read are zeroed again (while they are in cache) for the next band."""
+    _ungroup_rows(acc, b, y0, y1, width, groups, od, run, plane, bottom, bs)
+    for k in range(groups):
+        acc[k * plane:k * plane + (y1 - y0) * width * run] = 0
+
+
+@njit(error_model="numpy")
+def _ungroup_rows(acc, b, y0, y1, width, groups, od, run, plane, bottom, bs):
     if bs[1] == 1:
         for y in range(y0, y1):
             for xx in range(width):
@@ -251,18 +279,23 @@ def _zero_rows(bottom, bs, b, y0, y1, width, channels):
 
 # ------------------------------------------------------------------------------------------------------ kernels
 @njit(error_model="numpy")
-def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_rows, sums, g, out, os, mapping, ms):
-    """The forward (see the module docstring). ``sums``: zeroed accumulators [R*K*run] (accumulation dtype, also
-    that of ``g``, the band scratch); out / mapping: flat storage with the strides of their logical NCHW views."""
+def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_rows, sums, out, os, mapping, ms,
+             y_lo, y_hi, g):
+    """The forward of the bins whose first row is in [y_lo, y_hi) (see the module docstring): each bin is summed
+    by one call, so a split of the rows changes nothing. ``sums``: accumulators [R*K*run] (accumulation dtype, also
+    that of ``g``, the band scratch; each bin's are zeroed at its first row); out / mapping: flat storage with the strides of their logical
+    NCHW views."""
     r = rois.shape[0]
     groups = ph_n * pw_n
     u_run = np.uint64(run)
     for b in range(n):
-        y0, y1, x0, x1 = height, 0, width, 0
+        y0, y1, x0, x1 = height, np.int64(0), width, np.int64(0)  # the rows and columns this call's bins cover
         for i in range(r):
             if int(rois[i, 0]) == b:
-                y0, y1 = min(y0, edges[i, 0, 0]), max(y1, edges[i, 1, ph_n - 1])
-                x0, x1 = min(x0, edges[i, 2, 0]), max(x1, edges[i, 3, pw_n - 1])
+                for ph in range(ph_n):
+                    if y_lo <= edges[i, 0, ph] < y_hi:
+                        y0, y1 = min(y0, edges[i, 0, ph]), max(y1, edges[i, 1, ph])
+                        x0, x1 = min(x0, edges[i, 2, 0]), max(x1, edges[i, 3, pw_n - 1])
         wc = np.uint64(max(x1 - x0, 0))
         plane = np.uint64(band_rows) * wc * u_run
         for yb in range(y0, y1, band_rows):
@@ -273,33 +306,37 @@ def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_row
                     continue
                 for ph in range(ph_n):
                     hs, he = max(edges[i, 0, ph], yb), min(edges[i, 1, ph], ye)
-                    if he <= hs:
+                    if he <= hs or not y_lo <= edges[i, 0, ph] < y_hi:
                         continue
                     for pw in range(pw_n):
                         ws, we = edges[i, 2, pw], edges[i, 3, pw]
                         k = np.uint64(ph * pw_n + pw)
                         if we > ws:
+                            d = (np.uint64(i * groups) + k) * u_run
+                            if edges[i, 0, ph] >= yb:  # the bin's first band: its accumulators start at 0
+                                for j in range(run):
+                                    sums[d + np.uint64(j)] = 0
                             first = k * plane + (np.uint64(hs - yb) * wc + np.uint64(ws - x0)) * u_run
-                            _sum_window(g, first, wc * u_run, he - hs, we - ws, u_run, sums,
-                                        (np.uint64(i * groups) + k) * u_run, run)
+                            _sum_window(g, first, wc * u_run, he - hs, we - ws, u_run, sums, d, run)
     dt = sums.dtype.type
-    block = groups * od  # a RoI's mapping_channel: one dense block, the same for every RoI
-    template = np.empty(block, np.int32)
-    for ctop in range(od):
-        for ph in range(ph_n):
-            for pw in range(pw_n):
-                template[ctop * ms[1] + ph * ms[2] + pw * ms[3]] = (ctop * ph_n + ph) * pw_n + pw
+    step, m_step = np.uint64(os[1]), np.uint64(ms[1])
     for i in range(r):
-        base = np.uint64(i * ms[0])
-        for e in range(block):
-            mapping[base + np.uint64(e)] = template[e]
         for ph in range(ph_n):
+            if not y_lo <= edges[i, 0, ph] < y_hi:
+                continue
             for pw in range(pw_n):
+                k = ph * pw_n + pw
                 area = dt((edges[i, 1, ph] - edges[i, 0, ph]) * (edges[i, 3, pw] - edges[i, 2, pw]))
                 empty = edges[i, 1, ph] <= edges[i, 0, ph] or edges[i, 3, pw] <= edges[i, 2, pw]
-                at = np.uint64(((i * groups) + ph * pw_n + pw) * run)
+                at = np.uint64((i * groups + k) * run)
                 o = np.uint64(i * os[0] + ph * os[2] + pw * os[3])
-                step = np.uint64(os[1])
+                m = np.uint64(i * ms[0] + ph * ms[2] + pw * ms[3])
+                if m_step == 1:  # NHWC: one contiguous run, vector stores
+                    for ctop in range(od):
+                        mapping[m + np.uint64(ctop)] = ctop * groups + k
+                else:
+                    for ctop in range(od):
+                        mapping[m + np.uint64(ctop) * m_step] = ctop * groups + k
                 if empty:
                     for ctop in range(od):
                         store(out, o + np.uint64(ctop) * step, dt(0.0))
@@ -312,27 +349,19 @@ def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_row
 
 
 @njit(error_model="numpy")
-def _backward(top, ts, rois, edges, mapping, ms, canonical, ph_n, pw_n, od, run, n, height, width, band_rows,
-              diffs, acc, bottom, bs):
-    """The backward (see the module docstring). ``diffs``: scratch [R*K*run] of the accumulation dtype (also that of
-    ``acc``, the band scratch); ``canonical``: mapping_channel is the forward's, else each value goes to the run of
-    its own channel ``mapping[...]`` (checked to be in range)."""
-    r = rois.shape[0]
+def _scaled_top(top, ts, edges, ph_n, pw_n, od, run, diffs, i0, i1, _unused):
+    """``diffs[(i*K + k)*run + ctop] = top_grad[i, ctop, ph, pw] / area`` for RoIs [i0, i1), in the accumulation
+    dtype of ``diffs`` (0 for an empty bin)."""
     groups = ph_n * pw_n
     dt = diffs.dtype.type
-    u_run = np.uint64(run)
-    plane = band_rows * width * run  # acc entries per channel group k
-    dest = np.empty(1 if canonical else r * groups * od, np.int32)  # acc entry of each value in a pixel's runs
-    used = np.zeros(n, np.bool_)
-    for i in range(r):
-        used[int(rois[i, 0])] = True
+    step = np.uint64(ts[1])
+    for i in range(i0, i1):
         for ph in range(ph_n):
             for pw in range(pw_n):
                 area = dt((edges[i, 1, ph] - edges[i, 0, ph]) * (edges[i, 3, pw] - edges[i, 2, pw]))
                 empty = edges[i, 1, ph] <= edges[i, 0, ph] or edges[i, 3, pw] <= edges[i, 2, pw]
                 at = np.uint64((i * groups + ph * pw_n + pw) * run)
                 t = np.uint64(i * ts[0] + ph * ts[2] + pw * ts[3])
-                step = np.uint64(ts[1])
                 if empty:
                     for ctop in range(od):
                         diffs[at + np.uint64(ctop)] = dt(0.0)
@@ -342,20 +371,31 @@ def _backward(top, ts, rois, edges, mapping, ms, canonical, ph_n, pw_n, od, run,
                 else:
                     for ctop in range(od):
                         diffs[at + np.uint64(ctop)] = load(top, t + np.uint64(ctop) * step) / area
-                if not canonical:
-                    e = (i * groups + ph * pw_n + pw) * od
-                    for ctop in range(od):
-                        c = mapping[i * ms[0] + ctop * ms[1] + ph * ms[2] + pw * ms[3]]
-                        dest[e + ctop] = (c % groups) * plane + c // groups
+
+
+@njit(error_model="numpy")
+def _backward(diffs, rois, edges, dest, canonical, ph_n, pw_n, od, run, n, height, width, band_rows, bottom, bs,
+              y_lo, y_hi, acc):
+    """The backward of rows [y_lo, y_hi) of every image (see the module docstring). ``diffs``: top_grad / area
+    of every bin (:func:`_scaled_top`); ``acc``: the band scratch (accumulation dtype); ``canonical``:
+    mapping_channel is the forward's, else value ``ctop`` of bin ``(i, k)`` goes to entry
+    ``dest[(i*K + k)*od + ctop]`` of a pixel's runs (its own channel's)."""
+    r = rois.shape[0]
+    groups = ph_n * pw_n
+    u_run = np.uint64(run)
+    plane = band_rows * width * run  # acc entries per channel group k
     u_width = np.uint64(width)
     for b in range(n):
-        if not used[b]:
-            _zero_rows(bottom, bs, b, 0, height, width, groups * od)
+        used = False
+        for i in range(r):
+            used = used or int(rois[i, 0]) == b
+        if not used:
+            _zero_rows(bottom, bs, b, y_lo, y_hi, width, groups * od)
             continue
-        for yb in range(0, height, band_rows):
-            ye = min(yb + band_rows, height)
-            for j in range(groups * plane):
-                acc[np.uint64(j)] = 0
+        for j in range(groups * plane):  # zero once: each band's rows are zeroed again as they are written out
+            acc[np.uint64(j)] = 0
+        for yb in range(y_lo, y_hi, band_rows):
+            ye = min(yb + band_rows, y_hi)
             for i in range(r):
                 if int(rois[i, 0]) != b or edges[i, 0, 0] >= ye or edges[i, 1, ph_n - 1] <= yb:
                     continue
@@ -371,8 +411,8 @@ def _backward(top, ts, rois, edges, mapping, ms, canonical, ph_n, pw_n, od, run,
                         s = np.uint64((i * groups + k) * run)
                         first = (np.uint64(hs - yb) * u_width + np.uint64(ws)) * u_run
                         if canonical:
-                            _spread_window(diffs, s, acc, first + np.uint64(k * plane), u_width * u_run, he - hs,
-                                           we - ws, u_run, run)
+                            _spread_window(diffs, s, acc, first + np.uint64(k * plane), u_width * u_run,
+                                           he - hs, we - ws, u_run, run)
                             continue
                         e = (i * groups + k) * od
                         for y in range(hs, he):
@@ -402,20 +442,19 @@ def _mapping_kind(mapping, ms, r, od, ph_n, pw_n, channels):
 
 # ----------------------------------------------------------------------------------------------------- wrappers
 _COMPILED: set = set()  # (kernel, argument types) compiled with the SLP vectoriser
+_SCRATCH = threading.local()
+PARALLEL_WORK = 2e6  # elements read or summed from which a call goes to the threads (jit.use_parallel)
+BACKWARD_PARTS = 2  # per thread (a forward has one per thread: each also regroups the rows its bins reach)
 
 
-def _call(kernel, *args):
-    """Runs ``kernel``, compiled on first use per signature with LLVM's SLP vectoriser on (``_add_run``'s 8-lane
+def _compiled(kernel, args):
+    """``kernel``, compiled on first use per signature with LLVM's SLP vectoriser on (``_sum_window``'s 8-lane
     blocks become vector code; numba leaves SLP off). numba caches it on disk."""
     key = (kernel, tuple(a.dtype if isinstance(a, np.ndarray) else type(a) for a in args))
     if key not in _COMPILED:
-        import numba
         compile_slp(kernel, tuple(numba.typeof(a) for a in args))
         _COMPILED.add(key)
-    return kernel(*args)
-
-
-_SCRATCH = threading.local()
+    return kernel
 
 
 def _band_scratch(size: int, dtype) -> np.ndarray:
@@ -427,47 +466,88 @@ def _band_scratch(size: int, dtype) -> np.ndarray:
     return buf
 
 
+def _split(kernel, args, parts, scratch: int, acc, work: int) -> None:
+    """``kernel(*args, lo, hi, band_scratch)`` for each ``(lo, hi)`` of ``parts``: on the calling thread, or, when
+    the call has ``work`` enough, taken one by one from a shared counter by the calling thread and pool workers
+    (torch's thread count in all, each with its own band scratch). On a busy machine a worker that is not
+    scheduled in time leaves its parts to the others instead of stalling the call. The parts write disjoint
+    outputs, so the result does not depend on who runs them."""
+    kernel = _compiled(kernel, (*args, 0, 0, _band_scratch(scratch, acc)))
+    workers = min(torch.get_num_threads(), len(parts))
+    if workers <= 1 or not use_parallel(work, PARALLEL_WORK):
+        for lo, hi in parts:
+            kernel(*args, lo, hi, _band_scratch(scratch, acc))
+        return
+    taken = itertools.count()  # next() on it is atomic under the GIL
+
+    def drain():
+        g = _band_scratch(scratch, acc)
+        j = next(taken)
+        while j < len(parts):
+            kernel(*args, *parts[j], g)
+            j = next(taken)
+    helpers = [pool(torch.get_num_threads()).submit(drain) for _ in range(workers - 1)]
+    drain()
+    for helper in helpers:
+        if not helper.cancel():  # one that never started has nothing left to do
+            helper.result()
+
+
+def _ranges(total: int, count: int) -> list[tuple[int, int]]:
+    bounds = [total * j // count for j in range(count + 1)]
+    return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+
+
 def _acc_dtype(dtype: torch.dtype):
     return np.float64 if dtype == torch.float64 else np.float32
 
 
-def _plan(rois: torch.Tensor, dtype: torch.dtype, ph_n, pw_n, od, spatial_scale, height, width, convention):
-    """(rois array, bin edges, accumulation dtype, run length, rows per band, band scratch)."""
+def _plan(rois: torch.Tensor, dtype: torch.dtype, ph_n, pw_n, spatial_scale, height, width, convention):
+    """(rois array, bin edges, summed bin area, pixels of the box around the RoIs, accumulation dtype)."""
     acc = _acc_dtype(dtype)
     r = rois.detach()
     r = numpy_alias((r if r.dtype in (torch.float32, torch.float64) else r.float()).contiguous())
-    edges = _edges(r, np.array([spatial_scale], acc), ph_n, pw_n, height, width, convention == "torchvision")
-    run = _run_length(od)
-    row_entries = width * ph_n * pw_n * run
-    band_rows = max(1, min(height, BAND_BYTES // (row_entries * np.dtype(acc).itemsize)))
-    return r, edges, acc, run, band_rows, _band_scratch(band_rows * row_entries, acc)
+    edges, area, box = _edges(r, np.array([spatial_scale], acc), ph_n, pw_n, height, width,
+                              convention == "torchvision")
+    return r, edges, area, box, acc
+
+
+def _band_rows(height: int, row_entries: int, acc) -> int:
+    return max(1, min(height, BAND_BYTES // (row_entries * np.dtype(acc).itemsize)))
 
 
 def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout="NCHW",
             convention="rfcn"):
     """As :func:`cpu.forward`: (output, mapping_channel) as logical NCHW views of tensors stored in ``out_layout``.
-    The caller checked the RoI values and non-empty tensors."""
+    The caller checked the RoI values and non-empty tensors. The bins are split over the threads by their first row."""
     n, c, h, w = input.shape
-    r, od = rois.shape[0], output_dim
-    rois_np, edges, acc, run, band_rows, g = _plan(rois, input.dtype, pooled_height, pooled_width, od, spatial_scale,
-                                                  h, w, convention)
+    r, od, groups = rois.shape[0], output_dim, pooled_height * pooled_width
+    rois_np, edges, area, box, acc = _plan(rois, input.dtype, pooled_height, pooled_width, spatial_scale, h, w,
+                                           convention)
+    run = _run_length(od)
+    band_rows = _band_rows(h, w * groups * run, acc)
+    work = box * c + area * od
+    count = min(torch.get_num_threads(), h) if use_parallel(work, PARALLEL_WORK) else 1
+    parts = [(lo, hi if hi < h else h + 1) for lo, hi in _ranges(h, count)]  # the last takes bins clamped to H
     shape = (r, od, pooled_height, pooled_width)
     output = empty_nchw(shape, out_layout, like=input)
     mapping = empty_nchw(shape, out_layout, like=input.new_empty(0, dtype=torch.int32))
     x, xs = _dense(input)
     (out, os), (maps, ms) = _dense(output), _dense(mapping)
-    sums = np.zeros(r * pooled_height * pooled_width * run, acc)
-    _call(_forward, x, xs, n, h, w, rois_np, edges, pooled_height, pooled_width, od, run, band_rows, sums, g, out, os,
-          maps, ms)
+    sums = numpy_alias(new_empty((r * groups * run,), torch.from_numpy(np.empty(0, acc)).dtype))  # recycled
+    _split(_forward, (x, xs, n, h, w, rois_np, edges, pooled_height, pooled_width, od, run, band_rows, sums, out, os,
+                      maps, ms), parts, band_rows * w * groups * run, acc, work)
     return output, mapping
 
 
 def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, out_layout="NCHW",
              trusted_mapping=False, convention="rfcn"):
     """As :func:`cpu.backward`: bottom_grad as the logical NCHW view of a tensor stored in ``out_layout``.
-    ``trusted_mapping``: mapping_channel is the forward's (autograd), so it needs no look."""
+    ``trusted_mapping``: mapping_channel is the forward's (autograd), so it needs no look. The rows of the
+    gradient are split over the threads."""
     n, c, h, w = input_shape
     r, od, ph_n, pw_n = top_grad.shape
+    groups = ph_n * pw_n
     canonical = True
     if not trusted_mapping:
         maps, ms = _dense(mapping_channel)
@@ -475,13 +555,23 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
         if kind < 0:
             checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)  # raises, naming the value
         canonical = kind == 0
-    rois_np, edges, acc, run, band_rows, band = _plan(rois, top_grad.dtype, ph_n, pw_n, od, spatial_scale, h, w,
-                                                     convention)
+    rois_np, edges, area, _, acc = _plan(rois, top_grad.dtype, ph_n, pw_n, spatial_scale, h, w, convention)
+    run = _run_length(od)
+    band_rows = _band_rows(h, w * groups * run, acc)
+    plane = band_rows * w * run
+    dest = np.zeros(1, np.int64)
+    if not canonical:  # each value's entry in a pixel's runs: its channel c at (c % K)*plane + c // K
+        ch = mapping_channel.detach().permute(0, 2, 3, 1).reshape(-1).to(torch.int64)
+        dest = numpy_alias(torch.remainder(ch, groups) * plane + torch.div(ch, groups, rounding_mode="floor"))
     bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad)
     (top, ts), (b_flat, bs) = _dense(top_grad), _dense(bottom)
-    if canonical:
-        maps, ms = np.zeros(1, np.int32), (0, 0, 0, 0)
-    diffs = np.empty(r * ph_n * pw_n * run, acc)
-    _call(_backward, top, ts, rois_np, edges, maps, ms, canonical, ph_n, pw_n, od, run, n, h, w, band_rows, diffs,
-          band, b_flat, bs)
+    diffs = numpy_alias(new_empty((r * groups * run,), torch.from_numpy(np.empty(0, acc)).dtype))
+    _split(_scaled_top, (top, ts, edges, ph_n, pw_n, od, run, diffs), _ranges(r, 2 * torch.get_num_threads()), 1,
+           acc, r * groups * od)
+    work = n * h * w * c + area * od
+    bands = -(-h // band_rows)
+    count = min(BACKWARD_PARTS * torch.get_num_threads(), bands) if use_parallel(work, PARALLEL_WORK) else 1
+    parts = [(lo * band_rows, min(hi * band_rows, h)) for lo, hi in _ranges(bands, count)]
+    _split(_backward, (diffs, rois_np, edges, dest, canonical, ph_n, pw_n, od, run, n, h, w, band_rows, b_flat, bs),
+           parts, groups * plane, acc, work)
     return bottom
