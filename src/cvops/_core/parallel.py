@@ -75,7 +75,9 @@ def run_split(items: Sequence, body: Callable[[object], None]) -> None:
 
 
 def even_parts(total: int, count: int) -> list[tuple[int, int]]:
-    """``[0, total)`` cut into ``min(count, total)`` ranges of near-equal length."""
+    """``[0, total)`` cut into ``min(count, total)`` non-empty ranges of near-equal length."""
+    if total <= 0:
+        return []
     count = max(1, min(count, total))
     bounds = [total * i // count for i in range(count + 1)]
     return list(zip(bounds[:-1], bounds[1:]))

@@ -29,7 +29,6 @@ bytes). float16/bfloat16 tensors are read and written in place through their bit
 """
 from __future__ import annotations
 
-import itertools
 import threading
 
 import numba
@@ -42,7 +41,7 @@ from ..._core.jit_access import load, store, transpose
 from ..._core.jit_intrinsics import compile_slp
 from ..._core.layout import empty_nchw
 from ..._core.memory import new_empty
-from ..._core.parallel import pool
+from ..._core.parallel import even_parts, run_parts
 from . import checks
 
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -467,35 +466,19 @@ def _band_scratch(size: int, dtype) -> np.ndarray:
 
 
 def _split(kernel, args, parts, scratch: int, acc, work: int) -> None:
-    """``kernel(*args, lo, hi, band_scratch)`` for each ``(lo, hi)`` of ``parts``: on the calling thread, or, when
-    the call has ``work`` enough, taken one by one from a shared counter by the calling thread and pool workers
-    (torch's thread count in all, each with its own band scratch). On a busy machine a worker that is not
-    scheduled in time leaves its parts to the others instead of stalling the call. The parts write disjoint
-    outputs, so the result does not depend on who runs them."""
+    """``kernel(*args, lo, hi, band_scratch)`` for each ``(lo, hi)`` of ``parts``: on the calling thread, or,
+    when the call has ``work`` enough, claimed one by one by the calling thread and the pool workers
+    (``_core.parallel.run_parts``), each thread with its own band scratch. The parts write disjoint outputs,
+    so the result does not depend on who runs them."""
     kernel = _compiled(kernel, (*args, 0, 0, _band_scratch(scratch, acc)))
-    workers = min(torch.get_num_threads(), len(parts))
-    if workers <= 1 or not use_parallel(work, PARALLEL_WORK):
+
+    def run(lo: int, hi: int) -> None:
+        kernel(*args, lo, hi, _band_scratch(scratch, acc))
+    if use_parallel(work, PARALLEL_WORK):
+        run_parts(run, parts)
+    else:
         for lo, hi in parts:
-            kernel(*args, lo, hi, _band_scratch(scratch, acc))
-        return
-    taken = itertools.count()  # next() on it is atomic under the GIL
-
-    def drain():
-        g = _band_scratch(scratch, acc)
-        j = next(taken)
-        while j < len(parts):
-            kernel(*args, *parts[j], g)
-            j = next(taken)
-    helpers = [pool(torch.get_num_threads()).submit(drain) for _ in range(workers - 1)]
-    drain()
-    for helper in helpers:
-        if not helper.cancel():  # one that never started has nothing left to do
-            helper.result()
-
-
-def _ranges(total: int, count: int) -> list[tuple[int, int]]:
-    bounds = [total * j // count for j in range(count + 1)]
-    return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+            run(lo, hi)
 
 
 def _acc_dtype(dtype: torch.dtype):
@@ -528,7 +511,7 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     band_rows = _band_rows(h, w * groups * run, acc)
     work = box * c + area * od
     count = min(torch.get_num_threads(), h) if use_parallel(work, PARALLEL_WORK) else 1
-    parts = [(lo, hi if hi < h else h + 1) for lo, hi in _ranges(h, count)]  # the last takes bins clamped to H
+    parts = [(lo, hi if hi < h else h + 1) for lo, hi in even_parts(h, count)]  # the last takes bins clamped to H
     shape = (r, od, pooled_height, pooled_width)
     output = empty_nchw(shape, out_layout, like=input)
     mapping = empty_nchw(shape, out_layout, like=input.new_empty(0, dtype=torch.int32))
@@ -566,12 +549,12 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
     bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad)
     (top, ts), (b_flat, bs) = _dense(top_grad), _dense(bottom)
     diffs = numpy_alias(new_empty((r * groups * run,), torch.from_numpy(np.empty(0, acc)).dtype))
-    _split(_scaled_top, (top, ts, edges, ph_n, pw_n, od, run, diffs), _ranges(r, 2 * torch.get_num_threads()), 1,
+    _split(_scaled_top, (top, ts, edges, ph_n, pw_n, od, run, diffs), even_parts(r, 2 * torch.get_num_threads()), 1,
            acc, r * groups * od)
     work = n * h * w * c + area * od
     bands = -(-h // band_rows)
     count = min(BACKWARD_PARTS * torch.get_num_threads(), bands) if use_parallel(work, PARALLEL_WORK) else 1
-    parts = [(lo * band_rows, min(hi * band_rows, h)) for lo, hi in _ranges(bands, count)]
+    parts = [(lo * band_rows, min(hi * band_rows, h)) for lo, hi in even_parts(bands, count)]
     _split(_backward, (diffs, rois_np, edges, dest, canonical, ph_n, pw_n, od, run, n, h, w, band_rows, b_flat, bs),
            parts, groups * plane, acc, work)
     return bottom
