@@ -19,11 +19,14 @@ mask (the reference skips them: an inf there must not meet the zero padding). Ke
 can never reach the map (``k > 2H - 1``) are cropped, so huge kernels on small maps stay small.
 Accumulation is in float32 (float64 for float64 inputs).
 
-Memory: besides its outputs a call allocates only its tiles' frames. A tile is sized so that its
-frames hold about ``_TILE_ELEMS`` accumulator elements (2 MiB of float32), and never fewer blocks than
-one pixel with its halo, so the scratch is at most ``max(_TILE_ELEMS, kh * kw * E)`` elements per
-worker thread, where ``E`` is the frame elements per pixel (forward ``C * (1 + 2*s*s) + G*s*s*kh*kw``,
-backward ``C * (2 + s*s) + 3*G*s*s*kh*kw``): independent of the map size and the batch.
+Memory: besides its outputs a call allocates one workspace per worker thread, reused by every tile
+that thread computes (so the allocator keeps no freed scratch of varying sizes resident). It holds the
+tile's frames, sized to about ``_TILE_ELEMS`` accumulator elements (2 MiB of float32) and never less
+than one pixel with its halo (``kh * kw`` pixels), then either the NCHW transpose pieces (about
+``_GATHER_ELEMS`` elements, at most ``s + 1`` output rows of the tile) or a step's buffers (about
+``_CHUNK_ELEMS`` elements, at least one frame row) with the output's transpose pieces. Every term
+depends on ``C, G, k, s`` and these constants, never on the map size or the batch: for CARAFE-FPN
+(C 256, k 5, G 1, s 2) it is about 3 MB per thread.
 
 NCHW tensors meet the channels-last frames one tile at a time: the tile's slab is gathered,
 transposed with torch's blocked 2-D transpose in cache, and results go back the same way. Tiles are
@@ -238,11 +241,14 @@ def _gather(t: torch.Tensor, i: int, ya: int, yb: int, xa: int, xb: int, s: int,
     mark = space.mark()
     for y in range(ya, yb, step):
         y1 = min(y + step, yb)
-        rows = space.take(((y1 - y) * s, cols, c), t.dtype)
-        packed = space.take((c, cols), t.dtype)
-        for r in range((y1 - y) * s):
-            packed.copy_(t[i, :, y * s + r, xa * s:xb * s])
-            rows[r].copy_(packed.t())
+        out_rows = (y1 - y) * s
+        rows = space.take((out_rows, cols, c), t.dtype)
+        # whole spans while one input row fits the piece, else one output row at a time
+        per = out_rows if s * cols * c <= _GATHER_ELEMS else 1
+        packed = space.take((c, per, cols), t.dtype)
+        for r in range(0, out_rows, per):
+            packed.copy_(t[i, :, y * s + r:y * s + r + per, xa * s:xb * s])
+            rows[r:r + per].view(-1, c).copy_(packed.view(c, -1).t())
         place(y - ya, y1 - ya, rows)
         space.release(mark)
 
@@ -296,14 +302,21 @@ def _store(tile: _Tile, r0: int, r1: int, out: torch.Tensor, src: torch.Tensor, 
     if _is_channels_last(out):
         dst.permute(1, 2, 0).view(r1 - r0, s, tx, s, cc).copy_(src)
         return
-    step = max(1, _GATHER_ELEMS // max(tx * s * cc, 1))
+    # a few output rows at a time: whole block rows while one fits the piece, else phase rows
+    row = tx * s * cc
+    rstep = max(1, _GATHER_ELEMS // max(s * row, 1))
+    pstep = s if rstep > 1 or s * row <= _GATHER_ELEMS else max(1, _GATHER_ELEMS // max(row, 1))
     mark = tile.space.mark()
-    for r in range(r1 - r0):
-        for py in range(0, s, step):
-            py1 = min(py + step, s)
-            staged = tile.space.take((py1 - py, tx, s, cc), out.dtype)
-            staged.copy_(src[r, py:py1])
-            _rows_to_slab(dst[:, r * s + py:r * s + py1], staged.view(-1, cc), tile.space)
+    for r in range(0, r1 - r0, rstep):
+        re = min(r + rstep, r1 - r0)
+        for py in range(0, s, pstep):
+            py1 = min(py + pstep, s)
+            staged = tile.space.take((re - r, py1 - py, tx, s, cc), out.dtype)
+            staged.copy_(src[r:re, py:py1])
+            target = dst[:, r * s:re * s].unflatten(1, (re - r, s))[:, :, py:py1]
+            flipped = tile.space.take(tuple(target.shape), out.dtype)
+            flipped.view(cc, -1).copy_(staged.view(-1, cc).t())
+            target.copy_(flipped)
             tile.space.release(mark)
 
 
