@@ -4,7 +4,7 @@ the process's peak resident memory, never a widened copy of an input or a table 
 Each case runs in a fresh subprocess: one small call first (numba compiles there; compiler memory is not the
 op's), then the peak (``VmHWM``) is reset through ``/proc/self/clear_refs`` and the large call is measured. The
 recycled-buffer pool is off (``CVOPS_RECYCLE=0``) so every output is a fresh allocation that counts.
-psroipool's own peak tests live in tests/ops/test_psroipool_numba.py and tests/ops/test_psroipool.py.
+psroipool's peak test (both paths, a 100 MB float16 map) is in tests/test_memory.py.
 """
 from __future__ import annotations
 
