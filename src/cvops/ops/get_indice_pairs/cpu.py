@@ -118,15 +118,27 @@ def site_keys(indices: torch.Tensor, shape) -> torch.Tensor:
 
 
 def _subm_pairs(indices: torch.Tensor, geo: Geometry):
-    L, ndim = indices.shape[0], geo.ndim
-    keys = site_keys(indices, geo.spatial_shape)
-    sorted_keys, order = torch.sort(keys)
+    L = indices.shape[0]
+    sorted_keys, order = torch.sort(site_keys(indices, geo.spatial_shape))
     check_no_duplicates(sorted_keys)
-    strides, volume = grid_strides(geo.spatial_shape)
     if indices.device.type == "cpu" and numba_enabled():
         from . import cpu_numba
-        pairs, indice_num = cpu_numba.subm_pairs(indices, sorted_keys, order, geo, strides)
+        pairs, indice_num = cpu_numba.subm_pairs(indices, sorted_keys, order, geo, grid_strides(geo.spatial_shape)[0])
         return indices.to(torch.int32).clone(), pairs, indice_num
+    # the search's per-site tables die with its frame, before the [K, 2, L] map is allocated (peak memory)
+    s, k, p = _subm_matches(indices, sorted_keys, order, geo)
+    i, j = order.index_select(0, s), order.index_select(0, p)
+    del s, p
+    slot_order = torch.sort(k * L + i).indices                   # (offset, input row) order
+    k, i, j = k.index_select(0, slot_order), i.index_select(0, slot_order), j.index_select(0, slot_order)
+    pairs, indice_num = pack_pairs(k, i, j, geo.kernel_volume, L)
+    return indices.to(torch.int32).clone(), pairs, indice_num
+
+
+def _subm_matches(indices: torch.Tensor, sorted_keys: torch.Tensor, order: torch.Tensor, geo: Geometry):
+    """Every (site s, offset k, neighbour p) of the subm map, s and p as positions in key order."""
+    ndim = geo.ndim
+    strides, volume = grid_strides(geo.spatial_shape)
     coords = indices.to(torch.int64).index_select(0, order)     # sites in sorted order
     last = ndim - 1
     kx, pad_x, dil_x, width = geo.kernel_size[last], geo.padding[last], geo.dilation[last], geo.spatial_shape[last]
@@ -179,12 +191,7 @@ def _subm_pairs(indices: torch.Tensor, geo: Geometry):
                 found_s.append(pos)
                 found_k.append(K - 1 - k)
                 found_p.append(s)
-    s, k, p = torch.cat(found_s), torch.cat(found_k), torch.cat(found_p)
-    i, j = order.index_select(0, s), order.index_select(0, p)
-    slot_order = torch.sort(k * L + i).indices                   # (offset, input row) order
-    k, i, j = k.index_select(0, slot_order), i.index_select(0, slot_order), j.index_select(0, slot_order)
-    pairs, indice_num = pack_pairs(k, i, j, geo.kernel_volume, L)
-    return indices.to(torch.int32).clone(), pairs, indice_num
+    return torch.cat(found_s), torch.cat(found_k), torch.cat(found_p)
 
 
 def get_indice_pairs(indices: torch.Tensor, geo: Geometry):
