@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import cvops
-from harness import BACKEND, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
+from harness import BACKEND, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn, time_pair
 from tests.support.cases import load_cases
 from cvops._core.metrics import bit_equal, diff1
 from cvops.ops.masked_im2col import reference
@@ -76,10 +76,9 @@ def _conv_row(rows, case, feature, h, w, kernel, pad, backend, name, device):
     with torch.no_grad():
         out = cvops.masked_conv2d(feature, mask, weight, bias, pad, backend=backend)
         dense = F.conv2d(feature, weight, bias, padding=pad) * (mask > 0)
-        t_masked = time_fn(lambda: cvops.masked_conv2d(feature, mask, weight, bias, pad, backend=backend), device,
-                           repeats=9, min_total_s=0.2)
-        t_dense = time_fn(lambda: F.conv2d(feature, weight, bias, padding=pad), device, repeats=9,
-                          min_total_s=0.2)
+        t_masked, t_dense = time_pair(lambda: cvops.masked_conv2d(feature, mask, weight, bias, pad, backend=backend),
+                                      lambda: F.conv2d(feature, weight, bias, padding=pad), device,
+                                      repeats=9, min_total_s=0.4)
     m = int((mask > 0).sum())
     ratio = f"{m / (height * width):.0%} masked"
     rows.append(BenchRow("MaskedConv2d", f"{case['name']} ({ratio})", "forward", name, t_masked,

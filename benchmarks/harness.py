@@ -39,6 +39,20 @@ def set_quick(enabled: bool, repeats: int = 3, slow_s: float = 0.5) -> None:
     QUICK.update(enabled=enabled, repeats=repeats, slow_s=slow_s)
 
 
+def _sample(fn: Callable[[], object], device: torch.device) -> float:
+    """One timed call of ``fn`` in seconds (CUDA events on GPU)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def time_fn(fn: Callable[[], object], device: torch.device, *, repeats: int = 7, warmup: int = 1,
             min_total_s: float = 0.0) -> float:
     """Median wall time of ``fn()`` in seconds (CUDA events on GPU); fewer samples in quick mode."""
@@ -53,20 +67,29 @@ def time_fn(fn: Callable[[], object], device: torch.device, *, repeats: int = 7,
     synchronize(device)
     times: list[float] = []
     while len(times) < repeats or sum(times) < min_total_s:
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+        times.append(_sample(fn, device))
         if len(times) >= 10 * repeats:
             break
     return statistics.median(times)
+
+
+def time_pair(fn: Callable[[], object], anchor: Callable[[], object], device: torch.device, *,
+              repeats: int = 9, min_total_s: float = 0.0) -> tuple[float, float]:
+    """Median wall times of ``fn()`` and ``anchor()``, sampled alternately, so that a slow spell of a shared
+    machine falls on both and their ratio holds (two separate :func:`time_fn` runs of sub-millisecond calls
+    can land in different spells)."""
+    if QUICK["enabled"]:
+        repeats, min_total_s = min(repeats, QUICK["repeats"]), 0.0
+    fn(), anchor()
+    synchronize(device)
+    ours: list[float] = []
+    theirs: list[float] = []
+    while len(ours) < repeats or sum(ours) + sum(theirs) < min_total_s:
+        ours.append(_sample(fn, device))
+        theirs.append(_sample(anchor, device))
+        if len(ours) >= 10 * repeats:
+            break
+    return statistics.median(ours), statistics.median(theirs)
 
 
 def tensor_bytes(*tensors) -> int:
