@@ -39,7 +39,7 @@ from ..._core.bits import numpy_alias
 from ..._core.jit import njit, use_parallel
 from ..._core.jit_access import load, store, transpose
 from ..._core.jit_intrinsics import compile_slp
-from ..._core.layout import empty_nchw
+from ..._core.layout import empty_nchw, from_nchw
 from ..._core.memory import new_empty
 from ..._core.parallel import even_parts, run_parts
 from . import checks
@@ -278,12 +278,11 @@ def _zero_rows(bottom, bs, b, y0, y1, width, channels):
 
 # ------------------------------------------------------------------------------------------------------ kernels
 @njit(error_model="numpy")
-def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_rows, sums, out, os, mapping, ms,
-             y_lo, y_hi, g):
+def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_rows, sums, out, os, y_lo, y_hi, g):
     """The forward of the bins whose first row is in [y_lo, y_hi) (see the module docstring): each bin is summed
     by one call, so a split of the rows changes nothing. ``sums``: accumulators [R*K*run] (accumulation dtype, also
-    that of ``g``, the band scratch; each bin's are zeroed at its first row); out / mapping: flat storage with the strides of their logical
-    NCHW views."""
+    that of ``g``, the band scratch; each bin's are zeroed at its first row); out: flat storage with the strides of
+    its logical NCHW view."""
     r = rois.shape[0]
     groups = ph_n * pw_n
     u_run = np.uint64(run)
@@ -318,24 +317,16 @@ def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_row
                             first = k * plane + (np.uint64(hs - yb) * wc + np.uint64(ws - x0)) * u_run
                             _sum_window(g, first, wc * u_run, he - hs, we - ws, u_run, sums, d, run)
     dt = sums.dtype.type
-    step, m_step = np.uint64(os[1]), np.uint64(ms[1])
+    step = np.uint64(os[1])
     for i in range(r):
         for ph in range(ph_n):
             if not y_lo <= edges[i, 0, ph] < y_hi:
                 continue
             for pw in range(pw_n):
-                k = ph * pw_n + pw
                 area = dt((edges[i, 1, ph] - edges[i, 0, ph]) * (edges[i, 3, pw] - edges[i, 2, pw]))
                 empty = edges[i, 1, ph] <= edges[i, 0, ph] or edges[i, 3, pw] <= edges[i, 2, pw]
-                at = np.uint64((i * groups + k) * run)
+                at = np.uint64((i * groups + ph * pw_n + pw) * run)
                 o = np.uint64(i * os[0] + ph * os[2] + pw * os[3])
-                m = np.uint64(i * ms[0] + ph * ms[2] + pw * ms[3])
-                if m_step == 1:  # NHWC: one contiguous run, vector stores
-                    for ctop in range(od):
-                        mapping[m + np.uint64(ctop)] = ctop * groups + k
-                else:
-                    for ctop in range(od):
-                        mapping[m + np.uint64(ctop) * m_step] = ctop * groups + k
                 if empty:
                     for ctop in range(od):
                         store(out, o + np.uint64(ctop) * step, dt(0.0))
@@ -423,20 +414,17 @@ def _backward(diffs, rois, edges, dest, canonical, ph_n, pw_n, od, run, n, heigh
 
 
 @njit(error_model="numpy")
-def _mapping_kind(mapping, ms, r, od, ph_n, pw_n, channels):
-    """0: every entry is the forward's ``(ctop*PH + ph)*PW + pw``; 1: another mapping with every entry in
-    [0, channels); -1: some entry outside that range."""
-    kind = 0
-    for i in range(r):
-        for ctop in range(od):
-            for ph in range(ph_n):
-                for pw in range(pw_n):
-                    c = mapping[i * ms[0] + ctop * ms[1] + ph * ms[2] + pw * ms[3]]
-                    if c < 0 or c >= channels:
-                        return -1
-                    if c != (ctop * ph_n + ph) * pw_n + pw:
-                        kind = 1
-    return kind
+def _mapping_kind(mapping, pattern, channels):
+    """0: ``mapping`` (flat storage) is the forward's, ``pattern`` (one RoI's channels in the same storage order)
+    for every RoI; 1: another mapping with every entry in [0, channels); -1: some entry outside that range."""
+    size = pattern.shape[0]
+    bad, other = False, False
+    for i in range(mapping.shape[0] // size):
+        for j in range(size):
+            c = mapping[i * size + j]
+            bad |= (c < 0) | (c >= channels)
+            other |= c != pattern[j]
+    return -1 if bad else int(other)
 
 
 # ----------------------------------------------------------------------------------------------------- wrappers
@@ -481,6 +469,11 @@ def _split(kernel, args, parts, scratch: int, acc, work: int) -> None:
             run(lo, hi)
 
 
+def _pattern(od: int, ph_n: int, pw_n: int, layout: str) -> torch.Tensor:
+    """One RoI's forward mapping_channel ``(ctop*PH + ph)*PW + pw`` in the storage order of ``layout``, flat."""
+    return from_nchw(torch.arange(od * ph_n * pw_n, dtype=torch.int32).view(1, od, ph_n, pw_n), layout).reshape(-1)
+
+
 def _acc_dtype(dtype: torch.dtype):
     return np.float64 if dtype == torch.float64 else np.float32
 
@@ -515,11 +508,13 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     shape = (r, od, pooled_height, pooled_width)
     output = empty_nchw(shape, out_layout, like=input)
     mapping = empty_nchw(shape, out_layout, like=input.new_empty(0, dtype=torch.int32))
+    pattern = _pattern(od, pooled_height, pooled_width, out_layout)  # the same for every RoI
+    from_nchw(mapping, out_layout).view(r, -1).copy_(pattern.expand(r, -1))
     x, xs = _dense(input)
-    (out, os), (maps, ms) = _dense(output), _dense(mapping)
+    out, os = _dense(output)
     sums = numpy_alias(new_empty((r * groups * run,), torch.from_numpy(np.empty(0, acc)).dtype))  # recycled
-    _split(_forward, (x, xs, n, h, w, rois_np, edges, pooled_height, pooled_width, od, run, band_rows, sums, out, os,
-                      maps, ms), parts, band_rows * w * groups * run, acc, work)
+    _split(_forward, (x, xs, n, h, w, rois_np, edges, pooled_height, pooled_width, od, run, band_rows, sums, out, os),
+           parts, band_rows * w * groups * run, acc, work)
     return output, mapping
 
 
@@ -533,8 +528,10 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
     groups = ph_n * pw_n
     canonical = True
     if not trusted_mapping:
-        maps, ms = _dense(mapping_channel)
-        kind = _mapping_kind(maps, ms, r, od, ph_n, pw_n, c)
+        m = mapping_channel.detach()
+        m = m if m.is_contiguous() or m.is_contiguous(memory_format=torch.channels_last) else m.contiguous()
+        pattern = _pattern(od, ph_n, pw_n, "NCHW" if m.is_contiguous() else "NHWC")  # _dense's storage order
+        kind = _mapping_kind(_dense(m)[0], numpy_alias(pattern), c)
         if kind < 0:
             checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)  # raises, naming the value
         canonical = kind == 0
