@@ -66,13 +66,15 @@ def _storage(t: torch.Tensor) -> np.ndarray:
 
 
 def _dense(t: torch.Tensor) -> tuple[np.ndarray, tuple[int, ...]]:
-    """(flat storage, element strides of the logical NCHW view ``t``); a copy only when ``t`` is neither dense NCHW
-    nor dense NHWC storage."""
+    """(flat storage, element strides of the logical NCHW view ``t`` in that storage: ``(CHW, HW, W, 1)`` for NCHW
+    order, ``(HWC, 1, WC, C)`` for NHWC order); a copy only when ``t`` is neither dense NCHW nor dense NHWC."""
     t = t.detach()
     if not (t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)):
         t = t.contiguous()
-    base = t if t.is_contiguous() else t.permute(0, 2, 3, 1)
-    return _storage(base), tuple(t.stride())
+    _, c, h, w = t.shape
+    if t.is_contiguous():
+        return _storage(t), (c * h * w, h * w, w, 1)
+    return _storage(t.permute(0, 2, 3, 1)), (h * w * c, 1, w * c, c)
 
 
 # ------------------------------------------------------------------------------------------------- bin edges
@@ -224,56 +226,34 @@ def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length):
 @njit(error_model="numpy")
 def _regroup(x, xs, b, y0, y1, x0, x1, groups, od, run, plane, g):
     """Rows [y0, y1) x columns [x0, x1) of image b into ``g`` as ``[k, y, x, 0:od]`` runs of ``run`` entries (input
-    channel ``ctop*K + k`` at ``k*plane + pixel*run + ctop``), so that a bin's pixels lie close together: NHWC
-    storage pixel by pixel, NCHW storage channel plane row by row."""
+    channel ``ctop*K + k`` at ``k*plane + pixel*run + ctop``), so that a bin's pixels lie close together: 8 x 8
+    register transposes of each pixel's ``[ctop, k]`` channels (NHWC storage) or of each plane's ``[ctop, x]``
+    rows (NCHW storage)."""
     wc = x1 - x0
-    if xs[1] == 1:
-        for y in range(y0, y1):
+    for y in range(y0, y1):
+        row, at = (y - y0) * wc * run, b * xs[0] + y * xs[2]
+        if xs[1] == 1:
             for xx in range(x0, x1):
-                transpose(x, b * xs[0] + y * xs[2] + xx * xs[3], groups, od, groups, g,
-                          ((y - y0) * wc + xx - x0) * run, plane)
-    else:
-        for ctop in range(od):
+                transpose(x, at + xx * xs[3], groups, od, groups, g, row + (xx - x0) * run, plane)
+        else:
             for k in range(groups):
-                src = b * xs[0] + (ctop * groups + k) * xs[1]
-                for y in range(y0, y1):
-                    at = k * plane + (y - y0) * wc * run + ctop
-                    for xx in range(x0, x1):
-                        g[at + (xx - x0) * run] = load(x, src + y * xs[2] + xx * xs[3])
+                transpose(x, at + k * xs[1] + x0, groups * xs[1], od, wc, g, k * plane + row, run)
 
 
 @njit(error_model="numpy")
 def _ungroup(acc, b, y0, y1, width, groups, od, run, plane, bottom, bs):
     """The inverse of :func:`_regroup` over whole rows: ``acc`` ``[k, y, x, 0:od]`` runs -> image b of bottom; the
     rows of ``acc`` read are zeroed again (while they are in cache) for the next band."""
-    _ungroup_rows(acc, b, y0, y1, width, groups, od, run, plane, bottom, bs)
+    for y in range(y0, y1):
+        row, at = (y - y0) * width * run, b * bs[0] + y * bs[2]
+        if bs[1] == 1:
+            for xx in range(width):
+                transpose(acc, row + xx * run, plane, groups, od, bottom, at + xx * bs[3], groups)
+        else:
+            for k in range(groups):
+                transpose(acc, k * plane + row, run, width, od, bottom, at + k * bs[1], groups * bs[1])
     for k in range(groups):
         acc[k * plane:k * plane + (y1 - y0) * width * run] = 0
-
-
-@njit(error_model="numpy")
-def _ungroup_rows(acc, b, y0, y1, width, groups, od, run, plane, bottom, bs):
-    if bs[1] == 1:
-        for y in range(y0, y1):
-            for xx in range(width):
-                transpose(acc, ((y - y0) * width + xx) * run, plane, groups, od, bottom,
-                           b * bs[0] + y * bs[2] + xx * bs[3], groups)
-    else:
-        for ctop in range(od):
-            for k in range(groups):
-                dst = b * bs[0] + (ctop * groups + k) * bs[1]
-                for y in range(y0, y1):
-                    at = k * plane + (y - y0) * width * run + ctop
-                    for xx in range(width):
-                        store(bottom, dst + y * bs[2] + xx * bs[3], acc[at + xx * run])
-
-
-@njit(error_model="numpy")
-def _zero_rows(bottom, bs, b, y0, y1, width, channels):
-    for c in range(channels):
-        for y in range(y0, y1):
-            for xx in range(width):
-                store(bottom, b * bs[0] + c * bs[1] + y * bs[2] + xx * bs[3], 0.0)
 
 
 # ------------------------------------------------------------------------------------------------------ kernels
@@ -375,15 +355,8 @@ def _backward(diffs, rois, edges, dest, canonical, ph_n, pw_n, od, run, n, heigh
     u_run = np.uint64(run)
     plane = band_rows * width * run  # acc entries per channel group k
     u_width = np.uint64(width)
+    acc[:groups * plane] = 0  # zero once: each band's rows are zeroed again as they are written out
     for b in range(n):
-        used = False
-        for i in range(r):
-            used = used or int(rois[i, 0]) == b
-        if not used:
-            _zero_rows(bottom, bs, b, y_lo, y_hi, width, groups * od)
-            continue
-        for j in range(groups * plane):  # zero once: each band's rows are zeroed again as they are written out
-            acc[np.uint64(j)] = 0
         for yb in range(y_lo, y_hi, band_rows):
             ye = min(yb + band_rows, y_hi)
             for i in range(r):
