@@ -150,43 +150,47 @@ def _run_length(od: int) -> int:
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _get8(a, i):
+    return a[i], a[i + _U1], a[i + _U2], a[i + _U3], a[i + _U4], a[i + _U5], a[i + _U6], a[i + _U7]
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _put8(a, i, t):
+    a[i], a[i + _U1], a[i + _U2], a[i + _U3], a[i + _U4], a[i + _U5], a[i + _U6], a[i + _U7] = t
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _add8(p, q):
+    return p[0] + q[0], p[1] + q[1], p[2] + q[2], p[3] + q[3], p[4] + q[4], p[5] + q[5], p[6] + q[6], p[7] + q[7]
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _spread_window(src, s, dst, first, row_step, rows, cols, col_step, length):
     """The adjoint of :func:`_sum_window`: ``dst[first + y*row_step + x*col_step + j] += src[s + j]`` over the window,
     the run held in registers 8 lanes at a time; unsigned indices."""
     if length < _LANES:
         for j in range(length):
             u = np.uint64(j)
-            v = src[s + u]
             for y in range(rows):
                 at = first + np.uint64(y) * row_step + u
                 for x in range(cols):
-                    dst[at + np.uint64(x) * col_step] += v
+                    dst[at + np.uint64(x) * col_step] += src[s + u]
         return
     for b in range(0, length, _LANES):
         u = np.uint64(b)
-        a0, a1, a2, a3 = src[s + u], src[s + u + _U1], src[s + u + _U2], src[s + u + _U3]
-        a4, a5, a6, a7 = src[s + u + _U4], src[s + u + _U5], src[s + u + _U6], src[s + u + _U7]
+        a = _get8(src, s + u)
         for y in range(rows):
             at = first + np.uint64(y) * row_step + u
             for x in range(cols):
                 d = at + np.uint64(x) * col_step
-                b0, b1, b2, b3 = dst[d], dst[d + _U1], dst[d + _U2], dst[d + _U3]
-                b4, b5, b6, b7 = dst[d + _U4], dst[d + _U5], dst[d + _U6], dst[d + _U7]
-                dst[d] = b0 + a0
-                dst[d + _U1] = b1 + a1
-                dst[d + _U2] = b2 + a2
-                dst[d + _U3] = b3 + a3
-                dst[d + _U4] = b4 + a4
-                dst[d + _U5] = b5 + a5
-                dst[d + _U6] = b6 + a6
-                dst[d + _U7] = b7 + a7
+                _put8(dst, d, _add8(_get8(dst, d), a))
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length):
     """``dst[d + j] += sum of src[first + y*row_step + x*col_step + j]`` over y < rows, x < cols (rows then
     columns, the reference's order), for j < length: 8 lanes at a time held in registers while the window's
-    pixels are added (vector code with the SLP vectoriser, see :func:`_call`); unsigned indices."""
+    pixels are added (vector code with the SLP vectoriser, see :func:`_compiled`); unsigned indices."""
     if length < _LANES:
         for j in range(length):
             u = np.uint64(j)
@@ -199,28 +203,12 @@ def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length):
         return
     for b in range(0, length, _LANES):
         u = np.uint64(b)
-        a0, a1, a2, a3 = dst[d + u], dst[d + u + _U1], dst[d + u + _U2], dst[d + u + _U3]
-        a4, a5, a6, a7 = dst[d + u + _U4], dst[d + u + _U5], dst[d + u + _U6], dst[d + u + _U7]
+        a = _get8(dst, d + u)
         for y in range(rows):
             at = first + np.uint64(y) * row_step + u
             for x in range(cols):
-                s = at + np.uint64(x) * col_step
-                a0 += src[s]
-                a1 += src[s + _U1]
-                a2 += src[s + _U2]
-                a3 += src[s + _U3]
-                a4 += src[s + _U4]
-                a5 += src[s + _U5]
-                a6 += src[s + _U6]
-                a7 += src[s + _U7]
-        dst[d + u] = a0
-        dst[d + u + _U1] = a1
-        dst[d + u + _U2] = a2
-        dst[d + u + _U3] = a3
-        dst[d + u + _U4] = a4
-        dst[d + u + _U5] = a5
-        dst[d + u + _U6] = a6
-        dst[d + u + _U7] = a7
+                a = _add8(a, _get8(src, at + np.uint64(x) * col_step))
+        _put8(dst, d + u, a)
 
 
 @njit(error_model="numpy")

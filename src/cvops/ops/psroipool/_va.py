@@ -1,0 +1,530 @@
+"""psroipool as compiled loops (numba): the CPU path when numba is installed (see ``_core/jit.py``).
+
+One method per direction, whose cost follows the RoIs' work:
+
+* forward: each image is walked in bands of rows that its RoIs' bins cover (and only over the columns they
+  cover). A band is regrouped into a small scratch ``[k, y, x, 0:od]`` so that the ``od`` channels one bin
+  reads (input channel ``ctop*K + k``, K = PH*PW) sit side by side as one run and the bin's pixels close
+  together; every bin then adds its pixels' runs, rows then columns, into its accumulators (8 lanes held in
+  registers), and the last pass divides by the bin area.
+  That is the reference's summation order, so the output has the reference's bits, NaN/inf included.
+* backward: the adjoint, band by band over every row of the used images: each bin adds ``top_grad / area``
+  to its pixels' runs in the band scratch, RoI by RoI (the reference's order: the same bits, deterministic,
+  no atomics), and the band is written out in the input's channel order (zeros where no bin reaches). A
+  mapping_channel other than the forward's sends each value to the run of its own channel instead.
+
+Threads: calls with enough work are split over torch's thread count (the shared pool of ``_core.parallel``).
+The forward splits the bins by the row they start on (each bin is summed by one thread, which regroups the
+rows its bins reach), the backward splits the rows of the gradient (each pixel is written by one thread, its
+bins still added RoI by RoI): no atomics, and the same bits on any thread count.
+
+Bin edges come from :func:`_edges`, the one place that knows the two conventions (R-FCN, torchvision), in the
+accumulation dtype (float32; float64 for float64 input).
+
+Memory: besides the inputs and outputs, a call holds a band scratch per thread (at most ``BAND_BYTES`` = 1 MiB,
+or one row of the image when a row is larger: ``W * PH*PW * S`` accumulation-dtype elements, S = od rounded up to 8),
+the forward's accumulators (``R * PH*PW * S`` elements, the size of the output in float32/float64 plus the
+padding to S) or the backward's ``top_grad / area`` (the same size), and the bin edges (``16 * R * max(PH, PW)``
+bytes). float16/bfloat16 tensors are read and written in place through their bits (no widened copy).
+"""
+from __future__ import annotations
+
+import threading
+
+import numba
+import numpy as np
+import torch
+
+from ..._core.bits import numpy_alias
+from ..._core.jit import njit, use_parallel
+from ..._core.jit_access import load, store, transpose
+from ..._core.jit_intrinsics import compile_slp
+from ..._core.layout import empty_nchw, from_nchw
+from ..._core.memory import new_empty
+from ..._core.parallel import even_parts, run_parts
+from . import checks
+
+SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+BAND_BYTES = 1 << 20  # band scratch: regrouped rows stay in L2 while the bins read them
+_LANES = 8
+_U1, _U2, _U3, _U4, _U5, _U6, _U7 = (np.uint64(j) for j in range(1, _LANES))
+
+
+def supports(*tensors: torch.Tensor) -> bool:
+    """CPU tensors of a dtype this path handles (floating inputs; index tensors are checked elsewhere)."""
+    return all(t.is_cpu for t in tensors) and tensors[0].dtype in SUPPORTED
+
+
+def _storage(t: torch.Tensor) -> np.ndarray:
+    """The flat numpy array over a dense tensor's storage (16-bit floats as their bits)."""
+    if t.dtype == torch.float16:
+        t = t.view(torch.int16)
+        return numpy_alias(t).reshape(-1).view(np.uint16)
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return numpy_alias(t).reshape(-1)
+
+
+def _dense(t: torch.Tensor) -> tuple[np.ndarray, tuple[int, ...]]:
+    """(flat storage, element strides of the logical NCHW view ``t`` in that storage: ``(CHW, HW, W, 1)`` for NCHW
+    order, ``(HWC, 1, WC, C)`` for NHWC order); a copy only when ``t`` is neither dense NCHW nor dense NHWC."""
+    t = t.detach()
+    if not (t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)):
+        t = t.contiguous()
+    _, c, h, w = t.shape
+    if t.is_contiguous():
+        return _storage(t), (c * h * w, h * w, w, 1)
+    return _storage(t.permute(0, 2, 3, 1)), (h * w * c, 1, w * c, c)
+
+
+# ------------------------------------------------------------------------------------------------- bin edges
+@njit(error_model="numpy")
+def _round_half_away(v, dt):
+    t = dt(int(v)) if abs(v) < dt(4503599627370496.0) else v  # trunc; 2**52 and more are integral already
+    if abs(v - t) >= dt(0.5):
+        return t + dt(1.0) if v > 0 else t - dt(1.0)
+    return t
+
+
+@njit(error_model="numpy")
+def _axis_edges(c1, c2, scale, bins, limit, torchvision, edges, i, row, dt):
+    """Bin edges along one axis of RoI i: ``edges[i, row, p]`` = start, ``edges[i, row + 1, p]`` = end of bin p.
+
+    R-FCN: corners rounded half away from zero, then scaled; the end inclusive (+1); size at least 0.1;
+    ``floor(p*bin + start)`` / ``ceil((p+1)*bin + start)`` clamped to [0, limit].
+    torchvision: the scaled corners rounded; size ``max(end - start, 1)``; ``floor(p*bin) + start`` /
+    ``ceil((p+1)*bin) + start`` clamped to [0, limit - 1], as torchvision's forward clamps.
+    One rounding per operation in the dtype of ``c1`` (no fused multiply-add); a NaN edge (a scaled corner
+    that overflowed) gives 0."""
+    if torchvision:
+        start = _round_half_away(c1 * scale, dt)
+        size = _round_half_away(c2 * scale, dt) - start
+        if not size >= dt(1.0):
+            size = dt(1.0)
+        shift, offset, top = dt(0.0), start, dt(limit - 1)
+    else:
+        start = _round_half_away(c1, dt) * scale
+        size = (_round_half_away(c2, dt) + dt(1.0)) * scale - start
+        if dt(0.1) > size:
+            size = dt(0.1)
+        shift, offset, top = start, dt(0.0), dt(limit)
+    bin_size = size / dt(bins)
+    for p in range(bins):
+        lo = np.floor(dt(p) * bin_size + shift) + offset
+        hi = np.ceil(dt(p + 1) * bin_size + shift) + offset
+        lo = lo if lo > 0 else dt(0.0)
+        hi = hi if hi > 0 else dt(0.0)
+        edges[i, row, p] = np.int32(lo if lo < top else top)
+        edges[i, row + 1, p] = np.int32(hi if hi < top else top)
+
+
+@njit(error_model="numpy")
+def _edges(rois, scale, ph_n, pw_n, height, width, torchvision):
+    """(int32 [R, 4, max(PH, PW)], work): rows hs, he (bin rows) and ws, we (bin columns) of every RoI, computed in
+    the dtype of ``scale`` (a 1-element array), and the RoIs' summed bin area and the pixels of the box around all
+    of them (how much a call reads). The RoI values were checked (finite corners, batch indices in range)."""
+    dt = scale.dtype.type
+    scale = scale[0]
+    edges = np.zeros((rois.shape[0], 4, max(ph_n, pw_n)), np.int32)
+    area, y0, y1, x0, x1 = 0, height, 0, width, 0
+    for i in range(rois.shape[0]):
+        for row in range(0, 4, 2):  # rows (y corners) then columns (x corners); one call site, one compilation
+            bins, limit = (ph_n, height) if row == 0 else (pw_n, width)
+            _axis_edges(dt(rois[i, 2 - row // 2]), dt(rois[i, 4 - row // 2]), scale, bins, limit, torchvision, edges,
+                        i, row, dt)
+        rows, cols = 0, 0
+        for p in range(ph_n):
+            rows += max(edges[i, 1, p] - edges[i, 0, p], 0)
+        for p in range(pw_n):
+            cols += max(edges[i, 3, p] - edges[i, 2, p], 0)
+        area += rows * cols
+        y0, y1 = min(y0, edges[i, 0, 0]), max(y1, edges[i, 1, ph_n - 1])
+        x0, x1 = min(x0, edges[i, 2, 0]), max(x1, edges[i, 3, pw_n - 1])
+    return edges, area, max(y1 - y0, 0) * max(x1 - x0, 0)
+
+
+# ------------------------------------------------------------------------------------------- runs of channels
+def _run_length(od: int) -> int:
+    """Scratch entries per bin run: od rounded up to whole 8-lane blocks (od < 8 stays as is)."""
+    return od if od < _LANES else -(-od // _LANES) * _LANES
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _spread_window(src, s, dst, first, row_step, rows, cols, col_step, length):
+    """The adjoint of :func:`_sum_window`: ``dst[first + y*row_step + x*col_step + j] += src[s + j]`` over the window,
+    the run held in registers 8 lanes at a time; unsigned indices."""
+    if length < _LANES:
+        for j in range(length):
+            u = np.uint64(j)
+            v = src[s + u]
+            for y in range(rows):
+                at = first + np.uint64(y) * row_step + u
+                for x in range(cols):
+                    dst[at + np.uint64(x) * col_step] += v
+        return
+    for b in range(0, length, _LANES):
+        u = np.uint64(b)
+        a0, a1, a2, a3 = src[s + u], src[s + u + _U1], src[s + u + _U2], src[s + u + _U3]
+        a4, a5, a6, a7 = src[s + u + _U4], src[s + u + _U5], src[s + u + _U6], src[s + u + _U7]
+        for y in range(rows):
+            at = first + np.uint64(y) * row_step + u
+            for x in range(cols):
+                d = at + np.uint64(x) * col_step
+                b0, b1, b2, b3 = dst[d], dst[d + _U1], dst[d + _U2], dst[d + _U3]
+                b4, b5, b6, b7 = dst[d + _U4], dst[d + _U5], dst[d + _U6], dst[d + _U7]
+                dst[d] = b0 + a0
+                dst[d + _U1] = b1 + a1
+                dst[d + _U2] = b2 + a2
+                dst[d + _U3] = b3 + a3
+                dst[d + _U4] = b4 + a4
+                dst[d + _U5] = b5 + a5
+                dst[d + _U6] = b6 + a6
+                dst[d + _U7] = b7 + a7
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length):
+    """``dst[d + j] += sum of src[first + y*row_step + x*col_step + j]`` over y < rows, x < cols (rows then
+    columns, the reference's order), for j < length: 8 lanes at a time held in registers while the window's
+    pixels are added (vector code with the SLP vectoriser, see :func:`_call`); unsigned indices."""
+    if length < _LANES:
+        for j in range(length):
+            u = np.uint64(j)
+            a = dst[d + u]
+            for y in range(rows):
+                at = first + np.uint64(y) * row_step + u
+                for x in range(cols):
+                    a += src[at + np.uint64(x) * col_step]
+            dst[d + u] = a
+        return
+    for b in range(0, length, _LANES):
+        u = np.uint64(b)
+        a0, a1, a2, a3 = dst[d + u], dst[d + u + _U1], dst[d + u + _U2], dst[d + u + _U3]
+        a4, a5, a6, a7 = dst[d + u + _U4], dst[d + u + _U5], dst[d + u + _U6], dst[d + u + _U7]
+        for y in range(rows):
+            at = first + np.uint64(y) * row_step + u
+            for x in range(cols):
+                s = at + np.uint64(x) * col_step
+                a0 += src[s]
+                a1 += src[s + _U1]
+                a2 += src[s + _U2]
+                a3 += src[s + _U3]
+                a4 += src[s + _U4]
+                a5 += src[s + _U5]
+                a6 += src[s + _U6]
+                a7 += src[s + _U7]
+        dst[d + u] = a0
+        dst[d + u + _U1] = a1
+        dst[d + u + _U2] = a2
+        dst[d + u + _U3] = a3
+        dst[d + u + _U4] = a4
+        dst[d + u + _U5] = a5
+        dst[d + u + _U6] = a6
+        dst[d + u + _U7] = a7
+
+
+@njit(error_model="numpy")
+def _regroup(x, xs, b, y0, y1, x0, x1, groups, od, run, plane, g):
+    """Rows [y0, y1) x columns [x0, x1) of image b into ``g`` as ``[k, y, x, 0:od]`` runs of ``run`` entries (input
+    channel ``ctop*K + k`` at ``k*plane + pixel*run + ctop``), so that a bin's pixels lie close together: 8 x 8
+    register transposes of each pixel's ``[ctop, k]`` channels (NHWC storage) or of each plane's ``[ctop, x]``
+    rows (NCHW storage)."""
+    wc = x1 - x0
+    for y in range(y0, y1):
+        row, at = (y - y0) * wc * run, b * xs[0] + y * xs[2]
+        if xs[1] == 1:
+            for xx in range(x0, x1):
+                transpose(x, at + xx * xs[3], groups, od, groups, g, row + (xx - x0) * run, plane)
+        else:
+            for k in range(groups):
+                transpose(x, at + k * xs[1] + x0, groups * xs[1], od, wc, g, k * plane + row, run)
+
+
+@njit(error_model="numpy")
+def _ungroup(acc, b, y0, y1, width, groups, od, run, plane, bottom, bs):
+    """The inverse of :func:`_regroup` over whole rows: ``acc`` ``[k, y, x, 0:od]`` runs -> image b of bottom; the
+    rows of ``acc`` read are zeroed again (while they are in cache) for the next band."""
+    for y in range(y0, y1):
+        row, at = (y - y0) * width * run, b * bs[0] + y * bs[2]
+        if bs[1] == 1:
+            for xx in range(width):
+                transpose(acc, row + xx * run, plane, groups, od, bottom, at + xx * bs[3], groups)
+        else:
+            for k in range(groups):
+                transpose(acc, k * plane + row, run, width, od, bottom, at + k * bs[1], groups * bs[1])
+    for k in range(groups):
+        acc[k * plane:k * plane + (y1 - y0) * width * run] = 0
+
+
+# ------------------------------------------------------------------------------------------------------ kernels
+@njit(error_model="numpy")
+def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_rows, sums, out, os, y_lo, y_hi, g):
+    """The forward of the bins whose first row is in [y_lo, y_hi) (see the module docstring): each bin is summed
+    by one call, so a split of the rows changes nothing. ``sums``: accumulators [R*K*run] (accumulation dtype, also
+    that of ``g``, the band scratch; each bin's are zeroed at its first row); out: flat storage with the strides of
+    its logical NCHW view."""
+    r = rois.shape[0]
+    groups = ph_n * pw_n
+    u_run = np.uint64(run)
+    for b in range(n):
+        y0, y1, x0, x1 = height, np.int64(0), width, np.int64(0)  # the rows and columns this call's bins cover
+        for i in range(r):
+            if int(rois[i, 0]) == b:
+                for ph in range(ph_n):
+                    if y_lo <= edges[i, 0, ph] < y_hi:
+                        y0, y1 = min(y0, edges[i, 0, ph]), max(y1, edges[i, 1, ph])
+                        x0, x1 = min(x0, edges[i, 2, 0]), max(x1, edges[i, 3, pw_n - 1])
+        wc = np.uint64(max(x1 - x0, 0))
+        plane = np.uint64(band_rows) * wc * u_run
+        for yb in range(y0, y1, band_rows):
+            ye = min(yb + band_rows, y1)
+            _regroup(x, xs, b, yb, ye, x0, x1, groups, od, run, plane, g)
+            for i in range(r):
+                if int(rois[i, 0]) != b or edges[i, 0, 0] >= ye or edges[i, 1, ph_n - 1] <= yb:
+                    continue
+                for ph in range(ph_n):
+                    hs, he = max(edges[i, 0, ph], yb), min(edges[i, 1, ph], ye)
+                    if he <= hs or not y_lo <= edges[i, 0, ph] < y_hi:
+                        continue
+                    for pw in range(pw_n):
+                        ws, we = edges[i, 2, pw], edges[i, 3, pw]
+                        k = np.uint64(ph * pw_n + pw)
+                        if we > ws:
+                            d = (np.uint64(i * groups) + k) * u_run
+                            if edges[i, 0, ph] >= yb:  # the bin's first band: its accumulators start at 0
+                                for j in range(run):
+                                    sums[d + np.uint64(j)] = 0
+                            first = k * plane + (np.uint64(hs - yb) * wc + np.uint64(ws - x0)) * u_run
+                            _sum_window(g, first, wc * u_run, he - hs, we - ws, u_run, sums, d, run)
+    dt = sums.dtype.type
+    step = np.uint64(os[1])
+    for i in range(r):
+        for ph in range(ph_n):
+            if not y_lo <= edges[i, 0, ph] < y_hi:
+                continue
+            for pw in range(pw_n):
+                area = dt((edges[i, 1, ph] - edges[i, 0, ph]) * (edges[i, 3, pw] - edges[i, 2, pw]))
+                empty = edges[i, 1, ph] <= edges[i, 0, ph] or edges[i, 3, pw] <= edges[i, 2, pw]
+                at = np.uint64((i * groups + ph * pw_n + pw) * run)
+                o = np.uint64(i * os[0] + ph * os[2] + pw * os[3])
+                if empty:
+                    for ctop in range(od):
+                        store(out, o + np.uint64(ctop) * step, dt(0.0))
+                elif step == 1:  # NHWC: one contiguous run, vector divisions
+                    for ctop in range(od):
+                        store(out, o + np.uint64(ctop), sums[at + np.uint64(ctop)] / area)
+                else:
+                    for ctop in range(od):
+                        store(out, o + np.uint64(ctop) * step, sums[at + np.uint64(ctop)] / area)
+
+
+@njit(error_model="numpy")
+def _scaled_top(top, ts, edges, ph_n, pw_n, od, run, diffs, i0, i1, _unused):
+    """``diffs[(i*K + k)*run + ctop] = top_grad[i, ctop, ph, pw] / area`` for RoIs [i0, i1), in the accumulation
+    dtype of ``diffs`` (0 for an empty bin)."""
+    groups = ph_n * pw_n
+    dt = diffs.dtype.type
+    step = np.uint64(ts[1])
+    for i in range(i0, i1):
+        for ph in range(ph_n):
+            for pw in range(pw_n):
+                area = dt((edges[i, 1, ph] - edges[i, 0, ph]) * (edges[i, 3, pw] - edges[i, 2, pw]))
+                empty = edges[i, 1, ph] <= edges[i, 0, ph] or edges[i, 3, pw] <= edges[i, 2, pw]
+                at = np.uint64((i * groups + ph * pw_n + pw) * run)
+                t = np.uint64(i * ts[0] + ph * ts[2] + pw * ts[3])
+                if empty:
+                    for ctop in range(od):
+                        diffs[at + np.uint64(ctop)] = dt(0.0)
+                elif step == 1:  # NHWC: one contiguous run, vector divisions
+                    for ctop in range(od):
+                        diffs[at + np.uint64(ctop)] = load(top, t + np.uint64(ctop)) / area
+                else:
+                    for ctop in range(od):
+                        diffs[at + np.uint64(ctop)] = load(top, t + np.uint64(ctop) * step) / area
+
+
+@njit(error_model="numpy")
+def _backward(diffs, rois, edges, dest, canonical, ph_n, pw_n, od, run, n, height, width, band_rows, bottom, bs,
+              y_lo, y_hi, acc):
+    """The backward of rows [y_lo, y_hi) of every image (see the module docstring). ``diffs``: top_grad / area
+    of every bin (:func:`_scaled_top`); ``acc``: the band scratch (accumulation dtype); ``canonical``:
+    mapping_channel is the forward's, else value ``ctop`` of bin ``(i, k)`` goes to entry
+    ``dest[(i*K + k)*od + ctop]`` of a pixel's runs (its own channel's)."""
+    r = rois.shape[0]
+    groups = ph_n * pw_n
+    u_run = np.uint64(run)
+    plane = band_rows * width * run  # acc entries per channel group k
+    u_width = np.uint64(width)
+    acc[:groups * plane] = 0  # zero once: each band's rows are zeroed again as they are written out
+    for b in range(n):
+        for yb in range(y_lo, y_hi, band_rows):
+            ye = min(yb + band_rows, y_hi)
+            for i in range(r):
+                if int(rois[i, 0]) != b or edges[i, 0, 0] >= ye or edges[i, 1, ph_n - 1] <= yb:
+                    continue
+                for ph in range(ph_n):
+                    hs, he = max(edges[i, 0, ph], yb), min(edges[i, 1, ph], ye)
+                    if he <= hs:
+                        continue
+                    for pw in range(pw_n):
+                        ws, we = edges[i, 2, pw], edges[i, 3, pw]
+                        if we <= ws:
+                            continue
+                        k = ph * pw_n + pw
+                        s = np.uint64((i * groups + k) * run)
+                        first = (np.uint64(hs - yb) * u_width + np.uint64(ws)) * u_run
+                        if canonical:
+                            _spread_window(diffs, s, acc, first + np.uint64(k * plane), u_width * u_run,
+                                           he - hs, we - ws, u_run, run)
+                            continue
+                        e = (i * groups + k) * od
+                        for y in range(hs, he):
+                            for xx in range(ws, we):
+                                pixel = (np.uint64(y - yb) * u_width + np.uint64(xx)) * u_run
+                                for ctop in range(od):
+                                    acc[pixel + np.uint64(dest[e + ctop])] += diffs[s + np.uint64(ctop)]
+            _ungroup(acc, b, yb, ye, width, groups, od, run, plane, bottom, bs)
+
+
+@njit(error_model="numpy")
+def _mapping_kind(mapping, pattern, channels):
+    """0: ``mapping`` (flat storage) is the forward's, ``pattern`` (one RoI's channels in the same storage order)
+    for every RoI; 1: another mapping with every entry in [0, channels); -1: some entry outside that range."""
+    size = pattern.shape[0]
+    bad, other = False, False
+    for i in range(mapping.shape[0] // size):
+        for j in range(size):
+            c = mapping[i * size + j]
+            bad |= (c < 0) | (c >= channels)
+            other |= c != pattern[j]
+    return -1 if bad else int(other)
+
+
+# ----------------------------------------------------------------------------------------------------- wrappers
+_COMPILED: set = set()  # (kernel, argument types) compiled with the SLP vectoriser
+_SCRATCH = threading.local()
+PARALLEL_WORK = 2e6  # elements read or summed from which a call goes to the threads (jit.use_parallel)
+BACKWARD_PARTS = 2  # per thread (a forward has one per thread: each also regroups the rows its bins reach)
+
+
+def _compiled(kernel, args):
+    """``kernel``, compiled on first use per signature with LLVM's SLP vectoriser on (``_sum_window``'s 8-lane
+    blocks become vector code; numba leaves SLP off). numba caches it on disk."""
+    key = (kernel, tuple(a.dtype if isinstance(a, np.ndarray) else type(a) for a in args))
+    if key not in _COMPILED:
+        compile_slp(kernel, tuple(numba.typeof(a) for a in args))
+        _COMPILED.add(key)
+    return kernel
+
+
+def _band_scratch(size: int, dtype) -> np.ndarray:
+    """The band scratch, kept per thread (a fresh buffer would be page-faulted in on every call)."""
+    buffers = _SCRATCH.__dict__
+    buf = buffers.get(dtype)
+    if buf is None or buf.shape[0] < size:
+        buf = buffers[dtype] = np.empty(max(size, 1), dtype)
+    return buf
+
+
+def _split(kernel, args, parts, scratch: int, acc, work: int) -> None:
+    """``kernel(*args, lo, hi, band_scratch)`` for each ``(lo, hi)`` of ``parts``: on the calling thread, or,
+    when the call has ``work`` enough, claimed one by one by the calling thread and the pool workers
+    (``_core.parallel.run_parts``), each thread with its own band scratch. The parts write disjoint outputs,
+    so the result does not depend on who runs them."""
+    kernel = _compiled(kernel, (*args, 0, 0, _band_scratch(scratch, acc)))
+
+    def run(lo: int, hi: int) -> None:
+        kernel(*args, lo, hi, _band_scratch(scratch, acc))
+    if use_parallel(work, PARALLEL_WORK):
+        run_parts(run, parts)
+    else:
+        for lo, hi in parts:
+            run(lo, hi)
+
+
+def _pattern(od: int, ph_n: int, pw_n: int, layout: str) -> torch.Tensor:
+    """One RoI's forward mapping_channel ``(ctop*PH + ph)*PW + pw`` in the storage order of ``layout``, flat."""
+    return from_nchw(torch.arange(od * ph_n * pw_n, dtype=torch.int32).view(1, od, ph_n, pw_n), layout).reshape(-1)
+
+
+def _acc_dtype(dtype: torch.dtype):
+    return np.float64 if dtype == torch.float64 else np.float32
+
+
+def _plan(rois: torch.Tensor, dtype: torch.dtype, ph_n, pw_n, spatial_scale, height, width, convention):
+    """(rois array, bin edges, summed bin area, pixels of the box around the RoIs, accumulation dtype)."""
+    acc = _acc_dtype(dtype)
+    r = rois.detach()
+    r = numpy_alias((r if r.dtype in (torch.float32, torch.float64) else r.float()).contiguous())
+    edges, area, box = _edges(r, np.array([spatial_scale], acc), ph_n, pw_n, height, width,
+                              convention == "torchvision")
+    return r, edges, area, box, acc
+
+
+def _band_rows(height: int, row_entries: int, acc) -> int:
+    return max(1, min(height, BAND_BYTES // (row_entries * np.dtype(acc).itemsize)))
+
+
+def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout="NCHW",
+            convention="rfcn"):
+    """As :func:`cpu.forward`: (output, mapping_channel) as logical NCHW views of tensors stored in ``out_layout``.
+    The caller checked the RoI values and non-empty tensors. The bins are split over the threads by their first row."""
+    n, c, h, w = input.shape
+    r, od, groups = rois.shape[0], output_dim, pooled_height * pooled_width
+    rois_np, edges, area, box, acc = _plan(rois, input.dtype, pooled_height, pooled_width, spatial_scale, h, w,
+                                           convention)
+    run = _run_length(od)
+    band_rows = _band_rows(h, w * groups * run, acc)
+    work = box * c + area * od
+    count = min(torch.get_num_threads(), h) if use_parallel(work, PARALLEL_WORK) else 1
+    parts = [(lo, hi if hi < h else h + 1) for lo, hi in even_parts(h, count)]  # the last takes bins clamped to H
+    shape = (r, od, pooled_height, pooled_width)
+    output = empty_nchw(shape, out_layout, like=input)
+    mapping = empty_nchw(shape, out_layout, like=input.new_empty(0, dtype=torch.int32))
+    pattern = _pattern(od, pooled_height, pooled_width, out_layout)  # the same for every RoI
+    from_nchw(mapping, out_layout).view(r, -1).copy_(pattern.expand(r, -1))
+    x, xs = _dense(input)
+    out, os = _dense(output)
+    sums = numpy_alias(new_empty((r * groups * run,), torch.from_numpy(np.empty(0, acc)).dtype))  # recycled
+    _split(_forward, (x, xs, n, h, w, rois_np, edges, pooled_height, pooled_width, od, run, band_rows, sums, out, os),
+           parts, band_rows * w * groups * run, acc, work)
+    return output, mapping
+
+
+def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, out_layout="NCHW",
+             trusted_mapping=False, convention="rfcn"):
+    """As :func:`cpu.backward`: bottom_grad as the logical NCHW view of a tensor stored in ``out_layout``.
+    ``trusted_mapping``: mapping_channel is the forward's (autograd), so it needs no look. The rows of the
+    gradient are split over the threads."""
+    n, c, h, w = input_shape
+    r, od, ph_n, pw_n = top_grad.shape
+    groups = ph_n * pw_n
+    canonical = True
+    if not trusted_mapping:
+        m = mapping_channel.detach()
+        m = m if m.is_contiguous() or m.is_contiguous(memory_format=torch.channels_last) else m.contiguous()
+        pattern = _pattern(od, ph_n, pw_n, "NCHW" if m.is_contiguous() else "NHWC")  # _dense's storage order
+        kind = _mapping_kind(_dense(m)[0], numpy_alias(pattern), c)
+        if kind < 0:
+            checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)  # raises, naming the value
+        canonical = kind == 0
+    rois_np, edges, area, _, acc = _plan(rois, top_grad.dtype, ph_n, pw_n, spatial_scale, h, w, convention)
+    run = _run_length(od)
+    band_rows = _band_rows(h, w * groups * run, acc)
+    plane = band_rows * w * run
+    dest = np.zeros(1, np.int64)
+    if not canonical:  # each value's entry in a pixel's runs: its channel c at (c % K)*plane + c // K
+        ch = mapping_channel.detach().permute(0, 2, 3, 1).reshape(-1).to(torch.int64)
+        dest = numpy_alias(torch.remainder(ch, groups) * plane + torch.div(ch, groups, rounding_mode="floor"))
+    bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad)
+    (top, ts), (b_flat, bs) = _dense(top_grad), _dense(bottom)
+    diffs = numpy_alias(new_empty((r * groups * run,), torch.from_numpy(np.empty(0, acc)).dtype))
+    _split(_scaled_top, (top, ts, edges, ph_n, pw_n, od, run, diffs), even_parts(r, 2 * torch.get_num_threads()), 1,
+           acc, r * groups * od)
+    work = n * h * w * c + area * od
+    bands = -(-h // band_rows)
+    count = min(BACKWARD_PARTS * torch.get_num_threads(), bands) if use_parallel(work, PARALLEL_WORK) else 1
+    parts = [(lo * band_rows, min(hi * band_rows, h)) for lo, hi in even_parts(bands, count)]
+    _split(_backward, (diffs, rois_np, edges, dest, canonical, ph_n, pw_n, od, run, n, h, w, band_rows, b_flat, bs),
+           parts, groups * plane, acc, work)
+    return bottom
