@@ -22,7 +22,8 @@ Bin edges come from :func:`_edges`, the one place that knows the two conventions
 accumulation dtype (float32; float64 for float64 input).
 
 Memory: besides the inputs and outputs, a call holds a band scratch per thread (at most ``BAND_BYTES`` = 1 MiB,
-or one row of the image when a row is larger: ``W * PH*PW * S`` accumulation-dtype elements, S = od rounded up to 8),
+or one row of the image when a row is larger: ``W * PH*PW * S`` accumulation-dtype elements, S = od rounded up to 8;
+plus one pixel's C channels in the backward),
 the forward's accumulators (``R * PH*PW * S`` elements, the size of the output in float32/float64 plus the
 padding to S) or the backward's ``top_grad / area`` (the same size), and the bin edges (``16 * R * max(PH, PW)``
 bytes). float16/bfloat16 tensors are read and written in place through their bits (no widened copy).
@@ -230,13 +231,18 @@ def _regroup(x, xs, b, y0, y1, x0, x1, groups, od, run, plane, g):
 
 @njit(error_model="numpy")
 def _ungroup(acc, b, y0, y1, width, groups, od, run, plane, bottom, bs):
-    """The inverse of :func:`_regroup` over whole rows: ``acc`` ``[k, y, x, 0:od]`` runs -> image b of bottom; the
-    rows of ``acc`` read are zeroed again (while they are in cache) for the next band."""
+    """The inverse of :func:`_regroup` over whole rows: ``acc`` ``[k, y, x, 0:od]`` runs -> image b of bottom (NHWC
+    storage: each pixel transposed into a staging run after the planes in ``acc``, then copied out whole); the rows
+    of ``acc`` read are zeroed again (while they are in cache) for the next band."""
     for y in range(y0, y1):
         row, at = (y - y0) * width * run, b * bs[0] + y * bs[2]
-        if bs[1] == 1:
+        if bs[1] == 1:  # through a staging run in cache, then one contiguous copy per pixel
+            stage = np.uint64(groups * plane)
             for xx in range(width):
-                transpose(acc, row + xx * run, plane, groups, od, bottom, at + xx * bs[3], groups)
+                transpose(acc, row + xx * run, plane, groups, od, acc, stage, groups)
+                d = np.uint64(at + xx * bs[3])
+                for c in range(groups * od):
+                    store(bottom, d + np.uint64(c), acc[stage + np.uint64(c)])
         else:
             for k in range(groups):
                 transpose(acc, k * plane + row, run, width, od, bottom, at + k * bs[1], groups * bs[1])
@@ -514,5 +520,5 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
     count = min(BACKWARD_PARTS * torch.get_num_threads(), bands) if use_parallel(work, PARALLEL_WORK) else 1
     parts = [(lo * band_rows, min(hi * band_rows, h)) for lo, hi in even_parts(bands, count)]
     _split(_backward, (diffs, rois_np, edges, dest, canonical, ph_n, pw_n, od, run, n, h, w, band_rows, b_flat, bs),
-           parts, groups * plane, acc, work)
+           parts, groups * plane + c, acc, work)
     return bottom
