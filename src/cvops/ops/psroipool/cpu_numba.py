@@ -290,51 +290,42 @@ def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_row
                                     sums[d + np.uint64(j)] = 0
                             first = k * plane + (np.uint64(hs - yb) * wc + np.uint64(ws - x0)) * u_run
                             _sum_window(g, first, wc * u_run, he - hs, we - ws, u_run, sums, d, run)
-    dt = sums.dtype.type
-    step = np.uint64(os[1])
+    dt, step = sums.dtype.type, np.uint64(os[1])
     for i in range(r):
         for ph in range(ph_n):
-            if not y_lo <= edges[i, 0, ph] < y_hi:
-                continue
-            for pw in range(pw_n):
-                area = dt((edges[i, 1, ph] - edges[i, 0, ph]) * (edges[i, 3, pw] - edges[i, 2, pw]))
-                empty = edges[i, 1, ph] <= edges[i, 0, ph] or edges[i, 3, pw] <= edges[i, 2, pw]
-                at = np.uint64((i * groups + ph * pw_n + pw) * run)
-                o = np.uint64(i * os[0] + ph * os[2] + pw * os[3])
-                if empty:
-                    for ctop in range(od):
-                        store(out, o + np.uint64(ctop) * step, dt(0.0))
-                elif step == 1:  # NHWC: one contiguous run, vector divisions
-                    for ctop in range(od):
-                        store(out, o + np.uint64(ctop), sums[at + np.uint64(ctop)] / area)
-                else:
-                    for ctop in range(od):
-                        store(out, o + np.uint64(ctop) * step, sums[at + np.uint64(ctop)] / area)
+            if y_lo <= edges[i, 0, ph] < y_hi:
+                for pw in range(pw_n):
+                    area = dt((edges[i, 1, ph] - edges[i, 0, ph]) * (edges[i, 3, pw] - edges[i, 2, pw]))
+                    _divide_run(sums, np.uint64((i * groups + ph * pw_n + pw) * run), np.uint64(1), out,
+                                np.uint64(i * os[0] + ph * os[2] + pw * os[3]), step, od, area)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _divide_run(src, s, s_step, dst, d, d_step, od, area):
+    """``dst[d + c*d_step] = src[s + c*s_step] / area`` for c < od, or 0 where ``area`` is 0 (an empty bin: bin
+    edges never cross, so an area is never negative); vector code where both runs are contiguous (NHWC)."""
+    if area == 0:
+        for c in range(od):
+            store(dst, d + np.uint64(c) * d_step, area)
+    elif s_step == 1 and d_step == 1:
+        for c in range(od):
+            store(dst, d + np.uint64(c), load(src, s + np.uint64(c)) / area)
+    else:
+        for c in range(od):
+            store(dst, d + np.uint64(c) * d_step, load(src, s + np.uint64(c) * s_step) / area)
 
 
 @njit(error_model="numpy")
 def _scaled_top(top, ts, edges, ph_n, pw_n, od, run, diffs, i0, i1, _unused):
     """``diffs[(i*K + k)*run + ctop] = top_grad[i, ctop, ph, pw] / area`` for RoIs [i0, i1), in the accumulation
     dtype of ``diffs`` (0 for an empty bin)."""
-    groups = ph_n * pw_n
     dt = diffs.dtype.type
-    step = np.uint64(ts[1])
     for i in range(i0, i1):
         for ph in range(ph_n):
             for pw in range(pw_n):
                 area = dt((edges[i, 1, ph] - edges[i, 0, ph]) * (edges[i, 3, pw] - edges[i, 2, pw]))
-                empty = edges[i, 1, ph] <= edges[i, 0, ph] or edges[i, 3, pw] <= edges[i, 2, pw]
-                at = np.uint64((i * groups + ph * pw_n + pw) * run)
-                t = np.uint64(i * ts[0] + ph * ts[2] + pw * ts[3])
-                if empty:
-                    for ctop in range(od):
-                        diffs[at + np.uint64(ctop)] = dt(0.0)
-                elif step == 1:  # NHWC: one contiguous run, vector divisions
-                    for ctop in range(od):
-                        diffs[at + np.uint64(ctop)] = load(top, t + np.uint64(ctop)) / area
-                else:
-                    for ctop in range(od):
-                        diffs[at + np.uint64(ctop)] = load(top, t + np.uint64(ctop) * step) / area
+                _divide_run(top, np.uint64(i * ts[0] + ph * ts[2] + pw * ts[3]), np.uint64(ts[1]), diffs,
+                            np.uint64(((i * ph_n + ph) * pw_n + pw) * run), np.uint64(1), od, area)
 
 
 @njit(error_model="numpy")
