@@ -57,12 +57,11 @@ def supports(*tensors: torch.Tensor) -> bool:
 
 
 def _storage(t: torch.Tensor) -> np.ndarray:
-    """The flat numpy array over a dense tensor's storage (16-bit floats as their bits)."""
-    if t.dtype == torch.float16:
-        t = t.view(torch.int16)
-        return numpy_alias(t).reshape(-1).view(np.uint16)
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
+    """The flat numpy array over a dense tensor's storage (16-bit floats as their bits: float16 as uint16,
+    bfloat16 as int16, see ``_core.jit_access``)."""
+    if t.dtype in (torch.float16, torch.bfloat16):
+        bits = numpy_alias(t.view(torch.int16)).reshape(-1)
+        return bits.view(np.uint16) if t.dtype == torch.float16 else bits
     return numpy_alias(t).reshape(-1)
 
 
@@ -191,7 +190,7 @@ def _spread_window(src, s, dst, first, row_step, rows, cols, col_step, length):
 def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length):
     """``dst[d + j] += sum of src[first + y*row_step + x*col_step + j]`` over y < rows, x < cols (rows then
     columns, the reference's order), for j < length: 8 lanes at a time held in registers while the window's
-    pixels are added (vector code with the SLP vectoriser, see :func:`_compiled`); unsigned indices."""
+    pixels are added (vector code with the SLP vectoriser, see :func:`_split`); unsigned indices."""
     if length < _LANES:
         for j in range(length):
             u = np.uint64(j)
@@ -392,16 +391,6 @@ PARALLEL_WORK = 2e6  # elements read or summed from which a call goes to the thr
 BACKWARD_PARTS = 2  # per thread (a forward has one per thread: each also regroups the rows its bins reach)
 
 
-def _compiled(kernel, args):
-    """``kernel``, compiled on first use per signature with LLVM's SLP vectoriser on (``_sum_window``'s 8-lane
-    blocks become vector code; numba leaves SLP off). numba caches it on disk."""
-    key = (kernel, tuple(a.dtype if isinstance(a, np.ndarray) else type(a) for a in args))
-    if key not in _COMPILED:
-        compile_slp(kernel, tuple(numba.typeof(a) for a in args))
-        _COMPILED.add(key)
-    return kernel
-
-
 def _band_scratch(size: int, dtype) -> np.ndarray:
     """The band scratch, kept per thread (a fresh buffer would be page-faulted in on every call)."""
     buffers = _SCRATCH.__dict__
@@ -415,8 +404,12 @@ def _split(kernel, args, parts, scratch: int, acc, work: int) -> None:
     """``kernel(*args, lo, hi, band_scratch)`` for each ``(lo, hi)`` of ``parts``: on the calling thread, or,
     when the call has ``work`` enough, claimed one by one by the calling thread and the pool workers
     (``_core.parallel.run_parts``), each thread with its own band scratch. The parts write disjoint outputs,
-    so the result does not depend on who runs them."""
-    kernel = _compiled(kernel, (*args, 0, 0, _band_scratch(scratch, acc)))
+    so the result does not depend on who runs them. Each kernel is compiled on first use per signature with
+    LLVM's SLP vectoriser on (``_sum_window``'s 8-lane blocks become vector code; numba leaves SLP off)."""
+    key = (kernel, tuple(a.dtype if isinstance(a, np.ndarray) else type(a) for a in args))
+    if key not in _COMPILED:
+        compile_slp(kernel, tuple(numba.typeof(a) for a in (*args, 0, 0, _band_scratch(scratch, acc))))
+        _COMPILED.add(key)
 
     def run(lo: int, hi: int) -> None:
         kernel(*args, lo, hi, _band_scratch(scratch, acc))
@@ -432,22 +425,16 @@ def _pattern(od: int, ph_n: int, pw_n: int, layout: str) -> torch.Tensor:
     return from_nchw(torch.arange(od * ph_n * pw_n, dtype=torch.int32).view(1, od, ph_n, pw_n), layout).reshape(-1)
 
 
-def _acc_dtype(dtype: torch.dtype):
-    return np.float64 if dtype == torch.float64 else np.float32
-
-
-def _plan(rois: torch.Tensor, dtype: torch.dtype, ph_n, pw_n, spatial_scale, height, width, convention):
-    """(rois array, bin edges, summed bin area, pixels of the box around the RoIs, accumulation dtype)."""
-    acc = _acc_dtype(dtype)
+def _plan(rois: torch.Tensor, dtype: torch.dtype, ph_n, pw_n, spatial_scale, height, width, od, convention):
+    """(rois array, bin edges, summed bin area, pixels of the box around the RoIs, accumulation dtype, run length,
+    rows per band: as many as ``BAND_BYTES`` hold, at least one)."""
+    acc = np.float64 if dtype == torch.float64 else np.float32
     r = rois.detach()
     r = numpy_alias((r if r.dtype in (torch.float32, torch.float64) else r.float()).contiguous())
-    edges, area, box = _edges(r, np.array([spatial_scale], acc), ph_n, pw_n, height, width,
-                              convention == "torchvision")
-    return r, edges, area, box, acc
-
-
-def _band_rows(height: int, row_entries: int, acc) -> int:
-    return max(1, min(height, BAND_BYTES // (row_entries * np.dtype(acc).itemsize)))
+    edges, area, box = _edges(r, np.array([spatial_scale], acc), ph_n, pw_n, height, width, convention == "torchvision")
+    run = _run_length(od)
+    band_rows = max(1, min(height, BAND_BYTES // (width * ph_n * pw_n * run * np.dtype(acc).itemsize)))
+    return r, edges, area, box, acc, run, band_rows
 
 
 def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout="NCHW",
@@ -456,10 +443,8 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     The caller checked the RoI values and non-empty tensors. The bins are split over the threads by their first row."""
     n, c, h, w = input.shape
     r, od, groups = rois.shape[0], output_dim, pooled_height * pooled_width
-    rois_np, edges, area, box, acc = _plan(rois, input.dtype, pooled_height, pooled_width, spatial_scale, h, w,
-                                           convention)
-    run = _run_length(od)
-    band_rows = _band_rows(h, w * groups * run, acc)
+    rois_np, edges, area, box, acc, run, band_rows = _plan(rois, input.dtype, pooled_height, pooled_width,
+                                                           spatial_scale, h, w, od, convention)
     work = box * c + area * od
     count = min(torch.get_num_threads(), h) if use_parallel(work, PARALLEL_WORK) else 1
     parts = [(lo, hi if hi < h else h + 1) for lo, hi in even_parts(h, count)]  # the last takes bins clamped to H
@@ -493,9 +478,8 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
         if kind < 0:
             checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)  # raises, naming the value
         canonical = kind == 0
-    rois_np, edges, area, _, acc = _plan(rois, top_grad.dtype, ph_n, pw_n, spatial_scale, h, w, convention)
-    run = _run_length(od)
-    band_rows = _band_rows(h, w * groups * run, acc)
+    rois_np, edges, area, _, acc, run, band_rows = _plan(rois, top_grad.dtype, ph_n, pw_n, spatial_scale, h, w, od,
+                                                         convention)
     plane = band_rows * w * run
     dest = np.zeros(1, np.int64)
     if not canonical:  # each value's entry in a pixel's runs: its channel c at (c % K)*plane + c // K
