@@ -145,8 +145,8 @@ def _edges(rois, scale, ph_n, pw_n, height, width, torchvision):
 
 # ------------------------------------------------------------------------------------------- runs of channels
 def _run_length(od: int) -> int:
-    """Scratch entries per bin run: od rounded up to whole 8-lane blocks (od < 8 stays as is)."""
-    return od if od < _LANES else -(-od // _LANES) * _LANES
+    """Scratch entries per bin run: od rounded up to whole 8-lane blocks (the lanes past od are never written out)."""
+    return -(-od // _LANES) * _LANES
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -168,14 +168,6 @@ def _add8(p, q):
 def _spread_window(src, s, dst, first, row_step, rows, cols, col_step, length):
     """The adjoint of :func:`_sum_window`: ``dst[first + y*row_step + x*col_step + j] += src[s + j]`` over the window,
     the run held in registers 8 lanes at a time; unsigned indices."""
-    if length < _LANES:
-        for j in range(length):
-            u = np.uint64(j)
-            for y in range(rows):
-                at = first + np.uint64(y) * row_step + u
-                for x in range(cols):
-                    dst[at + np.uint64(x) * col_step] += src[s + u]
-        return
     for b in range(0, length, _LANES):
         u = np.uint64(b)
         a = _get8(src, s + u)
@@ -189,18 +181,9 @@ def _spread_window(src, s, dst, first, row_step, rows, cols, col_step, length):
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length):
     """``dst[d + j] += sum of src[first + y*row_step + x*col_step + j]`` over y < rows, x < cols (rows then
-    columns, the reference's order), for j < length: 8 lanes at a time held in registers while the window's
-    pixels are added (vector code with the SLP vectoriser, see :func:`_split`); unsigned indices."""
-    if length < _LANES:
-        for j in range(length):
-            u = np.uint64(j)
-            a = dst[d + u]
-            for y in range(rows):
-                at = first + np.uint64(y) * row_step + u
-                for x in range(cols):
-                    a += src[at + np.uint64(x) * col_step]
-            dst[d + u] = a
-        return
+    columns, the reference's order), for j < length (whole 8-lane blocks): 8 lanes at a time held in registers
+    while the window's pixels are added (vector code with the SLP vectoriser, see :func:`_split`); unsigned
+    indices."""
     for b in range(0, length, _LANES):
         u = np.uint64(b)
         a = _get8(dst, d + u)
@@ -371,6 +354,15 @@ def _backward(diffs, rois, edges, dest, canonical, ph_n, pw_n, od, run, n, heigh
 
 
 @njit(error_model="numpy")
+def _tile(pattern, mapping, i0, i1, _unused):
+    """``mapping`` (flat storage) of RoIs [i0, i1) = ``pattern``, one RoI's forward mapping_channel."""
+    size = pattern.shape[0]
+    for i in range(i0, i1):
+        for j in range(size):
+            mapping[np.uint64(i * size + j)] = pattern[j]
+
+
+@njit(error_model="numpy")
 def _mapping_kind(mapping, pattern, channels):
     """0: ``mapping`` (flat storage) is the forward's, ``pattern`` (one RoI's channels in the same storage order)
     for every RoI; 1: another mapping with every entry in [0, channels); -1: some entry outside that range."""
@@ -451,8 +443,8 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     shape = (r, od, pooled_height, pooled_width)
     output = empty_nchw(shape, out_layout, like=input)
     mapping = empty_nchw(shape, out_layout, like=input.new_empty(0, dtype=torch.int32))
-    pattern = _pattern(od, pooled_height, pooled_width, out_layout)  # the same for every RoI
-    from_nchw(mapping, out_layout).view(r, -1).copy_(pattern.expand(r, -1))
+    pattern = numpy_alias(_pattern(od, pooled_height, pooled_width, out_layout))  # the same for every RoI
+    _split(_tile, (pattern, _dense(mapping)[0]), even_parts(r, torch.get_num_threads()), 1, acc, r * groups * od)
     x, xs = _dense(input)
     out, os = _dense(output)
     sums = numpy_alias(new_empty((r * groups * run,), torch.from_numpy(np.empty(0, acc)).dtype))  # recycled
