@@ -30,6 +30,7 @@ bytes). float16/bfloat16 tensors are read and written in place through their bit
 """
 from __future__ import annotations
 
+import functools
 import threading
 
 import numba
@@ -40,7 +41,7 @@ from ..._core.bits import numpy_alias
 from ..._core.jit import njit, use_parallel
 from ..._core.jit_access import load, store, transpose
 from ..._core.jit_intrinsics import compile_slp
-from ..._core.layout import empty_nchw, from_nchw
+from ..._core.layout import empty_nchw
 from ..._core.memory import new_empty
 from ..._core.parallel import even_parts, run_parts
 from . import checks
@@ -412,9 +413,11 @@ def _split(kernel, args, parts, scratch: int, acc, work: int) -> None:
             run(lo, hi)
 
 
-def _pattern(od: int, ph_n: int, pw_n: int, layout: str) -> torch.Tensor:
+@functools.lru_cache(maxsize=16)
+def _pattern(od: int, ph_n: int, pw_n: int, layout: str) -> np.ndarray:
     """One RoI's forward mapping_channel ``(ctop*PH + ph)*PW + pw`` in the storage order of ``layout``, flat."""
-    return from_nchw(torch.arange(od * ph_n * pw_n, dtype=torch.int32).view(1, od, ph_n, pw_n), layout).reshape(-1)
+    nchw = np.arange(od * ph_n * pw_n, dtype=np.int32).reshape(od, ph_n, pw_n)
+    return np.ascontiguousarray(nchw if layout == "NCHW" else nchw.transpose(1, 2, 0)).reshape(-1)
 
 
 def _plan(rois: torch.Tensor, dtype: torch.dtype, ph_n, pw_n, spatial_scale, height, width, od, convention):
@@ -443,7 +446,7 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     shape = (r, od, pooled_height, pooled_width)
     output = empty_nchw(shape, out_layout, like=input)
     mapping = empty_nchw(shape, out_layout, like=input.new_empty(0, dtype=torch.int32))
-    pattern = numpy_alias(_pattern(od, pooled_height, pooled_width, out_layout))  # the same for every RoI
+    pattern = _pattern(od, pooled_height, pooled_width, out_layout)  # the same for every RoI
     _split(_tile, (pattern, _dense(mapping)[0]), even_parts(r, torch.get_num_threads()), 1, acc, r * groups * od)
     x, xs = _dense(input)
     out, os = _dense(output)
@@ -466,7 +469,7 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
         m = mapping_channel.detach()
         m = m if m.is_contiguous() or m.is_contiguous(memory_format=torch.channels_last) else m.contiguous()
         pattern = _pattern(od, ph_n, pw_n, "NCHW" if m.is_contiguous() else "NHWC")  # _dense's storage order
-        kind = _mapping_kind(_dense(m)[0], numpy_alias(pattern), c)
+        kind = _mapping_kind(_dense(m)[0], pattern, c)
         if kind < 0:
             checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)  # raises, naming the value
         canonical = kind == 0
