@@ -6,12 +6,15 @@ One method per direction, whose cost follows the RoIs' work:
   cover). A band is regrouped into a small scratch ``[k, y, x, 0:od]`` so that the ``od`` channels one bin
   reads (input channel ``ctop*K + k``, K = PH*PW) sit side by side as one run and the bin's pixels close
   together; every bin then adds its pixels' runs, rows then columns, into its accumulators (8 lanes held in
-  registers), and the last pass divides by the bin area.
+  registers), and the last pass divides by the bin area. The regrouping is made of 8 x 8 register transposes
+  (``_core.jit_access.transpose``) of each pixel's channels (NHWC) or of each plane's rows (NCHW).
   That is the reference's summation order, so the output has the reference's bits, NaN/inf included.
+  mapping_channel, the same for every RoI, is one RoI's pattern tiled R times.
 * backward: the adjoint, band by band over every row of the used images: each bin adds ``top_grad / area``
   to its pixels' runs in the band scratch, RoI by RoI (the reference's order: the same bits, deterministic,
-  no atomics), and the band is written out in the input's channel order (zeros where no bin reaches). A
-  mapping_channel other than the forward's sends each value to the run of its own channel instead.
+  no atomics), and the band is written out in the input's channel order (zeros where no bin reaches) by the
+  inverse transposes. A mapping_channel other than the forward's sends each value to the run of its own channel
+  instead.
 
 Threads: calls with enough work are split over torch's thread count (the shared pool of ``_core.parallel``).
 The forward splits the bins by the row they start on (each bin is summed by one thread, which regroups the
@@ -22,11 +25,11 @@ Bin edges come from :func:`_edges`, the one place that knows the two conventions
 accumulation dtype (float32; float64 for float64 input).
 
 Memory: besides the inputs and outputs, a call holds a band scratch per thread (at most ``BAND_BYTES`` = 1 MiB,
-or one row of the image when a row is larger: ``W * PH*PW * S`` accumulation-dtype elements, S = od rounded up to 8;
-plus one pixel's C channels in the backward),
-the forward's accumulators (``R * PH*PW * S`` elements, the size of the output in float32/float64 plus the
-padding to S) or the backward's ``top_grad / area`` (the same size), and the bin edges (``16 * R * max(PH, PW)``
-bytes). float16/bfloat16 tensors are read and written in place through their bits (no widened copy).
+or one row of the image when a row is larger: ``W * PH*PW * S`` accumulation-dtype elements, S = od rounded up
+to 8; plus one pixel's C channels in the backward), the forward's accumulators (``R * PH*PW * S`` elements, the
+size of the output in float32/float64 plus the padding to S) or the backward's ``top_grad / area`` (the same
+size), and the bin edges (``16 * R * max(PH, PW)`` bytes). float16/bfloat16 tensors are read and written in
+place through their bits (no widened copy).
 """
 from __future__ import annotations
 
