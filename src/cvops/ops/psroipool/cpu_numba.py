@@ -52,6 +52,7 @@ from . import checks
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 BAND_BYTES = 1 << 20  # band scratch: regrouped rows stay in L2 while the bins read them
 _LANES = 8
+_STAGED_CHANNELS = 2048  # NHWC backward: pixels with more channels go out through a staging run
 _U1, _U2, _U3, _U4, _U5, _U6, _U7 = (np.uint64(j) for j in range(1, _LANES))
 
 
@@ -217,12 +218,14 @@ def _regroup(x, xs, b, y0, y1, x0, x1, groups, od, run, plane, g):
 
 @njit(error_model="numpy")
 def _ungroup(acc, b, y0, y1, width, groups, od, run, plane, bottom, bs):
-    """The inverse of :func:`_regroup` over whole rows: ``acc`` ``[k, y, x, 0:od]`` runs -> image b of bottom (NHWC
-    storage: each pixel transposed into a staging run after the planes in ``acc``, then copied out whole); the rows
-    of ``acc`` read are zeroed again (while they are in cache) for the next band."""
+    """The inverse of :func:`_regroup` over whole rows: ``acc`` ``[k, y, x, 0:od]`` runs -> image b of bottom; the
+    rows of ``acc`` read are zeroed again (while they are in cache) for the next band."""
     for y in range(y0, y1):
         row, at = (y - y0) * width * run, b * bs[0] + y * bs[2]
-        if bs[1] == 1:  # through a staging run in cache, then one contiguous copy per pixel
+        if bs[1] == 1 and groups * od <= _STAGED_CHANNELS:
+            for xx in range(width):
+                transpose(acc, row + xx * run, plane, groups, od, bottom, at + xx * bs[3], groups)
+        elif bs[1] == 1:  # a long pixel: transposed into a staging run after the planes, then copied out whole
             stage = np.uint64(groups * plane)
             for xx in range(width):
                 transpose(acc, row + xx * run, plane, groups, od, acc, stage, groups)
@@ -305,11 +308,10 @@ def _divide_run(src, s, s_step, dst, d, d_step, od, area):
 def _scaled_top(top, ts, edges, ph_n, pw_n, od, run, diffs, i0, i1, _unused):
     """``diffs[(i*K + k)*run + ctop] = top_grad[i, ctop, ph, pw] / area`` for RoIs [i0, i1), in the accumulation
     dtype of ``diffs`` (0 for an empty bin)."""
-    dt = diffs.dtype.type
     for i in range(i0, i1):
         for ph in range(ph_n):
             for pw in range(pw_n):
-                area = dt((edges[i, 1, ph] - edges[i, 0, ph]) * (edges[i, 3, pw] - edges[i, 2, pw]))
+                area = diffs.dtype.type((edges[i, 1, ph] - edges[i, 0, ph]) * (edges[i, 3, pw] - edges[i, 2, pw]))
                 _divide_run(top, np.uint64(i * ts[0] + ph * ts[2] + pw * ts[3]), np.uint64(ts[1]), diffs,
                             np.uint64(((i * ph_n + ph) * pw_n + pw) * run), np.uint64(1), od, area)
 
@@ -389,10 +391,9 @@ BACKWARD_PARTS = 2  # per thread (a forward has one per thread: each also regrou
 
 def _band_scratch(size: int, dtype) -> np.ndarray:
     """The band scratch, kept per thread (a fresh buffer would be page-faulted in on every call)."""
-    buffers = _SCRATCH.__dict__
-    buf = buffers.get(dtype)
+    buf = _SCRATCH.__dict__.get(dtype)
     if buf is None or buf.shape[0] < size:
-        buf = buffers[dtype] = np.empty(max(size, 1), dtype)
+        buf = _SCRATCH.__dict__[dtype] = np.empty(max(size, 1), dtype)
     return buf
 
 
