@@ -103,3 +103,17 @@ def test_numba_switch_and_lazy_import(monkeypatch):
     # importing cvops does not import numba (it loads on the first call that uses it)
     code = "import sys, cvops; assert 'numba' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
+
+
+@requires_numba
+@pytest.mark.parametrize("od", [40, 43])  # 49 * od channels: 1960 (transposed straight out) and 2107 (staged)
+def test_numba_nhwc_backward_either_side_of_the_staging_threshold(od, monkeypatch):
+    from cvops.ops.psroipool import cpu_numba
+    assert 49 * 40 <= cpu_numba._STAGED_CHANNELS < 49 * 43
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    g = torch.Generator().manual_seed(od)
+    x = torch.randn(2, 5, 6, 49 * od, generator=g)
+    rois = torch.tensor([[0, 0, 0, 5, 4], [1, 1.5, 0.5, 4, 4], [1, -2, -1, 9, 7]])
+    args = (x, rois, 7, 7, 1.0, 7, od, "NHWC")
+    for a, b in zip(_pair("cpu", *args), _pair("reference", *args)):
+        assert bit_equal(a, b)

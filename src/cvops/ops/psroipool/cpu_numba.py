@@ -6,12 +6,15 @@ One method per direction, whose cost follows the RoIs' work:
   cover). A band is regrouped into a small scratch ``[k, y, x, 0:od]`` so that the ``od`` channels one bin
   reads (input channel ``ctop*K + k``, K = PH*PW) sit side by side as one run and the bin's pixels close
   together; every bin then adds its pixels' runs, rows then columns, into its accumulators (8 lanes held in
-  registers), and the last pass divides by the bin area.
+  registers), and the last pass divides by the bin area. The regrouping is made of 8 x 8 register transposes
+  (``_core.jit_access.transpose``) of each pixel's channels (NHWC) or of each plane's rows (NCHW).
   That is the reference's summation order, so the output has the reference's bits, NaN/inf included.
+  mapping_channel, the same for every RoI, is one RoI's pattern tiled R times.
 * backward: the adjoint, band by band over every row of the used images: each bin adds ``top_grad / area``
   to its pixels' runs in the band scratch, RoI by RoI (the reference's order: the same bits, deterministic,
-  no atomics), and the band is written out in the input's channel order (zeros where no bin reaches). A
-  mapping_channel other than the forward's sends each value to the run of its own channel instead.
+  no atomics), and the band is written out in the input's channel order (zeros where no bin reaches) by the
+  inverse transposes. A mapping_channel other than the forward's sends each value to the run of its own channel
+  instead.
 
 Threads: calls with enough work are split over torch's thread count (the shared pool of ``_core.parallel``).
 The forward splits the bins by the row they start on (each bin is summed by one thread, which regroups the
@@ -22,13 +25,15 @@ Bin edges come from :func:`_edges`, the one place that knows the two conventions
 accumulation dtype (float32; float64 for float64 input).
 
 Memory: besides the inputs and outputs, a call holds a band scratch per thread (at most ``BAND_BYTES`` = 1 MiB,
-or one row of the image when a row is larger: ``W * PH*PW * S`` accumulation-dtype elements, S = od rounded up to 8),
-the forward's accumulators (``R * PH*PW * S`` elements, the size of the output in float32/float64 plus the
-padding to S) or the backward's ``top_grad / area`` (the same size), and the bin edges (``16 * R * max(PH, PW)``
-bytes). float16/bfloat16 tensors are read and written in place through their bits (no widened copy).
+or one row of the image when a row is larger: ``W * PH*PW * S`` accumulation-dtype elements, S = od rounded up
+to 8; plus one pixel's C channels in the backward), the forward's accumulators (``R * PH*PW * S`` elements, the
+size of the output in float32/float64 plus the padding to S) or the backward's ``top_grad / area`` (the same
+size), and the bin edges (``16 * R * max(PH, PW)`` bytes). float16/bfloat16 tensors are read and written in
+place through their bits (no widened copy).
 """
 from __future__ import annotations
 
+import functools
 import threading
 
 import numba
@@ -47,6 +52,7 @@ from . import checks
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 BAND_BYTES = 1 << 20  # band scratch: regrouped rows stay in L2 while the bins read them
 _LANES = 8
+_STAGED_CHANNELS = 2048  # NHWC backward: pixels with more channels go out through a staging run
 _U1, _U2, _U3, _U4, _U5, _U6, _U7 = (np.uint64(j) for j in range(1, _LANES))
 
 
@@ -56,23 +62,24 @@ def supports(*tensors: torch.Tensor) -> bool:
 
 
 def _storage(t: torch.Tensor) -> np.ndarray:
-    """The flat numpy array over a dense tensor's storage (16-bit floats as their bits)."""
-    if t.dtype == torch.float16:
-        t = t.view(torch.int16)
-        return numpy_alias(t).reshape(-1).view(np.uint16)
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
+    """The flat numpy array over a dense tensor's storage (16-bit floats as their bits: float16 as uint16,
+    bfloat16 as int16, see ``_core.jit_access``)."""
+    if t.dtype in (torch.float16, torch.bfloat16):
+        bits = numpy_alias(t.view(torch.int16)).reshape(-1)
+        return bits.view(np.uint16) if t.dtype == torch.float16 else bits
     return numpy_alias(t).reshape(-1)
 
 
 def _dense(t: torch.Tensor) -> tuple[np.ndarray, tuple[int, ...]]:
-    """(flat storage, element strides of the logical NCHW view ``t``); a copy only when ``t`` is neither dense NCHW
-    nor dense NHWC storage."""
+    """(flat storage, element strides of the logical NCHW view ``t`` in that storage: ``(CHW, HW, W, 1)`` for NCHW
+    order, ``(HWC, 1, WC, C)`` for NHWC order); a copy only when ``t`` is neither dense NCHW nor dense NHWC."""
     t = t.detach()
     if not (t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)):
         t = t.contiguous()
-    base = t if t.is_contiguous() else t.permute(0, 2, 3, 1)
-    return _storage(base), tuple(t.stride())
+    _, c, h, w = t.shape
+    if t.is_contiguous():
+        return _storage(t), (c * h * w, h * w, w, 1)
+    return _storage(t.permute(0, 2, 3, 1)), (h * w * c, 1, w * c, c)
 
 
 # ------------------------------------------------------------------------------------------------- bin edges
@@ -143,147 +150,102 @@ def _edges(rois, scale, ph_n, pw_n, height, width, torchvision):
 
 # ------------------------------------------------------------------------------------------- runs of channels
 def _run_length(od: int) -> int:
-    """Scratch entries per bin run: od rounded up to whole 8-lane blocks (od < 8 stays as is)."""
-    return od if od < _LANES else -(-od // _LANES) * _LANES
+    """Scratch entries per bin run: od rounded up to whole 8-lane blocks (the lanes past od are never written out)."""
+    return -(-od // _LANES) * _LANES
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _get8(a, i):
+    return a[i], a[i + _U1], a[i + _U2], a[i + _U3], a[i + _U4], a[i + _U5], a[i + _U6], a[i + _U7]
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _put8(a, i, t):
+    a[i], a[i + _U1], a[i + _U2], a[i + _U3], a[i + _U4], a[i + _U5], a[i + _U6], a[i + _U7] = t
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _add8(p, q):
+    return p[0] + q[0], p[1] + q[1], p[2] + q[2], p[3] + q[3], p[4] + q[4], p[5] + q[5], p[6] + q[6], p[7] + q[7]
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _spread_window(src, s, dst, first, row_step, rows, cols, col_step, length):
     """The adjoint of :func:`_sum_window`: ``dst[first + y*row_step + x*col_step + j] += src[s + j]`` over the window,
     the run held in registers 8 lanes at a time; unsigned indices."""
-    if length < _LANES:
-        for j in range(length):
-            u = np.uint64(j)
-            v = src[s + u]
-            for y in range(rows):
-                at = first + np.uint64(y) * row_step + u
-                for x in range(cols):
-                    dst[at + np.uint64(x) * col_step] += v
-        return
     for b in range(0, length, _LANES):
         u = np.uint64(b)
-        a0, a1, a2, a3 = src[s + u], src[s + u + _U1], src[s + u + _U2], src[s + u + _U3]
-        a4, a5, a6, a7 = src[s + u + _U4], src[s + u + _U5], src[s + u + _U6], src[s + u + _U7]
+        a = _get8(src, s + u)
         for y in range(rows):
             at = first + np.uint64(y) * row_step + u
             for x in range(cols):
                 d = at + np.uint64(x) * col_step
-                b0, b1, b2, b3 = dst[d], dst[d + _U1], dst[d + _U2], dst[d + _U3]
-                b4, b5, b6, b7 = dst[d + _U4], dst[d + _U5], dst[d + _U6], dst[d + _U7]
-                dst[d] = b0 + a0
-                dst[d + _U1] = b1 + a1
-                dst[d + _U2] = b2 + a2
-                dst[d + _U3] = b3 + a3
-                dst[d + _U4] = b4 + a4
-                dst[d + _U5] = b5 + a5
-                dst[d + _U6] = b6 + a6
-                dst[d + _U7] = b7 + a7
+                _put8(dst, d, _add8(_get8(dst, d), a))
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length):
     """``dst[d + j] += sum of src[first + y*row_step + x*col_step + j]`` over y < rows, x < cols (rows then
-    columns, the reference's order), for j < length: 8 lanes at a time held in registers while the window's
-    pixels are added (vector code with the SLP vectoriser, see :func:`_call`); unsigned indices."""
-    if length < _LANES:
-        for j in range(length):
-            u = np.uint64(j)
-            a = dst[d + u]
-            for y in range(rows):
-                at = first + np.uint64(y) * row_step + u
-                for x in range(cols):
-                    a += src[at + np.uint64(x) * col_step]
-            dst[d + u] = a
-        return
+    columns, the reference's order), for j < length (whole 8-lane blocks): 8 lanes at a time held in registers
+    while the window's pixels are added (vector code with the SLP vectoriser, see :func:`_split`); unsigned
+    indices."""
     for b in range(0, length, _LANES):
         u = np.uint64(b)
-        a0, a1, a2, a3 = dst[d + u], dst[d + u + _U1], dst[d + u + _U2], dst[d + u + _U3]
-        a4, a5, a6, a7 = dst[d + u + _U4], dst[d + u + _U5], dst[d + u + _U6], dst[d + u + _U7]
+        a = _get8(dst, d + u)
         for y in range(rows):
             at = first + np.uint64(y) * row_step + u
             for x in range(cols):
-                s = at + np.uint64(x) * col_step
-                a0 += src[s]
-                a1 += src[s + _U1]
-                a2 += src[s + _U2]
-                a3 += src[s + _U3]
-                a4 += src[s + _U4]
-                a5 += src[s + _U5]
-                a6 += src[s + _U6]
-                a7 += src[s + _U7]
-        dst[d + u] = a0
-        dst[d + u + _U1] = a1
-        dst[d + u + _U2] = a2
-        dst[d + u + _U3] = a3
-        dst[d + u + _U4] = a4
-        dst[d + u + _U5] = a5
-        dst[d + u + _U6] = a6
-        dst[d + u + _U7] = a7
+                a = _add8(a, _get8(src, at + np.uint64(x) * col_step))
+        _put8(dst, d + u, a)
 
 
 @njit(error_model="numpy")
 def _regroup(x, xs, b, y0, y1, x0, x1, groups, od, run, plane, g):
     """Rows [y0, y1) x columns [x0, x1) of image b into ``g`` as ``[k, y, x, 0:od]`` runs of ``run`` entries (input
-    channel ``ctop*K + k`` at ``k*plane + pixel*run + ctop``), so that a bin's pixels lie close together: NHWC
-    storage pixel by pixel, NCHW storage channel plane row by row."""
+    channel ``ctop*K + k`` at ``k*plane + pixel*run + ctop``), so that a bin's pixels lie close together: 8 x 8
+    register transposes of each pixel's ``[ctop, k]`` channels (NHWC storage) or of each plane's ``[ctop, x]``
+    rows (NCHW storage)."""
     wc = x1 - x0
-    if xs[1] == 1:
-        for y in range(y0, y1):
+    for y in range(y0, y1):
+        row, at = (y - y0) * wc * run, b * xs[0] + y * xs[2]
+        if xs[1] == 1:
             for xx in range(x0, x1):
-                transpose(x, b * xs[0] + y * xs[2] + xx * xs[3], groups, od, groups, g,
-                          ((y - y0) * wc + xx - x0) * run, plane)
-    else:
-        for ctop in range(od):
+                transpose(x, at + xx * xs[3], groups, od, groups, g, row + (xx - x0) * run, plane)
+        else:
             for k in range(groups):
-                src = b * xs[0] + (ctop * groups + k) * xs[1]
-                for y in range(y0, y1):
-                    at = k * plane + (y - y0) * wc * run + ctop
-                    for xx in range(x0, x1):
-                        g[at + (xx - x0) * run] = load(x, src + y * xs[2] + xx * xs[3])
+                transpose(x, at + k * xs[1] + x0, groups * xs[1], od, wc, g, k * plane + row, run)
 
 
 @njit(error_model="numpy")
 def _ungroup(acc, b, y0, y1, width, groups, od, run, plane, bottom, bs):
     """The inverse of :func:`_regroup` over whole rows: ``acc`` ``[k, y, x, 0:od]`` runs -> image b of bottom; the
     rows of ``acc`` read are zeroed again (while they are in cache) for the next band."""
-    _ungroup_rows(acc, b, y0, y1, width, groups, od, run, plane, bottom, bs)
+    for y in range(y0, y1):
+        row, at = (y - y0) * width * run, b * bs[0] + y * bs[2]
+        if bs[1] == 1 and groups * od <= _STAGED_CHANNELS:
+            for xx in range(width):
+                transpose(acc, row + xx * run, plane, groups, od, bottom, at + xx * bs[3], groups)
+        elif bs[1] == 1:  # a long pixel: transposed into a staging run after the planes, then copied out whole
+            stage = np.uint64(groups * plane)
+            for xx in range(width):
+                transpose(acc, row + xx * run, plane, groups, od, acc, stage, groups)
+                d = np.uint64(at + xx * bs[3])
+                for c in range(groups * od):
+                    store(bottom, d + np.uint64(c), acc[stage + np.uint64(c)])
+        else:
+            for k in range(groups):
+                transpose(acc, k * plane + row, run, width, od, bottom, at + k * bs[1], groups * bs[1])
     for k in range(groups):
         acc[k * plane:k * plane + (y1 - y0) * width * run] = 0
 
 
-@njit(error_model="numpy")
-def _ungroup_rows(acc, b, y0, y1, width, groups, od, run, plane, bottom, bs):
-    if bs[1] == 1:
-        for y in range(y0, y1):
-            for xx in range(width):
-                transpose(acc, ((y - y0) * width + xx) * run, plane, groups, od, bottom,
-                           b * bs[0] + y * bs[2] + xx * bs[3], groups)
-    else:
-        for ctop in range(od):
-            for k in range(groups):
-                dst = b * bs[0] + (ctop * groups + k) * bs[1]
-                for y in range(y0, y1):
-                    at = k * plane + (y - y0) * width * run + ctop
-                    for xx in range(width):
-                        store(bottom, dst + y * bs[2] + xx * bs[3], acc[at + xx * run])
-
-
-@njit(error_model="numpy")
-def _zero_rows(bottom, bs, b, y0, y1, width, channels):
-    for c in range(channels):
-        for y in range(y0, y1):
-            for xx in range(width):
-                store(bottom, b * bs[0] + c * bs[1] + y * bs[2] + xx * bs[3], 0.0)
-
-
 # ------------------------------------------------------------------------------------------------------ kernels
 @njit(error_model="numpy")
-def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_rows, sums, out, os, mapping, ms,
-             y_lo, y_hi, g):
+def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_rows, sums, out, os, y_lo, y_hi, g):
     """The forward of the bins whose first row is in [y_lo, y_hi) (see the module docstring): each bin is summed
     by one call, so a split of the rows changes nothing. ``sums``: accumulators [R*K*run] (accumulation dtype, also
-    that of ``g``, the band scratch; each bin's are zeroed at its first row); out / mapping: flat storage with the strides of their logical
-    NCHW views."""
+    that of ``g``, the band scratch; each bin's are zeroed at its first row); out: flat storage with the strides of
+    its logical NCHW view."""
     r = rois.shape[0]
     groups = ph_n * pw_n
     u_run = np.uint64(run)
@@ -317,59 +279,41 @@ def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_row
                                     sums[d + np.uint64(j)] = 0
                             first = k * plane + (np.uint64(hs - yb) * wc + np.uint64(ws - x0)) * u_run
                             _sum_window(g, first, wc * u_run, he - hs, we - ws, u_run, sums, d, run)
-    dt = sums.dtype.type
-    step, m_step = np.uint64(os[1]), np.uint64(ms[1])
+    dt, step = sums.dtype.type, np.uint64(os[1])
     for i in range(r):
         for ph in range(ph_n):
-            if not y_lo <= edges[i, 0, ph] < y_hi:
-                continue
-            for pw in range(pw_n):
-                k = ph * pw_n + pw
-                area = dt((edges[i, 1, ph] - edges[i, 0, ph]) * (edges[i, 3, pw] - edges[i, 2, pw]))
-                empty = edges[i, 1, ph] <= edges[i, 0, ph] or edges[i, 3, pw] <= edges[i, 2, pw]
-                at = np.uint64((i * groups + k) * run)
-                o = np.uint64(i * os[0] + ph * os[2] + pw * os[3])
-                m = np.uint64(i * ms[0] + ph * ms[2] + pw * ms[3])
-                if m_step == 1:  # NHWC: one contiguous run, vector stores
-                    for ctop in range(od):
-                        mapping[m + np.uint64(ctop)] = ctop * groups + k
-                else:
-                    for ctop in range(od):
-                        mapping[m + np.uint64(ctop) * m_step] = ctop * groups + k
-                if empty:
-                    for ctop in range(od):
-                        store(out, o + np.uint64(ctop) * step, dt(0.0))
-                elif step == 1:  # NHWC: one contiguous run, vector divisions
-                    for ctop in range(od):
-                        store(out, o + np.uint64(ctop), sums[at + np.uint64(ctop)] / area)
-                else:
-                    for ctop in range(od):
-                        store(out, o + np.uint64(ctop) * step, sums[at + np.uint64(ctop)] / area)
+            if y_lo <= edges[i, 0, ph] < y_hi:
+                for pw in range(pw_n):
+                    area = dt((edges[i, 1, ph] - edges[i, 0, ph]) * (edges[i, 3, pw] - edges[i, 2, pw]))
+                    _divide_run(sums, np.uint64((i * groups + ph * pw_n + pw) * run), np.uint64(1), out,
+                                np.uint64(i * os[0] + ph * os[2] + pw * os[3]), step, od, area)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _divide_run(src, s, s_step, dst, d, d_step, od, area):
+    """``dst[d + c*d_step] = src[s + c*s_step] / area`` for c < od, or 0 where ``area`` is 0 (an empty bin: bin
+    edges never cross, so an area is never negative); vector code where both runs are contiguous (NHWC)."""
+    if area == 0:
+        for c in range(od):
+            store(dst, d + np.uint64(c) * d_step, area)
+    elif s_step == 1 and d_step == 1:
+        for c in range(od):
+            store(dst, d + np.uint64(c), load(src, s + np.uint64(c)) / area)
+    else:
+        for c in range(od):
+            store(dst, d + np.uint64(c) * d_step, load(src, s + np.uint64(c) * s_step) / area)
 
 
 @njit(error_model="numpy")
 def _scaled_top(top, ts, edges, ph_n, pw_n, od, run, diffs, i0, i1, _unused):
     """``diffs[(i*K + k)*run + ctop] = top_grad[i, ctop, ph, pw] / area`` for RoIs [i0, i1), in the accumulation
     dtype of ``diffs`` (0 for an empty bin)."""
-    groups = ph_n * pw_n
-    dt = diffs.dtype.type
-    step = np.uint64(ts[1])
     for i in range(i0, i1):
         for ph in range(ph_n):
             for pw in range(pw_n):
-                area = dt((edges[i, 1, ph] - edges[i, 0, ph]) * (edges[i, 3, pw] - edges[i, 2, pw]))
-                empty = edges[i, 1, ph] <= edges[i, 0, ph] or edges[i, 3, pw] <= edges[i, 2, pw]
-                at = np.uint64((i * groups + ph * pw_n + pw) * run)
-                t = np.uint64(i * ts[0] + ph * ts[2] + pw * ts[3])
-                if empty:
-                    for ctop in range(od):
-                        diffs[at + np.uint64(ctop)] = dt(0.0)
-                elif step == 1:  # NHWC: one contiguous run, vector divisions
-                    for ctop in range(od):
-                        diffs[at + np.uint64(ctop)] = load(top, t + np.uint64(ctop)) / area
-                else:
-                    for ctop in range(od):
-                        diffs[at + np.uint64(ctop)] = load(top, t + np.uint64(ctop) * step) / area
+                area = diffs.dtype.type((edges[i, 1, ph] - edges[i, 0, ph]) * (edges[i, 3, pw] - edges[i, 2, pw]))
+                _divide_run(top, np.uint64(i * ts[0] + ph * ts[2] + pw * ts[3]), np.uint64(ts[1]), diffs,
+                            np.uint64(((i * ph_n + ph) * pw_n + pw) * run), np.uint64(1), od, area)
 
 
 @njit(error_model="numpy")
@@ -384,15 +328,8 @@ def _backward(diffs, rois, edges, dest, canonical, ph_n, pw_n, od, run, n, heigh
     u_run = np.uint64(run)
     plane = band_rows * width * run  # acc entries per channel group k
     u_width = np.uint64(width)
+    acc[:groups * plane] = 0  # zero once: each band's rows are zeroed again as they are written out
     for b in range(n):
-        used = False
-        for i in range(r):
-            used = used or int(rois[i, 0]) == b
-        if not used:
-            _zero_rows(bottom, bs, b, y_lo, y_hi, width, groups * od)
-            continue
-        for j in range(groups * plane):  # zero once: each band's rows are zeroed again as they are written out
-            acc[np.uint64(j)] = 0
         for yb in range(y_lo, y_hi, band_rows):
             ye = min(yb + band_rows, y_hi)
             for i in range(r):
@@ -423,20 +360,26 @@ def _backward(diffs, rois, edges, dest, canonical, ph_n, pw_n, od, run, n, heigh
 
 
 @njit(error_model="numpy")
-def _mapping_kind(mapping, ms, r, od, ph_n, pw_n, channels):
-    """0: every entry is the forward's ``(ctop*PH + ph)*PW + pw``; 1: another mapping with every entry in
-    [0, channels); -1: some entry outside that range."""
-    kind = 0
-    for i in range(r):
-        for ctop in range(od):
-            for ph in range(ph_n):
-                for pw in range(pw_n):
-                    c = mapping[i * ms[0] + ctop * ms[1] + ph * ms[2] + pw * ms[3]]
-                    if c < 0 or c >= channels:
-                        return -1
-                    if c != (ctop * ph_n + ph) * pw_n + pw:
-                        kind = 1
-    return kind
+def _tile(pattern, mapping, i0, i1, _unused):
+    """``mapping`` (flat storage) of RoIs [i0, i1) = ``pattern``, one RoI's forward mapping_channel."""
+    size = pattern.shape[0]
+    for i in range(i0, i1):
+        for j in range(size):
+            mapping[np.uint64(i * size + j)] = pattern[j]
+
+
+@njit(error_model="numpy")
+def _mapping_kind(mapping, pattern, channels):
+    """0: ``mapping`` (flat storage) is the forward's, ``pattern`` (one RoI's channels in the same storage order)
+    for every RoI; 1: another mapping with every entry in [0, channels); -1: some entry outside that range."""
+    size = pattern.shape[0]
+    bad, other = False, False
+    for i in range(mapping.shape[0] // size):
+        for j in range(size):
+            c = mapping[i * size + j]
+            bad |= (c < 0) | (c >= channels)
+            other |= c != pattern[j]
+    return -1 if bad else int(other)
 
 
 # ----------------------------------------------------------------------------------------------------- wrappers
@@ -446,22 +389,11 @@ PARALLEL_WORK = 2e6  # elements read or summed from which a call goes to the thr
 BACKWARD_PARTS = 2  # per thread (a forward has one per thread: each also regroups the rows its bins reach)
 
 
-def _compiled(kernel, args):
-    """``kernel``, compiled on first use per signature with LLVM's SLP vectoriser on (``_sum_window``'s 8-lane
-    blocks become vector code; numba leaves SLP off). numba caches it on disk."""
-    key = (kernel, tuple(a.dtype if isinstance(a, np.ndarray) else type(a) for a in args))
-    if key not in _COMPILED:
-        compile_slp(kernel, tuple(numba.typeof(a) for a in args))
-        _COMPILED.add(key)
-    return kernel
-
-
 def _band_scratch(size: int, dtype) -> np.ndarray:
     """The band scratch, kept per thread (a fresh buffer would be page-faulted in on every call)."""
-    buffers = _SCRATCH.__dict__
-    buf = buffers.get(dtype)
+    buf = _SCRATCH.__dict__.get(dtype)
     if buf is None or buf.shape[0] < size:
-        buf = buffers[dtype] = np.empty(max(size, 1), dtype)
+        buf = _SCRATCH.__dict__[dtype] = np.empty(max(size, 1), dtype)
     return buf
 
 
@@ -469,8 +401,12 @@ def _split(kernel, args, parts, scratch: int, acc, work: int) -> None:
     """``kernel(*args, lo, hi, band_scratch)`` for each ``(lo, hi)`` of ``parts``: on the calling thread, or,
     when the call has ``work`` enough, claimed one by one by the calling thread and the pool workers
     (``_core.parallel.run_parts``), each thread with its own band scratch. The parts write disjoint outputs,
-    so the result does not depend on who runs them."""
-    kernel = _compiled(kernel, (*args, 0, 0, _band_scratch(scratch, acc)))
+    so the result does not depend on who runs them. Each kernel is compiled on first use per signature with
+    LLVM's SLP vectoriser on (``_sum_window``'s 8-lane blocks become vector code; numba leaves SLP off)."""
+    key = (kernel, tuple(a.dtype if isinstance(a, np.ndarray) else type(a) for a in args))
+    if key not in _COMPILED:
+        compile_slp(kernel, tuple(numba.typeof(a) for a in (*args, 0, 0, _band_scratch(scratch, acc))))
+        _COMPILED.add(key)
 
     def run(lo: int, hi: int) -> None:
         kernel(*args, lo, hi, _band_scratch(scratch, acc))
@@ -481,22 +417,23 @@ def _split(kernel, args, parts, scratch: int, acc, work: int) -> None:
             run(lo, hi)
 
 
-def _acc_dtype(dtype: torch.dtype):
-    return np.float64 if dtype == torch.float64 else np.float32
+@functools.lru_cache(maxsize=16)
+def _pattern(od: int, ph_n: int, pw_n: int, layout: str) -> np.ndarray:
+    """One RoI's forward mapping_channel ``(ctop*PH + ph)*PW + pw`` in the storage order of ``layout``, flat."""
+    nchw = np.arange(od * ph_n * pw_n, dtype=np.int32).reshape(od, ph_n, pw_n)
+    return np.ascontiguousarray(nchw if layout == "NCHW" else nchw.transpose(1, 2, 0)).reshape(-1)
 
 
-def _plan(rois: torch.Tensor, dtype: torch.dtype, ph_n, pw_n, spatial_scale, height, width, convention):
-    """(rois array, bin edges, summed bin area, pixels of the box around the RoIs, accumulation dtype)."""
-    acc = _acc_dtype(dtype)
+def _plan(rois: torch.Tensor, dtype: torch.dtype, ph_n, pw_n, spatial_scale, height, width, od, convention):
+    """(rois array, bin edges, summed bin area, pixels of the box around the RoIs, accumulation dtype, run length,
+    rows per band: as many as ``BAND_BYTES`` hold, at least one)."""
+    acc = np.float64 if dtype == torch.float64 else np.float32
     r = rois.detach()
     r = numpy_alias((r if r.dtype in (torch.float32, torch.float64) else r.float()).contiguous())
-    edges, area, box = _edges(r, np.array([spatial_scale], acc), ph_n, pw_n, height, width,
-                              convention == "torchvision")
-    return r, edges, area, box, acc
-
-
-def _band_rows(height: int, row_entries: int, acc) -> int:
-    return max(1, min(height, BAND_BYTES // (row_entries * np.dtype(acc).itemsize)))
+    edges, area, box = _edges(r, np.array([spatial_scale], acc), ph_n, pw_n, height, width, convention == "torchvision")
+    run = _run_length(od)
+    band_rows = max(1, min(height, BAND_BYTES // (width * ph_n * pw_n * run * np.dtype(acc).itemsize)))
+    return r, edges, area, box, acc, run, band_rows
 
 
 def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout="NCHW",
@@ -505,21 +442,21 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     The caller checked the RoI values and non-empty tensors. The bins are split over the threads by their first row."""
     n, c, h, w = input.shape
     r, od, groups = rois.shape[0], output_dim, pooled_height * pooled_width
-    rois_np, edges, area, box, acc = _plan(rois, input.dtype, pooled_height, pooled_width, spatial_scale, h, w,
-                                           convention)
-    run = _run_length(od)
-    band_rows = _band_rows(h, w * groups * run, acc)
+    rois_np, edges, area, box, acc, run, band_rows = _plan(rois, input.dtype, pooled_height, pooled_width,
+                                                           spatial_scale, h, w, od, convention)
     work = box * c + area * od
     count = min(torch.get_num_threads(), h) if use_parallel(work, PARALLEL_WORK) else 1
     parts = [(lo, hi if hi < h else h + 1) for lo, hi in even_parts(h, count)]  # the last takes bins clamped to H
     shape = (r, od, pooled_height, pooled_width)
     output = empty_nchw(shape, out_layout, like=input)
     mapping = empty_nchw(shape, out_layout, like=input.new_empty(0, dtype=torch.int32))
+    pattern = _pattern(od, pooled_height, pooled_width, out_layout)  # the same for every RoI
+    _split(_tile, (pattern, _dense(mapping)[0]), even_parts(r, torch.get_num_threads()), 1, acc, r * groups * od)
     x, xs = _dense(input)
-    (out, os), (maps, ms) = _dense(output), _dense(mapping)
+    out, os = _dense(output)
     sums = numpy_alias(new_empty((r * groups * run,), torch.from_numpy(np.empty(0, acc)).dtype))  # recycled
-    _split(_forward, (x, xs, n, h, w, rois_np, edges, pooled_height, pooled_width, od, run, band_rows, sums, out, os,
-                      maps, ms), parts, band_rows * w * groups * run, acc, work)
+    _split(_forward, (x, xs, n, h, w, rois_np, edges, pooled_height, pooled_width, od, run, band_rows, sums, out, os),
+           parts, band_rows * w * groups * run, acc, work)
     return output, mapping
 
 
@@ -533,14 +470,15 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
     groups = ph_n * pw_n
     canonical = True
     if not trusted_mapping:
-        maps, ms = _dense(mapping_channel)
-        kind = _mapping_kind(maps, ms, r, od, ph_n, pw_n, c)
+        m = mapping_channel.detach()
+        m = m if m.is_contiguous() or m.is_contiguous(memory_format=torch.channels_last) else m.contiguous()
+        pattern = _pattern(od, ph_n, pw_n, "NCHW" if m.is_contiguous() else "NHWC")  # _dense's storage order
+        kind = _mapping_kind(_dense(m)[0], pattern, c)
         if kind < 0:
             checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)  # raises, naming the value
         canonical = kind == 0
-    rois_np, edges, area, _, acc = _plan(rois, top_grad.dtype, ph_n, pw_n, spatial_scale, h, w, convention)
-    run = _run_length(od)
-    band_rows = _band_rows(h, w * groups * run, acc)
+    rois_np, edges, area, _, acc, run, band_rows = _plan(rois, top_grad.dtype, ph_n, pw_n, spatial_scale, h, w, od,
+                                                         convention)
     plane = band_rows * w * run
     dest = np.zeros(1, np.int64)
     if not canonical:  # each value's entry in a pixel's runs: its channel c at (c % K)*plane + c // K
@@ -556,5 +494,5 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
     count = min(BACKWARD_PARTS * torch.get_num_threads(), bands) if use_parallel(work, PARALLEL_WORK) else 1
     parts = [(lo * band_rows, min(hi * band_rows, h)) for lo, hi in even_parts(bands, count)]
     _split(_backward, (diffs, rois_np, edges, dest, canonical, ph_n, pw_n, od, run, n, h, w, band_rows, b_flat, bs),
-           parts, groups * plane, acc, work)
+           parts, groups * plane + c, acc, work)
     return bottom
