@@ -61,43 +61,49 @@ def supports(*tensors: torch.Tensor) -> bool:
 
 # ------------------------------------------------------------------------------------------- kernels
 @_inline
-def _store_rows(buf, rows, width, channels, out, out_at, plane, nchw):
-    """Row buffer ``buf [rows, width, C]`` (channels-last) -> the output's rows starting at ``out_at``:
-    NHWC ``out[out_at + (r*width + x)*C + c]``; NCHW ``out[out_at + c*plane + r*width + x]`` (eight
-    channel rows at a time: eight sequential write streams)."""
+def _planes_transpose(planes, p_at, plane, cl, c_at, channels, count, to_planes):
+    """``planes[p_at + c*plane + p]`` (an NCHW run of positions) and ``cl[c_at + p*C + c]`` (channels-last)
+    for ``p < count``, ``c < C``: copied into ``planes`` (``to_planes``) or into ``cl``, through 8 x 8
+    register transposes, eight planes at a time (eight sequential streams in the planes). Ragged edges
+    take one more block overlapping the previous one (the same values written twice), so only runs
+    of fewer than eight channels or positions go element by element."""
     u = np.uint64
-    if not nchw:
-        base = u(out_at)
-        for i in range(u(rows * width * channels)):
-            out[base + i] = buf[i]
+    if channels < _LANES or count < _LANES:
+        for ci in range(channels):
+            for p in range(count):
+                if to_planes:
+                    planes[u(p_at + ci * plane + p)] = cl[u(c_at + p * channels + ci)]
+                else:
+                    cl[u(c_at + p * channels + ci)] = planes[u(p_at + ci * plane + p)]
         return
-    x_full = width - width % _LANES
-    c_full = channels - channels % _LANES
-    for r in range(rows):
-        src_row = r * width * channels
-        dst_row = out_at + r * width
-        for c0 in range(0, c_full, _LANES):
-            for x0 in range(0, x_full, _LANES):
-                transpose8(buf, src_row + x0 * channels + c0, channels, out, dst_row + c0 * plane + x0, plane)
-        for x in range(width):  # ragged edges: element by element
-            for c in range(c_full if x < x_full else 0, channels):
-                out[u(dst_row + c * plane + x)] = buf[u(src_row + x * channels + c)]
+    for c in range(0, channels, _LANES):
+        c0 = min(c, channels - _LANES)
+        for p in range(0, count, _LANES):
+            p0 = min(p, count - _LANES)
+            if to_planes:
+                transpose8(cl, c_at + p0 * channels + c0, channels, planes, p_at + c0 * plane + p0, plane)
+            else:
+                transpose8(planes, p_at + c0 * plane + p0, plane, cl, c_at + p0 * channels + c0, channels)
+
+
+@_inline
+def _store_rows(buf, count, channels, out, out_at, plane, nchw):
+    """Channels-last ``buf [count, C]`` -> ``count`` consecutive positions of the output from ``out_at``:
+    NHWC ``out[out_at + p*C + c]``, NCHW ``out[out_at + c*plane + p]``."""
+    u = np.uint64
+    if nchw:
+        _planes_transpose(out, out_at, plane, buf, 0, channels, count, True)
+        return
+    base = u(out_at)
+    for i in range(u(count * channels)):
+        out[base + i] = buf[i]
 
 
 @_inline
 def _rows_channels_last(src, src_at, plane, dst, dst_at, channels, count):
     """``dst[dst_at + p*C + c] = src[src_at + c*plane + p]`` for ``p < count``, ``c < C``: positions of
-    an NCHW plane regrouped channels-last through 8 x 8 register transposes, eight channel rows at a
-    time (eight sequential read streams)."""
-    u = np.uint64
-    p_full = count - count % _LANES
-    c_full = channels - channels % _LANES
-    for c0 in range(0, c_full, _LANES):
-        for p0 in range(0, p_full, _LANES):
-            transpose8(src, src_at + c0 * plane + p0, plane, dst, dst_at + p0 * channels + c0, channels)
-    for p in range(count):  # ragged edges: element by element
-        for ci in range(c_full if p < p_full else 0, channels):
-            dst[u(dst_at + p * channels + ci)] = src[u(src_at + ci * plane + p)]
+    an NCHW plane regrouped channels-last."""
+    _planes_transpose(src, src_at, plane, dst, dst_at, channels, count, False)
 
 
 @_inline
@@ -301,7 +307,7 @@ def _forward(x, m, out, n_img, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx,
                         _quad_weights(wq, m, m_at, m_sc, ph, ph_m, q, kx0, kx1)
                         _gather_taps(buf, a0, a1, a2, a3, xs, x_at, c, wq, kx0, kx1, cg)
         out_at = (n * c * s * h + y * s) * sw if nchw else (n * s * h + y * s) * sw * c
-        _store_rows(buf, s, sw, c, out, out_at, s * h * sw, nchw)
+        _store_rows(buf, s * sw, c, out, out_at, s * h * sw, nchw)
 
 
 def _backward(gy, x, m, gx, gm, n_img, h, w, c, k, g, s, gy_nhwc, x_nhwc, m_sn, m_sc, m_sy, m_sx,
@@ -390,7 +396,7 @@ def _backward(gy, x, m, gx, gm, n_img, h, w, c, k, g, s, gy_nhwc, x_nhwc, m_sn, 
                             acc_at = ((by + ky - r - y0) * w + bx - r) * c + ch
                             _scatter_taps(acc, acc_at, c, cg, src, s0, s1, s2, s3, wq, kx0, kx1)
         gx_at = n * c * h * w + y0 * w if gx_nchw else (n * h + y0) * w * c
-        _store_rows(acc, y1 - y0, w, c, gx, gx_at, h * w, gx_nchw)
+        _store_rows(acc, (y1 - y0) * w, c, gx, gx_at, h * w, gx_nchw)
         row += y1 - y0
 
 
