@@ -146,6 +146,7 @@ def _gather_taps(acc, a0, a1, a2, a3, src, src_at, src_step, wq, t0, t1, count):
     (each pass loads five tap vectors once for all four phases, 20 multiply-adds)."""
     u = np.uint64
     p0, p1, p2, p3 = u(a0), u(a1), u(a2), u(a3)
+    full = u(count - count % 16)
     t = t0
     while t + 5 <= t1:
         f = 4 * t
@@ -159,7 +160,7 @@ def _gather_taps(acc, a0, a1, a2, a3, src, src_at, src_step, wq, t0, t1, count):
         b2 = u(src_at + (t + 2) * src_step)
         b3 = u(src_at + (t + 3) * src_step)
         b4 = u(src_at + (t + 4) * src_step)
-        for i in range(u(count)):
+        for i in range(full):
             v0 = src[b0 + i]
             v1 = src[b1 + i]
             v2 = src[b2 + i]
@@ -169,6 +170,16 @@ def _gather_taps(acc, a0, a1, a2, a3, src, src_at, src_step, wq, t0, t1, count):
             acc[p1 + i] += w01 * v0 + w11 * v1 + w21 * v2 + w31 * v3 + w41 * v4
             acc[p2 + i] += w02 * v0 + w12 * v1 + w22 * v2 + w32 * v3 + w42 * v4
             acc[p3 + i] += w03 * v0 + w13 * v1 + w23 * v2 + w33 * v3 + w43 * v4
+        for i in range(full, u(count)):  # weights read again: none stays live through the loop above
+            v0 = src[b0 + i]
+            v1 = src[b1 + i]
+            v2 = src[b2 + i]
+            v3 = src[b3 + i]
+            v4 = src[b4 + i]
+            acc[p0 + i] += wq[f] * v0 + wq[f + 4] * v1 + wq[f + 8] * v2 + wq[f + 12] * v3 + wq[f + 16] * v4
+            acc[p1 + i] += wq[f + 1] * v0 + wq[f + 5] * v1 + wq[f + 9] * v2 + wq[f + 13] * v3 + wq[f + 17] * v4
+            acc[p2 + i] += wq[f + 2] * v0 + wq[f + 6] * v1 + wq[f + 10] * v2 + wq[f + 14] * v3 + wq[f + 18] * v4
+            acc[p3 + i] += wq[f + 3] * v0 + wq[f + 7] * v1 + wq[f + 11] * v2 + wq[f + 15] * v3 + wq[f + 19] * v4
         t += 5
     while t < t1:
         f = 4 * t
