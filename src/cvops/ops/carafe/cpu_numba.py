@@ -281,14 +281,17 @@ def _forward(x, m, out, n_img, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx,
     (``x_nhwc``) or contiguous NCHW (its rows regrouped channels-last into a ring of ``k`` rows as
     the window moves down), ``m`` the mask's storage from ``mask[0, 0, 0, 0]`` (element strides
     ``m_s*``), ``out`` flat NCHW (``nchw``) or NHWC. The ``s`` output rows of an input row accumulate
-    in ``buf [s, sW, C]`` (padded phases in a scratch tail) and are stored in the output's layout."""
+    in ``buf [s, sW, C]`` (padded phases in a scratch tail) and are stored in the output's layout;
+    an NHWC output whose phases fill whole quads holds exactly that block, so they accumulate there."""
     u = np.uint64
     r = (k - 1) // 2
     cg = c // g
     sw = s * w
     quads = (s * s + 3) // 4
     scratch = s * sw * c
-    buf = np.empty(scratch + c, x.dtype)
+    direct = not nchw and s * s % 4 == 0
+    buf = np.empty(0 if direct else scratch + c, x.dtype)
+    acc = out if direct else buf
     ring = np.empty(0 if x_nhwc else k * w * c, x.dtype)
     xs = x if x_nhwc else ring
     wq = np.zeros(4 * k, x.dtype)
@@ -298,12 +301,14 @@ def _forward(x, m, out, n_img, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx,
         y = row % h
         if not x_nhwc:
             _ring_rows(x, ring, n, c, h, w, k, max(0, y - r) if row == lo or y == 0 else y + r, min(h, y + r + 1))
+        out_at = (n * c * s * h + y * s) * sw if nchw else (n * s * h + y * s) * sw * c
+        acc_at = out_at if direct else 0
         for i in range(u(scratch)):
-            buf[i] = 0
+            acc[u(acc_at) + i] = 0
         for xx in range(w):
             kx0 = max(0, r - xx)
             kx1 = min(k, w + r - xx)
-            b_at = xx * s * c
+            b_at = acc_at + xx * s * c
             for gi in range(g):
                 ch = gi * cg
                 for q in range(quads):
@@ -316,9 +321,9 @@ def _forward(x, m, out, n_img, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx,
                         x_at = (((n * h + iy) * w if x_nhwc else (iy % k) * w) + xx - r) * c + ch
                         m_at = n * m_sn + y * s * m_sy + xx * s * m_sx + (gi * k + ky) * k * m_sc
                         _quad_weights(wq, m, m_at, m_sc, ph, ph_m, q, kx0, kx1)
-                        _gather_taps(buf, a0, a1, a2, a3, xs, x_at, c, wq, kx0, kx1, cg)
-        out_at = (n * c * s * h + y * s) * sw if nchw else (n * s * h + y * s) * sw * c
-        _store_rows(buf, s * sw, c, out, out_at, s * h * sw, nchw)
+                        _gather_taps(acc, a0, a1, a2, a3, xs, x_at, c, wq, kx0, kx1, cg)
+        if not direct:
+            _store_rows(buf, s * sw, c, out, out_at, s * h * sw, nchw)
 
 
 def _backward(gy, x, m, gx, gm, n_img, h, w, c, k, g, s, gy_nhwc, x_nhwc, m_sn, m_sc, m_sy, m_sx,
