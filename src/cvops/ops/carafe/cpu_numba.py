@@ -41,7 +41,11 @@ from ..._core.memory import new_empty
 from ..._core.parallel import even_parts, run_parts
 
 _LANES = 8  # transpose8's block
-_PARALLEL_WORK = 1e6  # multiply-adds (tens of microseconds) below which one thread runs the call
+# multiply-adds (about half a millisecond on one core: the 13x21 CARAFE-FPN forward) below which one thread
+# runs the call: a helper thread saves at most a third of such a call on an idle core, and costs more than
+# that where it has to share its core, e.g. with torch's OpenMP workers, which spin for milliseconds after
+# every parallel torch op (the convolutions before an upsampler, the inputs of a benchmark)
+_PARALLEL_WORK = 2e7
 _CHUNKS_PER_THREAD = 8
 # input rows per span at least: each span regroups the r rows beyond its ends again (NCHW features,
 # and grad_output's block rows in the backward)
