@@ -144,21 +144,24 @@ def _quad_weights(wq, m, m_at, m_sc, ph, ph_m, q, kx0, kx1):
 
 
 @_inline
-def _gather_taps(acc, a0, a1, a2, a3, src, src_at, src_step, wq, t0, t1, count):
-    """``acc[a_j + i] += sum_t wq[4*t + j] * src[src_at + t*src_step + i]`` for ``t0 <= t < t1``,
-    ``i < count``: four sub-pixel phases of one block accumulate the block's taps, five taps a pass
-    (each pass loads five tap vectors once for all four phases, 20 multiply-adds)."""
+def _gather_taps(acc, a0, a1, a2, a3, src, src_at, src_step, m, m_at, m_sc, o0, o1, o2, o3, t0, t1, count):
+    """``acc[a_j + i] += sum_t m[m_at + t*m_sc + o_j] * src[src_at + t*src_step + i]`` for
+    ``t0 <= t < t1``, ``i < count``: four sub-pixel phases of one block (mask offsets ``o_j``)
+    accumulate the block's taps, five taps a pass (each pass loads five tap vectors once for all four
+    phases, 20 multiply-adds). The vector loop covers whole 16-lane blocks, and the ragged channels
+    read the weights again, so no scalar copy of them stays live through the loop."""
     u = np.uint64
     p0, p1, p2, p3 = u(a0), u(a1), u(a2), u(a3)
     full = u(count - count % 16)
     t = t0
     while t + 5 <= t1:
-        f = 4 * t
-        w00, w01, w02, w03 = wq[f], wq[f + 1], wq[f + 2], wq[f + 3]
-        w10, w11, w12, w13 = wq[f + 4], wq[f + 5], wq[f + 6], wq[f + 7]
-        w20, w21, w22, w23 = wq[f + 8], wq[f + 9], wq[f + 10], wq[f + 11]
-        w30, w31, w32, w33 = wq[f + 12], wq[f + 13], wq[f + 14], wq[f + 15]
-        w40, w41, w42, w43 = wq[f + 16], wq[f + 17], wq[f + 18], wq[f + 19]
+        m0 = m_at + t * m_sc
+        m1, m2, m3, m4 = m0 + m_sc, m0 + 2 * m_sc, m0 + 3 * m_sc, m0 + 4 * m_sc
+        w00, w01, w02, w03 = m[u(m0 + o0)], m[u(m0 + o1)], m[u(m0 + o2)], m[u(m0 + o3)]
+        w10, w11, w12, w13 = m[u(m1 + o0)], m[u(m1 + o1)], m[u(m1 + o2)], m[u(m1 + o3)]
+        w20, w21, w22, w23 = m[u(m2 + o0)], m[u(m2 + o1)], m[u(m2 + o2)], m[u(m2 + o3)]
+        w30, w31, w32, w33 = m[u(m3 + o0)], m[u(m3 + o1)], m[u(m3 + o2)], m[u(m3 + o3)]
+        w40, w41, w42, w43 = m[u(m4 + o0)], m[u(m4 + o1)], m[u(m4 + o2)], m[u(m4 + o3)]
         b0 = u(src_at + t * src_step)
         b1 = u(src_at + (t + 1) * src_step)
         b2 = u(src_at + (t + 2) * src_step)
@@ -174,20 +177,20 @@ def _gather_taps(acc, a0, a1, a2, a3, src, src_at, src_step, wq, t0, t1, count):
             acc[p1 + i] += w01 * v0 + w11 * v1 + w21 * v2 + w31 * v3 + w41 * v4
             acc[p2 + i] += w02 * v0 + w12 * v1 + w22 * v2 + w32 * v3 + w42 * v4
             acc[p3 + i] += w03 * v0 + w13 * v1 + w23 * v2 + w33 * v3 + w43 * v4
-        for i in range(full, u(count)):  # weights read again: none stays live through the loop above
+        for i in range(full, u(count)):
             v0 = src[b0 + i]
             v1 = src[b1 + i]
             v2 = src[b2 + i]
             v3 = src[b3 + i]
             v4 = src[b4 + i]
-            acc[p0 + i] += wq[f] * v0 + wq[f + 4] * v1 + wq[f + 8] * v2 + wq[f + 12] * v3 + wq[f + 16] * v4
-            acc[p1 + i] += wq[f + 1] * v0 + wq[f + 5] * v1 + wq[f + 9] * v2 + wq[f + 13] * v3 + wq[f + 17] * v4
-            acc[p2 + i] += wq[f + 2] * v0 + wq[f + 6] * v1 + wq[f + 10] * v2 + wq[f + 14] * v3 + wq[f + 18] * v4
-            acc[p3 + i] += wq[f + 3] * v0 + wq[f + 7] * v1 + wq[f + 11] * v2 + wq[f + 15] * v3 + wq[f + 19] * v4
+            for j in range(4):
+                o = o0 if j == 0 else o1 if j == 1 else o2 if j == 2 else o3
+                acc[u(a0 if j == 0 else a1 if j == 1 else a2 if j == 2 else a3) + i] += (
+                    m[u(m0 + o)] * v0 + m[u(m1 + o)] * v1 + m[u(m2 + o)] * v2 + m[u(m3 + o)] * v3 + m[u(m4 + o)] * v4)
         t += 5
     while t < t1:
-        f = 4 * t
-        w00, w01, w02, w03 = wq[f], wq[f + 1], wq[f + 2], wq[f + 3]
+        m0 = m_at + t * m_sc
+        w00, w01, w02, w03 = m[u(m0 + o0)], m[u(m0 + o1)], m[u(m0 + o2)], m[u(m0 + o3)]
         b0 = u(src_at + t * src_step)
         for i in range(u(count)):
             v0 = src[b0 + i]
@@ -285,8 +288,9 @@ def _forward(x, m, out, n_img, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx,
     (``x_nhwc``) or contiguous NCHW (its rows regrouped channels-last into a ring of ``k`` rows as
     the window moves down), ``m`` the mask's storage from ``mask[0, 0, 0, 0]`` (element strides
     ``m_s*``), ``out`` flat NCHW (``nchw``) or NHWC. The ``s`` output rows of an input row accumulate
-    in ``buf [s, sW, C]`` (padded phases in a scratch tail) and are stored in the output's layout;
-    an NHWC output whose phases fill whole quads holds exactly that block, so they accumulate there."""
+    in ``buf [s, sW, C]`` and are stored in the output's layout (padded phases, weighted by phase 0's
+    mask, accumulate in a scratch tail that is never read); an NHWC output whose phases fill whole
+    quads holds exactly that block, so they accumulate there."""
     u = np.uint64
     r = (k - 1) // 2
     cg = c // g
@@ -298,7 +302,6 @@ def _forward(x, m, out, n_img, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx,
     acc = out if direct else buf
     ring = np.empty(0 if x_nhwc else k * w * c, x.dtype)
     xs = x if x_nhwc else ring
-    wq = np.zeros(4 * k, x.dtype)
     ph, ph_m, _ = _phases(s, quads, c, sw * c, m_sy, m_sx, 0, 0)
     for row in range(lo, hi):
         n = row // h
@@ -320,12 +323,12 @@ def _forward(x, m, out, n_img, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx,
                     a1 = (b_at + ph[4 * q + 1] if ph[4 * q + 1] >= 0 else scratch) + ch
                     a2 = (b_at + ph[4 * q + 2] if ph[4 * q + 2] >= 0 else scratch) + ch
                     a3 = (b_at + ph[4 * q + 3] if ph[4 * q + 3] >= 0 else scratch) + ch
+                    o0, o1, o2, o3 = ph_m[4 * q], ph_m[4 * q + 1], ph_m[4 * q + 2], ph_m[4 * q + 3]
                     for ky in range(max(0, r - y), min(k, h + r - y)):
                         iy = y + ky - r
                         x_at = (((n * h + iy) * w if x_nhwc else (iy % k) * w) + xx - r) * c + ch
                         m_at = n * m_sn + y * s * m_sy + xx * s * m_sx + (gi * k + ky) * k * m_sc
-                        _quad_weights(wq, m, m_at, m_sc, ph, ph_m, q, kx0, kx1)
-                        _gather_taps(acc, a0, a1, a2, a3, xs, x_at, c, wq, kx0, kx1, cg)
+                        _gather_taps(acc, a0, a1, a2, a3, xs, x_at, c, m, m_at, m_sc, o0, o1, o2, o3, kx0, kx1, cg)
         if not direct:
             _store_rows(buf, s * sw, c, out, out_at, s * h * sw, nchw)
 
