@@ -48,8 +48,9 @@ _LANES = 8  # transpose8's block
 _PARALLEL_WORK = 2e7
 _CHUNKS_PER_THREAD = 8
 # input rows per span at least: each span regroups the r rows beyond its ends again (NCHW features,
-# and grad_output's block rows in the backward)
-_FORWARD_ROWS = 6
+# and grad_output's block rows in the backward). The forward's spans shrink towards the end (guided):
+# this is the last ones' length.
+_FORWARD_ROWS = 2
 _BACKWARD_ROWS = 12
 
 
@@ -451,16 +452,32 @@ def _strided(t: torch.Tensor, acc: torch.dtype):
     return numpy_alias(flat), t.stride()
 
 
-def _split(kernel, args, rows, work, min_rows=1):
+def _guided_parts(rows: int, threads: int, smallest: int) -> list[tuple[int, int]]:
+    """``[0, rows)`` in ranges of decreasing length, each ``1 / (2 * threads)`` of the rows left (at least
+    ``smallest``): few ranges, and a thread that starts late or runs slowly holds the others up at the
+    end by a short one."""
+    parts, lo = [], 0
+    while lo < rows:
+        hi = min(rows, lo + max(smallest, -(-(rows - lo) // (2 * threads))))
+        parts.append((lo, hi))
+        lo = hi
+    return parts
+
+
+def _split(kernel, args, rows, work, min_rows=1, guided=False):
     """``kernel(*args, lo, hi)`` over the rows ``[0, rows)``: on the calling thread for small calls, else in
-    chunks of at least ``min_rows`` rows that the caller and the shared worker threads claim one by one
-    (``_core.parallel.run_parts``). The kernels release the GIL."""
+    chunks that the caller and the shared worker threads claim one by one (``_core.parallel.run_parts``):
+    even ones of at least ``min_rows`` rows, or guided ones down to ``min_rows``. The kernels release
+    the GIL."""
     threads = torch.get_num_threads()
     if threads < 2 or rows < 2 or work < _PARALLEL_WORK:
         kernel(*args, 0, rows)
         return
-    chunks = threads * max(1, min(_CHUNKS_PER_THREAD, rows // (threads * min_rows)))
-    run_parts(lambda lo, hi: kernel(*args, lo, hi), even_parts(rows, chunks))
+    if guided:
+        parts = _guided_parts(rows, threads, min_rows)
+    else:
+        parts = even_parts(rows, threads * max(1, min(_CHUNKS_PER_THREAD, rows // (threads * min_rows))))
+    run_parts(lambda lo, hi: kernel(*args, lo, hi), parts)
 
 
 def forward(features, masks, kernel_size, group_size, scale_factor, layout="NCHW"):
@@ -474,7 +491,7 @@ def forward(features, masks, kernel_size, group_size, scale_factor, layout="NCHW
     shape = (n, c, h * s, w * s) if nchw else (n, h * s, w * s, c)
     out = new_empty(shape, acc, features.device)
     _split(_forward, (x, m, numpy_alias(out.view(-1)), n, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx, nchw),
-           n * h, n * c * h * w * s * s * k * k, min_rows=_FORWARD_ROWS)
+           n * h, n * c * h * w * s * s * k * k, min_rows=_FORWARD_ROWS, guided=True)
     out = out.to(features.dtype)
     return out if nchw else out.permute(0, 3, 1, 2)
 
