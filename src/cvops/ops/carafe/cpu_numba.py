@@ -83,11 +83,13 @@ def _planes_transpose(planes, p_at, plane, cl, c_at, channels, count, to_planes)
         return
     for c in range(0, channels, _LANES):
         c0 = min(c, channels - _LANES)
-        for p in range(0, count, _LANES):
-            p0 = min(p, count - _LANES)
-            if to_planes:
+        if to_planes:
+            for p in range(0, count, _LANES):
+                p0 = min(p, count - _LANES)
                 transpose8(cl, c_at + p0 * channels + c0, channels, planes, p_at + c0 * plane + p0, plane)
-            else:
+        else:
+            for p in range(0, count, _LANES):
+                p0 = min(p, count - _LANES)
                 transpose8(planes, p_at + c0 * plane + p0, plane, cl, c_at + p0 * channels + c0, channels)
 
 
