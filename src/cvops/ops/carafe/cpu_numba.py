@@ -9,7 +9,8 @@ phases read the same ``k x k`` taps, so the loops take four phases at a time and
 vector once for all four.
 
 * forward (per input row): each block's four phases accumulate five taps a pass into a row buffer
-  ``[s, sW, C]``, which is stored in the output's layout.
+  ``[s, sW, C]``, which is stored in the output's layout (an NHWC output's ``s`` rows are that
+  buffer: they accumulate in place).
 * backward (per span of input rows, one kernel for both gradients): each block row of
   ``grad_output`` that reaches the span is read once; the span's own blocks get their grad_mask dot
   products (4 phases x 5 taps per pass, 0 for taps off the map), and every block spreads
@@ -22,7 +23,7 @@ channels-last rows as the window moves down, and NCHW ``grad_output`` a block ro
 8 x 8 register transposes (``transpose8``), while the rows are in cache; NCHW outputs are
 transposed the same way on the way out. The small helpers are inlined into the two kernels
 (numba ``inline="always"``), so a cold cache compiles two functions. The kernels take a row range
-and run on the shared worker threads (:func:`_split`).
+and run on the shared worker threads (:func:`_split`; small calls on the calling thread).
 
 Every output element has one writer and a sum order fixed at compile time (``REASSOCIATE`` lets
 LLVM vectorise the sums), so results do not depend on the thread count. Accumulation is in
