@@ -9,7 +9,8 @@ phases read the same ``k x k`` taps, so the loops take four phases at a time and
 vector once for all four.
 
 * forward (per input row): each block's four phases accumulate five taps a pass into a row buffer
-  ``[s, sW, C]``, which is stored in the output's layout.
+  ``[s, sW, C]``, which is stored in the output's layout (an NHWC output's ``s`` rows are that
+  buffer: they accumulate in place).
 * backward (per span of input rows, one kernel for both gradients): each block row of
   ``grad_output`` that reaches the span is read once; the span's own blocks get their grad_mask dot
   products (4 phases x 5 taps per pass, 0 for taps off the map), and every block spreads
@@ -22,7 +23,7 @@ channels-last rows as the window moves down, and NCHW ``grad_output`` a block ro
 8 x 8 register transposes (``transpose8``), while the rows are in cache; NCHW outputs are
 transposed the same way on the way out. The small helpers are inlined into the two kernels
 (numba ``inline="always"``), so a cold cache compiles two functions. The kernels take a row range
-and run on the shared worker threads (:func:`_split`).
+and run on the shared worker threads (:func:`_split`; small calls on the calling thread).
 
 Every output element has one writer and a sum order fixed at compile time (``REASSOCIATE`` lets
 LLVM vectorise the sums), so results do not depend on the thread count. Accumulation is in
@@ -41,11 +42,16 @@ from ..._core.memory import new_empty
 from ..._core.parallel import even_parts, run_parts
 
 _LANES = 8  # transpose8's block
-_PARALLEL_WORK = 1e6  # multiply-adds (tens of microseconds) below which one thread runs the call
+# multiply-adds (about half a millisecond on one core: the 13x21 CARAFE-FPN forward) below which one thread
+# runs the call: a helper thread saves at most a third of such a call on an idle core, and costs more than
+# that where it has to share its core, e.g. with torch's OpenMP workers, which spin for milliseconds after
+# every parallel torch op (the convolutions before an upsampler, the inputs of a benchmark)
+_PARALLEL_WORK = 2e7
 _CHUNKS_PER_THREAD = 8
 # input rows per span at least: each span regroups the r rows beyond its ends again (NCHW features,
-# and grad_output's block rows in the backward)
-_FORWARD_ROWS = 6
+# and grad_output's block rows in the backward). The forward's spans shrink towards the end (guided):
+# this is the last ones' length.
+_FORWARD_ROWS = 2
 _BACKWARD_ROWS = 12
 
 
@@ -61,43 +67,51 @@ def supports(*tensors: torch.Tensor) -> bool:
 
 # ------------------------------------------------------------------------------------------- kernels
 @_inline
-def _store_rows(buf, rows, width, channels, out, out_at, plane, nchw):
-    """Row buffer ``buf [rows, width, C]`` (channels-last) -> the output's rows starting at ``out_at``:
-    NHWC ``out[out_at + (r*width + x)*C + c]``; NCHW ``out[out_at + c*plane + r*width + x]`` (eight
-    channel rows at a time: eight sequential write streams)."""
+def _planes_transpose(planes, p_at, plane, cl, c_at, channels, count, to_planes):
+    """``planes[p_at + c*plane + p]`` (an NCHW run of positions) and ``cl[c_at + p*C + c]`` (channels-last)
+    for ``p < count``, ``c < C``: copied into ``planes`` (``to_planes``) or into ``cl``, through 8 x 8
+    register transposes, eight planes at a time (eight sequential streams in the planes). Ragged edges
+    take one more block overlapping the previous one (the same values written twice), so only runs
+    of fewer than eight channels or positions go element by element."""
     u = np.uint64
-    if not nchw:
-        base = u(out_at)
-        for i in range(u(rows * width * channels)):
-            out[base + i] = buf[i]
+    if channels < _LANES or count < _LANES:
+        for ci in range(channels):
+            for p in range(count):
+                if to_planes:
+                    planes[u(p_at + ci * plane + p)] = cl[u(c_at + p * channels + ci)]
+                else:
+                    cl[u(c_at + p * channels + ci)] = planes[u(p_at + ci * plane + p)]
         return
-    x_full = width - width % _LANES
-    c_full = channels - channels % _LANES
-    for r in range(rows):
-        src_row = r * width * channels
-        dst_row = out_at + r * width
-        for c0 in range(0, c_full, _LANES):
-            for x0 in range(0, x_full, _LANES):
-                transpose8(buf, src_row + x0 * channels + c0, channels, out, dst_row + c0 * plane + x0, plane)
-        for x in range(width):  # ragged edges: element by element
-            for c in range(c_full if x < x_full else 0, channels):
-                out[u(dst_row + c * plane + x)] = buf[u(src_row + x * channels + c)]
+    for c in range(0, channels, _LANES):
+        c0 = min(c, channels - _LANES)
+        if to_planes:
+            for p in range(0, count, _LANES):
+                p0 = min(p, count - _LANES)
+                transpose8(cl, c_at + p0 * channels + c0, channels, planes, p_at + c0 * plane + p0, plane)
+        else:
+            for p in range(0, count, _LANES):
+                p0 = min(p, count - _LANES)
+                transpose8(planes, p_at + c0 * plane + p0, plane, cl, c_at + p0 * channels + c0, channels)
+
+
+@_inline
+def _store_rows(buf, count, channels, out, out_at, plane, nchw):
+    """Channels-last ``buf [count, C]`` -> ``count`` consecutive positions of the output from ``out_at``:
+    NHWC ``out[out_at + p*C + c]``, NCHW ``out[out_at + c*plane + p]``."""
+    u = np.uint64
+    if nchw:
+        _planes_transpose(out, out_at, plane, buf, 0, channels, count, True)
+        return
+    base = u(out_at)
+    for i in range(u(count * channels)):
+        out[base + i] = buf[i]
 
 
 @_inline
 def _rows_channels_last(src, src_at, plane, dst, dst_at, channels, count):
     """``dst[dst_at + p*C + c] = src[src_at + c*plane + p]`` for ``p < count``, ``c < C``: positions of
-    an NCHW plane regrouped channels-last through 8 x 8 register transposes, eight channel rows at a
-    time (eight sequential read streams)."""
-    u = np.uint64
-    p_full = count - count % _LANES
-    c_full = channels - channels % _LANES
-    for c0 in range(0, c_full, _LANES):
-        for p0 in range(0, p_full, _LANES):
-            transpose8(src, src_at + c0 * plane + p0, plane, dst, dst_at + p0 * channels + c0, channels)
-    for p in range(count):  # ragged edges: element by element
-        for ci in range(c_full if p < p_full else 0, channels):
-            dst[u(dst_at + p * channels + ci)] = src[u(src_at + ci * plane + p)]
+    an NCHW plane regrouped channels-last."""
+    _planes_transpose(src, src_at, plane, dst, dst_at, channels, count, False)
 
 
 @_inline
@@ -134,26 +148,30 @@ def _quad_weights(wq, m, m_at, m_sc, ph, ph_m, q, kx0, kx1):
 
 
 @_inline
-def _gather_taps(acc, a0, a1, a2, a3, src, src_at, src_step, wq, t0, t1, count):
-    """``acc[a_j + i] += sum_t wq[4*t + j] * src[src_at + t*src_step + i]`` for ``t0 <= t < t1``,
-    ``i < count``: four sub-pixel phases of one block accumulate the block's taps, five taps a pass
-    (each pass loads five tap vectors once for all four phases, 20 multiply-adds)."""
+def _gather_taps(acc, a0, a1, a2, a3, src, src_at, src_step, m, m_at, m_sc, o0, o1, o2, o3, t0, t1, count):
+    """``acc[a_j + i] += sum_t m[m_at + t*m_sc + o_j] * src[src_at + t*src_step + i]`` for
+    ``t0 <= t < t1``, ``i < count``: four sub-pixel phases of one block (mask offsets ``o_j``)
+    accumulate the block's taps, five taps a pass (each pass loads five tap vectors once for all four
+    phases, 20 multiply-adds). The vector loop covers whole 16-lane blocks, and the ragged channels
+    read the weights again, so no scalar copy of them stays live through the loop."""
     u = np.uint64
     p0, p1, p2, p3 = u(a0), u(a1), u(a2), u(a3)
+    full = u(count - count % 16)
     t = t0
     while t + 5 <= t1:
-        f = 4 * t
-        w00, w01, w02, w03 = wq[f], wq[f + 1], wq[f + 2], wq[f + 3]
-        w10, w11, w12, w13 = wq[f + 4], wq[f + 5], wq[f + 6], wq[f + 7]
-        w20, w21, w22, w23 = wq[f + 8], wq[f + 9], wq[f + 10], wq[f + 11]
-        w30, w31, w32, w33 = wq[f + 12], wq[f + 13], wq[f + 14], wq[f + 15]
-        w40, w41, w42, w43 = wq[f + 16], wq[f + 17], wq[f + 18], wq[f + 19]
+        m0 = m_at + t * m_sc
+        m1, m2, m3, m4 = m0 + m_sc, m0 + 2 * m_sc, m0 + 3 * m_sc, m0 + 4 * m_sc
+        w00, w01, w02, w03 = m[u(m0 + o0)], m[u(m0 + o1)], m[u(m0 + o2)], m[u(m0 + o3)]
+        w10, w11, w12, w13 = m[u(m1 + o0)], m[u(m1 + o1)], m[u(m1 + o2)], m[u(m1 + o3)]
+        w20, w21, w22, w23 = m[u(m2 + o0)], m[u(m2 + o1)], m[u(m2 + o2)], m[u(m2 + o3)]
+        w30, w31, w32, w33 = m[u(m3 + o0)], m[u(m3 + o1)], m[u(m3 + o2)], m[u(m3 + o3)]
+        w40, w41, w42, w43 = m[u(m4 + o0)], m[u(m4 + o1)], m[u(m4 + o2)], m[u(m4 + o3)]
         b0 = u(src_at + t * src_step)
         b1 = u(src_at + (t + 1) * src_step)
         b2 = u(src_at + (t + 2) * src_step)
         b3 = u(src_at + (t + 3) * src_step)
         b4 = u(src_at + (t + 4) * src_step)
-        for i in range(u(count)):
+        for i in range(full):
             v0 = src[b0 + i]
             v1 = src[b1 + i]
             v2 = src[b2 + i]
@@ -163,10 +181,20 @@ def _gather_taps(acc, a0, a1, a2, a3, src, src_at, src_step, wq, t0, t1, count):
             acc[p1 + i] += w01 * v0 + w11 * v1 + w21 * v2 + w31 * v3 + w41 * v4
             acc[p2 + i] += w02 * v0 + w12 * v1 + w22 * v2 + w32 * v3 + w42 * v4
             acc[p3 + i] += w03 * v0 + w13 * v1 + w23 * v2 + w33 * v3 + w43 * v4
+        for i in range(full, u(count)):
+            v0 = src[b0 + i]
+            v1 = src[b1 + i]
+            v2 = src[b2 + i]
+            v3 = src[b3 + i]
+            v4 = src[b4 + i]
+            for j in range(4):
+                o = o0 if j == 0 else o1 if j == 1 else o2 if j == 2 else o3
+                acc[u(a0 if j == 0 else a1 if j == 1 else a2 if j == 2 else a3) + i] += (
+                    m[u(m0 + o)] * v0 + m[u(m1 + o)] * v1 + m[u(m2 + o)] * v2 + m[u(m3 + o)] * v3 + m[u(m4 + o)] * v4)
         t += 5
     while t < t1:
-        f = 4 * t
-        w00, w01, w02, w03 = wq[f], wq[f + 1], wq[f + 2], wq[f + 3]
+        m0 = m_at + t * m_sc
+        w00, w01, w02, w03 = m[u(m0 + o0)], m[u(m0 + o1)], m[u(m0 + o2)], m[u(m0 + o3)]
         b0 = u(src_at + t * src_step)
         for i in range(u(count)):
             v0 = src[b0 + i]
@@ -264,29 +292,34 @@ def _forward(x, m, out, n_img, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx,
     (``x_nhwc``) or contiguous NCHW (its rows regrouped channels-last into a ring of ``k`` rows as
     the window moves down), ``m`` the mask's storage from ``mask[0, 0, 0, 0]`` (element strides
     ``m_s*``), ``out`` flat NCHW (``nchw``) or NHWC. The ``s`` output rows of an input row accumulate
-    in ``buf [s, sW, C]`` (padded phases in a scratch tail) and are stored in the output's layout."""
+    in ``buf [s, sW, C]`` and are stored in the output's layout (padded phases, weighted by phase 0's
+    mask, accumulate in a scratch tail that is never read); an NHWC output whose phases fill whole
+    quads holds exactly that block, so they accumulate there."""
     u = np.uint64
     r = (k - 1) // 2
     cg = c // g
     sw = s * w
     quads = (s * s + 3) // 4
     scratch = s * sw * c
-    buf = np.empty(scratch + c, x.dtype)
+    direct = not nchw and s * s % 4 == 0
+    buf = np.empty(0 if direct else scratch + c, x.dtype)
+    acc = out if direct else buf
     ring = np.empty(0 if x_nhwc else k * w * c, x.dtype)
     xs = x if x_nhwc else ring
-    wq = np.zeros(4 * k, x.dtype)
     ph, ph_m, _ = _phases(s, quads, c, sw * c, m_sy, m_sx, 0, 0)
     for row in range(lo, hi):
         n = row // h
         y = row % h
         if not x_nhwc:
             _ring_rows(x, ring, n, c, h, w, k, max(0, y - r) if row == lo or y == 0 else y + r, min(h, y + r + 1))
+        out_at = (n * c * s * h + y * s) * sw if nchw else (n * s * h + y * s) * sw * c
+        acc_at = out_at if direct else 0
         for i in range(u(scratch)):
-            buf[i] = 0
+            acc[u(acc_at) + i] = 0
         for xx in range(w):
             kx0 = max(0, r - xx)
             kx1 = min(k, w + r - xx)
-            b_at = xx * s * c
+            b_at = acc_at + xx * s * c
             for gi in range(g):
                 ch = gi * cg
                 for q in range(quads):
@@ -294,14 +327,14 @@ def _forward(x, m, out, n_img, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx,
                     a1 = (b_at + ph[4 * q + 1] if ph[4 * q + 1] >= 0 else scratch) + ch
                     a2 = (b_at + ph[4 * q + 2] if ph[4 * q + 2] >= 0 else scratch) + ch
                     a3 = (b_at + ph[4 * q + 3] if ph[4 * q + 3] >= 0 else scratch) + ch
+                    o0, o1, o2, o3 = ph_m[4 * q], ph_m[4 * q + 1], ph_m[4 * q + 2], ph_m[4 * q + 3]
                     for ky in range(max(0, r - y), min(k, h + r - y)):
                         iy = y + ky - r
                         x_at = (((n * h + iy) * w if x_nhwc else (iy % k) * w) + xx - r) * c + ch
                         m_at = n * m_sn + y * s * m_sy + xx * s * m_sx + (gi * k + ky) * k * m_sc
-                        _quad_weights(wq, m, m_at, m_sc, ph, ph_m, q, kx0, kx1)
-                        _gather_taps(buf, a0, a1, a2, a3, xs, x_at, c, wq, kx0, kx1, cg)
-        out_at = (n * c * s * h + y * s) * sw if nchw else (n * s * h + y * s) * sw * c
-        _store_rows(buf, s, sw, c, out, out_at, s * h * sw, nchw)
+                        _gather_taps(acc, a0, a1, a2, a3, xs, x_at, c, m, m_at, m_sc, o0, o1, o2, o3, kx0, kx1, cg)
+        if not direct:
+            _store_rows(buf, s * sw, c, out, out_at, s * h * sw, nchw)
 
 
 def _backward(gy, x, m, gx, gm, n_img, h, w, c, k, g, s, gy_nhwc, x_nhwc, m_sn, m_sc, m_sy, m_sx,
@@ -390,7 +423,7 @@ def _backward(gy, x, m, gx, gm, n_img, h, w, c, k, g, s, gy_nhwc, x_nhwc, m_sn, 
                             acc_at = ((by + ky - r - y0) * w + bx - r) * c + ch
                             _scatter_taps(acc, acc_at, c, cg, src, s0, s1, s2, s3, wq, kx0, kx1)
         gx_at = n * c * h * w + y0 * w if gx_nchw else (n * h + y0) * w * c
-        _store_rows(acc, y1 - y0, w, c, gx, gx_at, h * w, gx_nchw)
+        _store_rows(acc, (y1 - y0) * w, c, gx, gx_at, h * w, gx_nchw)
         row += y1 - y0
 
 
@@ -422,16 +455,32 @@ def _strided(t: torch.Tensor, acc: torch.dtype):
     return numpy_alias(flat), t.stride()
 
 
-def _split(kernel, args, rows, work, min_rows=1):
+def _guided_parts(rows: int, threads: int, smallest: int) -> list[tuple[int, int]]:
+    """``[0, rows)`` in ranges of decreasing length, each ``1 / (2 * threads)`` of the rows left (at least
+    ``smallest``): few ranges, and a thread that starts late or runs slowly holds the others up at the
+    end by a short one."""
+    parts, lo = [], 0
+    while lo < rows:
+        hi = min(rows, lo + max(smallest, -(-(rows - lo) // (2 * threads))))
+        parts.append((lo, hi))
+        lo = hi
+    return parts
+
+
+def _split(kernel, args, rows, work, min_rows=1, guided=False):
     """``kernel(*args, lo, hi)`` over the rows ``[0, rows)``: on the calling thread for small calls, else in
-    chunks of at least ``min_rows`` rows that the caller and the shared worker threads claim one by one
-    (``_core.parallel.run_parts``). The kernels release the GIL."""
+    chunks that the caller and the shared worker threads claim one by one (``_core.parallel.run_parts``):
+    even ones of at least ``min_rows`` rows, or guided ones down to ``min_rows``. The kernels release
+    the GIL."""
     threads = torch.get_num_threads()
     if threads < 2 or rows < 2 or work < _PARALLEL_WORK:
         kernel(*args, 0, rows)
         return
-    chunks = threads * max(1, min(_CHUNKS_PER_THREAD, rows // (threads * min_rows)))
-    run_parts(lambda lo, hi: kernel(*args, lo, hi), even_parts(rows, chunks))
+    if guided:
+        parts = _guided_parts(rows, threads, min_rows)
+    else:
+        parts = even_parts(rows, threads * max(1, min(_CHUNKS_PER_THREAD, rows // (threads * min_rows))))
+    run_parts(lambda lo, hi: kernel(*args, lo, hi), parts)
 
 
 def forward(features, masks, kernel_size, group_size, scale_factor, layout="NCHW"):
@@ -445,7 +494,7 @@ def forward(features, masks, kernel_size, group_size, scale_factor, layout="NCHW
     shape = (n, c, h * s, w * s) if nchw else (n, h * s, w * s, c)
     out = new_empty(shape, acc, features.device)
     _split(_forward, (x, m, numpy_alias(out.view(-1)), n, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx, nchw),
-           n * h, n * c * h * w * s * s * k * k, min_rows=_FORWARD_ROWS)
+           n * h, n * c * h * w * s * s * k * k, min_rows=_FORWARD_ROWS, guided=True)
     out = out.to(features.dtype)
     return out if nchw else out.permute(0, 3, 1, 2)
 
