@@ -83,6 +83,18 @@ def even_parts(total: int, count: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
+def guided_parts(total: int, threads: int, smallest: int) -> list[tuple[int, int]]:
+    """``[0, total)`` in ranges of decreasing length, each ``1 / (2 * threads)`` of what is left (at least
+    ``smallest``): few ranges, and a thread that starts late or runs slowly holds the others up at the end
+    by a short one."""
+    parts, lo = [], 0
+    while lo < total:
+        hi = min(total, lo + max(smallest, -(-(total - lo) // (2 * threads))))
+        parts.append((lo, hi))
+        lo = hi
+    return parts
+
+
 def run_parts(call: Callable[[int, int], None], parts: Sequence[tuple[int, int]]) -> None:
     """``call(lo, hi)`` for every range of ``parts``, claimed one by one by the calling thread and torch's
     thread count of pool workers, for compiled kernels that release the GIL and write disjoint outputs.

@@ -39,7 +39,7 @@ from ..._core.bits import numpy_alias
 from ..._core.jit import REASSOCIATE, njit
 from ..._core.jit_intrinsics import transpose8
 from ..._core.memory import new_empty
-from ..._core.parallel import even_parts, run_parts
+from ..._core.parallel import even_parts, guided_parts, run_parts
 
 _LANES = 8  # transpose8's block
 # multiply-adds (about half a millisecond on one core: the 13x21 CARAFE-FPN forward) below which one thread
@@ -455,18 +455,6 @@ def _strided(t: torch.Tensor, acc: torch.dtype):
     return numpy_alias(flat), t.stride()
 
 
-def _guided_parts(rows: int, threads: int, smallest: int) -> list[tuple[int, int]]:
-    """``[0, rows)`` in ranges of decreasing length, each ``1 / (2 * threads)`` of the rows left (at least
-    ``smallest``): few ranges, and a thread that starts late or runs slowly holds the others up at the
-    end by a short one."""
-    parts, lo = [], 0
-    while lo < rows:
-        hi = min(rows, lo + max(smallest, -(-(rows - lo) // (2 * threads))))
-        parts.append((lo, hi))
-        lo = hi
-    return parts
-
-
 def _split(kernel, args, rows, work, min_rows=1, guided=False):
     """``kernel(*args, lo, hi)`` over the rows ``[0, rows)``: on the calling thread for small calls, else in
     chunks that the caller and the shared worker threads claim one by one (``_core.parallel.run_parts``):
@@ -477,7 +465,7 @@ def _split(kernel, args, rows, work, min_rows=1, guided=False):
         kernel(*args, 0, rows)
         return
     if guided:
-        parts = _guided_parts(rows, threads, min_rows)
+        parts = guided_parts(rows, threads, min_rows)
     else:
         parts = even_parts(rows, threads * max(1, min(_CHUNKS_PER_THREAD, rows // (threads * min_rows))))
     run_parts(lambda lo, hi: kernel(*args, lo, hi), parts)
