@@ -311,7 +311,7 @@ def _shear_blocks(dst, src, forward, collect, stream, h, w, hm, wm, lo, hi):
     one slab per other row; backward: block ``n*hm + dh`` of dx, one slab per ``ph``. Slabs whose mask
     row lies outside the window are zero-filled. Blocks are independent and each output element has
     one writer, so the split over threads does not change the result."""
-    hh, hw, hwsz = (hm - 1) // 2, (wm - 1) // 2, h * w
+    hw, hwsz = (wm - 1) // 2, h * w
     if forward:   # near = x slab [dw, pw], far = out slab [qw, pw]
         na, nc, off = wm, w, max(0, w - 1 - hw)
         k0, sgn = hw + off, -1
