@@ -156,6 +156,24 @@ def test_bad_arguments():
         cvops.psroi_pool(x, torch.tensor([[0.0, 0, 0, 4, 4]]), 2, 2, 1.0, 2, 2, convention="caffe")
 
 
+@pytest.mark.parametrize("boxes", [torch.tensor([[0.0, 0, 3, 3]]), [torch.tensor([[0.0, 0, 3]])]], ids=["4", "list3"])
+def test_bad_boxes_are_the_assertion_errors_torchvision_raises(boxes):
+    x = torch.linspace(1, 64, 64).reshape(1, 1, 8, 8)
+    with pytest.raises(AssertionError, match="ps_roi_pool: boxes") as caught:
+        cvops.torchvision.ps_roi_pool(x, boxes, output_size=(2, 2))
+    assert isinstance(caught.value, BadParamError) and caught.value.status == BadParamError.status
+    assert not isinstance(caught.value, RuntimeError)
+
+
+def test_other_bad_arguments_are_runtime_errors_as_in_torchvision():
+    with pytest.raises(RuntimeError, match=r"input channels \(8\) must be a multiple") as caught:
+        cvops.torchvision.ps_roi_pool(torch.randn(1, 8, 5, 5), torch.tensor([[0.0, 0, 0, 4, 4]]), 3)
+    assert isinstance(caught.value, BadParamError) and not isinstance(caught.value, AssertionError)
+    with pytest.raises(BadParamError) as native:  # the native API stays a plain BadParamError
+        cvops.psroi_pool(torch.randn(1, 8, 5, 5), torch.tensor([[0.0, 0, 0, 4, 4]]), 3, 3, 1.0, 3, 1)
+    assert not isinstance(native.value, (AssertionError, RuntimeError))
+
+
 @pytest.mark.parametrize("tool", ["script", "fx", "export", "compile"])
 @pytest.mark.parametrize("make", [lambda: cvops.torchvision.PSRoIPool((2, 3), 0.5),
                                   lambda: cvops.nn.PSRoIPool(3, 0.5, 3, 2)], ids=["torchvision", "nn"])

@@ -6,7 +6,9 @@ MLU-OPS-style layer catches ``CvopsError`` and returns ``err.status``.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
+import functools
 
 
 class Status(enum.IntEnum):
@@ -43,3 +45,22 @@ class NotSupportedError(CvopsError, NotImplementedError):
     """Valid input the operator or backend does not handle (MLU-OPS ``NOT_SUPPORTED``)."""
 
     status = Status.NOT_SUPPORTED
+
+
+@functools.lru_cache(maxsize=None)
+def _also(error_type: type, peer_types: tuple) -> type:
+    return type(error_type.__name__, (error_type, *peer_types), {"__module__": error_type.__module__})
+
+
+@contextlib.contextmanager
+def raising_also(*peer_types: type):
+    """Re-raise a :class:`CvopsError` from the block as an instance of ``peer_types`` too, with the same
+    message and status: a drop-in namespace's errors are caught by the ``except`` clauses (and test
+    assertions) written for its peer, e.g. the ``AssertionError`` torchvision raises for a bad boxes shape."""
+    try:
+        yield
+    except CvopsError as error:
+        widened = _also(type(error), peer_types).__new__(_also(type(error), peer_types), *error.args)
+        widened.args = error.args
+        widened.__dict__.update(error.__dict__)
+        raise widened.with_traceback(error.__traceback__) from None

@@ -11,7 +11,8 @@ RoI at least 1 x 1, bin edges ``floor(p*bin) + start`` and ``ceil((p+1)*bin) + s
 ``(c*PH + ph)*PW + pw``. The gradient is the exact adjoint of that forward (torchvision's own backward clamps to
 [0, H] / [0, W], so it also credits the last row and column, which its forward never reads). Unlike torchvision,
 RoIs with a batch index outside [0, N) or a non-finite corner raise ``cvops.BadParamError``, and every float
-dtype and both CPU and CUDA tensors are served.
+dtype and both CPU and CUDA tensors are served. Bad arguments raise ``cvops.BadParamError`` that is also what
+torchvision raises: an ``AssertionError`` for the boxes' shape, a ``RuntimeError`` for the rest.
 
 The functional is wrapped for ``torch.fx`` (a leaf call) and its checks are ignored by TorchScript, so the
 module also works under ``torch.jit.script``, ``torch.fx.symbolic_trace``, ``torch.export.export`` and
@@ -32,20 +33,23 @@ def _pool(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size: List[i
     """The checks (boxes as ``Tensor[K, 5]`` or a list of ``Tensor[L, 4]``, channels a multiple of PH*PW), then
     cvops' op in the torchvision convention."""
     from .. import psroi_pool
+    from .._core.errors import raising_also
     from .._core.validate import require
     from ..nn import _rois_from_boxes
     op = "ps_roi_pool"
-    rois = _rois_from_boxes(boxes, op)
-    require(isinstance(rois, Tensor) and rois.dim() == 2 and rois.shape[1] == 5, op,
-            f"boxes must be a Tensor[K, 5] or a list of Tensor[L, 4], got shape {tuple(rois.shape)}")
-    ph, pw = (int(v) for v in output_size)
-    require(ph >= 1 and pw >= 1, op, f"output_size must be positive, got {(ph, pw)}")
-    require(isinstance(input, Tensor) and input.dim() == 4, op, "input must be a 4-D Tensor[N, C, H, W]")
-    c = input.shape[1]
-    require(c % (ph * pw) == 0, op, f"input channels ({c}) must be a multiple of output_size[0] * output_size[1] "
-                                    f"({ph * pw})")
-    return psroi_pool(input, rois, ph, pw, float(spatial_scale), ph if ph == pw else 1, c // (ph * pw),
-                      convention="torchvision")[0]
+    with raising_also(AssertionError):  # torchvision asserts the boxes' shape (torch._assert)
+        rois = _rois_from_boxes(boxes, op)
+        require(isinstance(rois, Tensor) and rois.dim() == 2 and rois.shape[1] == 5, op,
+                f"boxes must be a Tensor[K, 5] or a list of Tensor[L, 4], got shape {tuple(rois.shape)}")
+    with raising_also(RuntimeError):  # and checks the rest in its kernel (TORCH_CHECK)
+        ph, pw = (int(v) for v in output_size)
+        require(ph >= 1 and pw >= 1, op, f"output_size must be positive, got {(ph, pw)}")
+        require(isinstance(input, Tensor) and input.dim() == 4, op, "input must be a 4-D Tensor[N, C, H, W]")
+        c = input.shape[1]
+        require(c % (ph * pw) == 0, op, f"input channels ({c}) must be a multiple of output_size[0] * "
+                                        f"output_size[1] ({ph * pw})")
+        return psroi_pool(input, rois, ph, pw, float(spatial_scale), ph if ph == pw else 1, c // (ph * pw),
+                          convention="torchvision")[0]
 
 
 @torch.fx.wrap
