@@ -60,7 +60,8 @@ def raising_also(*peer_types: type):
     try:
         yield
     except CvopsError as error:
-        widened = _also(type(error), peer_types).__new__(_also(type(error), peer_types), *error.args)
+        widened_type = _also(type(error), peer_types)
+        widened = widened_type.__new__(widened_type, *error.args)
         widened.args = error.args
         widened.__dict__.update(error.__dict__)
         raise widened.with_traceback(error.__traceback__) from None
