@@ -392,3 +392,47 @@ def test_numba_cityscapes_map_matches_strided_copies(mode):
             expected = fn(t, mode, mask, "NCHW")
         with selected("cpu-numba"):
             assert bit_equal(fn(t, mode, mask, "NCHW"), expected), fn.__name__
+
+
+# -------------------------------------------------------------------------------- numba staged backward
+# The row-kernel backwards stage each tile of dx planes in a per-thread buffer and stream it out whole cache
+# lines at a time; a line holds 64 // itemsize elements, so each element width has its own line splits.
+STAGED_SHAPES = ((2, 5, 7, 9, 13), (1, 6, 19, 5, 7), (3, 3, 4, 4, 2))
+
+
+@requires_numba
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_numba_staged_backward_every_width_bit_exact(dtype, monkeypatch):
+    from cvops.ops.psamask import cpu_numba
+    monkeypatch.setattr(cpu_numba, "_PARALLEL_ELEMENTS", 1)  # split even tiny calls over the threads
+    monkeypatch.setattr(cpu_numba, "BACKWARD_TILE", 3)  # partial tiles at these widths
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 3):
+            torch.set_num_threads(count)
+            for (n, h, w, hm, wm), mode, layout in itertools.product(STAGED_SHAPES, MODES, LAYOUTS):
+                run_case("cpu-numba", n, h, w, hm, wm, mode, layout, dtype)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@requires_numba
+@pytest.mark.parametrize("kernel", ["_backward_d_major", "_backward_p_major"])
+def test_numba_staged_backward_any_dx_alignment(kernel):
+    """dx starting anywhere within a cache line: whole lines streamed, partial ones at both ends stored."""
+    import numpy as np
+    from cvops.ops.psamask import cpu_numba
+    n, h, w, hm, wm = 2, 5, 6, 7, 9
+    dy = make(n, h, w, h * w, "NCHW", seed=3)
+    expected = cvops.psamask_backward(dy, "collect", (hm, wm), "NCHW", backend="reference")
+    if kernel == "_backward_p_major":
+        dy = dy.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)  # NHWC storage
+        expected = expected.permute(0, 2, 3, 1)
+    sn, sc, sh, sw = dy.stride()
+    for skip in range(16):  # float32: 16 elements a line
+        raw = np.full(expected.numel() + 32, np.nan, dtype=np.float32)
+        dx = torch.from_numpy(raw[skip:skip + expected.numel()]).view(expected.shape)
+        cpu_numba._launch(getattr(cpu_numba, kernel), 4, dx, dy, (sn, w * sc, sc, sh, sw), h, w, hm, wm,
+                          n * (hm if kernel == "_backward_d_major" else h))
+        assert bit_equal(dx, expected), skip
+        assert np.isnan(raw[:skip]).all() and np.isnan(raw[skip + expected.numel():]).all()

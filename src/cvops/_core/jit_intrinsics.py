@@ -10,8 +10,8 @@ per-function switch, so :func:`compile_scalar` compiles with ``numba.config.LOOP
 documented ``NUMBA_LOOP_VECTORIZE`` setting, which numba reads at each compilation); :func:`compile_slp`
 likewise turns ``SLP_VECTORIZE`` on for kernels written as short straight-line runs. A kernel that
 writes a large output once and never reads it back can skip reading each destination line into the
-cache first with :func:`stream_store` (+ :func:`store_fence` before the threads join). Results never
-change.
+cache first with :func:`stream_store` or, a whole cache line at a time, :func:`stream_line` (+
+:func:`store_fence` before the threads join). Results never change.
 """
 from __future__ import annotations
 
@@ -96,6 +96,35 @@ def stream_store(typingctx, array, index, value):
         return context.get_dummy_value()
 
     return types.void(array, index, value), codegen
+
+
+@intrinsic
+def stream_line(typingctx, dst, dst_at, src, src_at):
+    """``dst[dst_at + i] = src[src_at + i]`` for the ``64 // itemsize`` elements of one cache line, as one
+    vector load and one non-temporal vector store on x86-64 (a plain vector store elsewhere). ``dst``,
+    ``src``: 1-D contiguous arrays of one dtype; ``dst_at`` must address a 64-byte aligned element (the
+    caller's duty: nothing is checked). Why: scalar streaming stores split a line into several stores,
+    while a whole-line one leaves the write-combining buffer full at once."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.ndim == 1 and src.ndim == 1
+            and dst.dtype == src.dtype and isinstance(dst_at, types.Integer) and isinstance(src_at, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        array_type = signature.args[0]
+        width = array_type.dtype.bitwidth // 8
+        vector = ir.VectorType(context.get_data_type(array_type.dtype), 64 // width)
+
+        def pointer(k):
+            data = context.make_array(signature.args[k])(context, builder, args[k]).data
+            at = context.cast(builder, args[k + 1], signature.args[k + 1], types.intp)
+            return builder.bitcast(builder.gep(data, [at]), vector.as_pointer())
+
+        store = builder.store(builder.load(pointer(2), align=width), pointer(0), align=64)
+        if STREAMING:
+            store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_at, src, src_at), codegen
 
 
 @intrinsic

@@ -9,7 +9,9 @@ still in cache:
   COLLECT NHWC): one block per ``(n, qh)`` or ``(n, ph)``, walked row by row (``ph`` or ``qh``); each
   row fixes the mask row ``dh``, so its sources are one small sheared slab of ``x``.
 * backward, ``dx [n, d, p]`` (NCHW) or ``[n, p, d]`` (NHWC): one block per ``(n, dh)`` or ``(n, ph)``,
-  zero-filled in one pass, then the valid rows written while the block is still in cache.
+  a tile of planes at a time: the valid rows go into a zeroed per-thread staging buffer that stays in
+  cache, which streams out to dx in storage order, whole cache lines at a time with non-temporal stores
+  (``jit_intrinsics.stream_line``): dx, mostly zeros, is written once and never read into the cache.
 
 What makes it fast:
 * the sources of the next row are prefetched (``jit_intrinsics.prefetch``): with a strided source each
@@ -35,7 +37,8 @@ import torch
 
 from ..._core.bits import as_bits, numpy_alias, storage_bits
 from ..._core.jit import njit
-from ..._core.jit_intrinsics import STREAMING, compile_scalar, prefetch, store_fence, stream_store, transpose8
+from ..._core.jit_intrinsics import (STREAMING, compile_scalar, prefetch, store_fence, stream_line, stream_store,
+                                     transpose8)
 from ..._core.layout import empty_nchw
 from ..._core.parallel import even_parts, run_parts
 from .checks import COLLECT
@@ -44,9 +47,11 @@ SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _PARALLEL_ELEMENTS = 1 << 18  # below this (~1 MB) a thread hand-off costs more than it saves
 CHUNKS_PER_THREAD = 4
 # Planes written together (see the kernels). Rows whose source is contiguous too (the copy is a memcpy)
-# want a small tile; strided sources want whole blocks, so one prefetch pass covers each row.
+# want a small tile; strided-source forwards want whole blocks, so one prefetch pass covers each row.
 CONTIGUOUS_TILE = 8
-BACKWARD_TILE = 16  # planes per tile of the strided-source backwards (see backward())
+# planes per tile of the strided-source backwards: the staging buffer and the source rows it reuses
+# stay in the core's cache
+BACKWARD_TILE = 16
 
 
 def supports(t: torch.Tensor) -> bool:
@@ -152,58 +157,112 @@ def _forward_p_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, t
 
 
 @njit
-def _backward_d_major(dx, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, lo, hi, tile, line):
-    """``dx[n, dh, dw, ph, pw]`` (dense) ``= dy[n, ph+dh-hh, pw+dw-hw, ph, pw]``, 0 where that is outside
-    the feature. Blocks ``b = n*hm + dh`` in ``[lo, hi)``; in each, ``tile`` planes ``dw`` at a time:
-    zeroed in one fill, then their valid rows written row ``ph`` by row while still in cache."""
+def _stream_out(dst, start, stop, stage, base, lead, line):
+    """``dst[i] = stage[i - base]`` for ``start <= i < stop``: whole cache lines (``i + lead`` a multiple
+    of ``line``) as streaming line stores, the partial lines at both ends as plain stores (a partial
+    line may hold a neighbouring range's elements)."""
+    a = min(stop, start + (line - (start + lead) % line) % line)
+    e = max(a, stop - (stop + lead) % line)
+    for i in range(start, a):
+        dst[np.uint64(i)] = stage[np.uint64(i - base)]
+    for i in range(a, e, line):
+        stream_line(dst, np.uint64(i), stage, np.uint64(i - base))
+    for i in range(e, stop):
+        dst[np.uint64(i)] = stage[np.uint64(i - base)]
+
+
+@njit
+def _stage_buffer(dx, elements, line):
+    """A zeroed per-thread staging buffer of ``elements`` (plus one line) whose element 0 is line-aligned,
+    and ``lead``: ``dx[i]`` starts a cache line when ``(i + lead) % line == 0``."""
+    raw = np.zeros(elements + 2 * line, dtype=dx.dtype)
+    skip = (line - raw.ctypes.data % 64 // raw.itemsize) % line
+    return raw[skip:skip + elements + line], dx.ctypes.data % 64 // dx.itemsize
+
+
+@njit
+def _d_major_rows(out, shift, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, dw0, dw1, clear):
+    """The valid rows of dx planes ``dw0 <= dw < dw1`` of block ``b = n*hm + dh`` (see
+    :func:`_backward_d_major`), row ``ph`` by row, into ``out[i - shift]`` (``i``: the dx index); zeros
+    instead of dy's values when ``clear``."""
     hh, hw, hwsz = (hm - 1) // 2, (wm - 1) // 2, h * w
     step = spw + sqw
+    n, dh = b // hm, b % hm
+    for ph in range(max(0, hh - dh), min(h, h + hh - dh)):  # rows whose qh = ph + dh - hh is inside
+        src_row = yo + n * sn + (ph + dh - hh) * sqh + ph * sph
+        for dw in range(dw0, dw1):
+            a, e = max(0, hw - dw), min(w, w + hw - dw)  # columns whose qw = pw + dw - hw is inside
+            o = (b * wm + dw) * hwsz + ph * w - shift
+            if clear:
+                for pw in range(a, e):
+                    out[np.uint64(o + pw)] = 0
+            else:
+                s = src_row + (dw - hw) * sqw + a * step
+                for pw in range(a, e):
+                    out[np.uint64(o + pw)] = dy[np.uint64(s)]
+                    s += step
+
+
+@njit
+def _backward_d_major(dx, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, lo, hi, tile, line):
+    """``dx[n, dh, dw, ph, pw]`` (dense) ``= dy[n, ph+dh-hh, pw+dw-hw, ph, pw]``, 0 where that is outside
+    the feature. Blocks ``b = n*hm + dh`` in ``[lo, hi)``, ``tile`` planes ``dw`` at a time: the valid
+    rows go into a zeroed staging buffer that stays in cache, which then streams out to dx whole lines
+    at a time (dx is never read), and the buffer's written rows are zeroed again for the next tile."""
+    hwsz = h * w
+    stage, lead = _stage_buffer(dx, tile * hwsz, line)
     for b in range(lo, hi):
-        n, dh = b // hm, b % hm
-        pa, pb = max(0, hh - dh), min(h, h + hh - dh)  # rows ph whose qh = ph + dh - hh is inside
         for dw0 in range(0, wm, tile):
             dw1 = min(wm, dw0 + tile)
-            # columns pw whose qw = pw + dw - hw is inside: [max(0, hw-dw), min(w, w+hw-dw))
-            if pa > 0 or pb < h or hw - dw0 > 0 or hw - dw1 + 1 < 0:
-                _fill_zero(dx, (b * wm + dw0) * hwsz, (b * wm + dw1) * hwsz)
-            for ph in range(pa, pb):
-                src_row = yo + n * sn + (ph + dh - hh) * sqh + ph * sph
-                if ph + 1 < pb:  # pairs (qw, pw) with dw = qw - pw + hw in the tile
-                    _prefetch_row(dy, src_row + sqh + sph, sqw, w, spw, 0, w, -1, hw - dw0, dw1 - dw0, line)
-                for dw in range(dw0, dw1):
-                    a, e = max(0, hw - dw), min(w, w + hw - dw)
-                    o = (b * wm + dw) * hwsz + ph * w
-                    s = src_row + (dw - hw) * sqw + a * step
-                    for pw in range(a, e):
-                        dx[np.uint64(o + pw)] = dy[np.uint64(s)]
-                        s += step
+            start, stop = (b * wm + dw0) * hwsz, (b * wm + dw1) * hwsz
+            base = start - (start + lead) % line  # stage[0] holds dx[base], both on line boundaries
+            _d_major_rows(stage, base, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, dw0, dw1, False)
+            _stream_out(dx, start, stop, stage, base, lead, line)
+            _d_major_rows(stage, base, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, dw0, dw1, True)
+    store_fence()
+
+
+@njit
+def _p_major_rows(out, shift, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, pw0, pw1, line, clear):
+    """The valid rows of dx planes ``pw0 <= pw < pw1`` of block ``b = n*h + ph`` (see
+    :func:`_backward_p_major`), row ``dh`` by row, into ``out[i - shift]`` (``i``: the dx index); zeros
+    instead of dy's values when ``clear``. Copies prefetch the next row's sources."""
+    hh, hw, msz = (hm - 1) // 2, (wm - 1) // 2, hm * wm
+    n, ph = b // h, b % h
+    da, db = max(0, hh - ph), min(hm, h + hh - ph)  # rows dh whose qh = ph + dh - hh is inside
+    for dh in range(da, db):
+        src_row = yo + n * sn + (ph + dh - hh) * sqh + ph * sph
+        if dh + 1 < db and not clear:  # pairs (qw, pw), pw in the tile, with dw = qw - pw + hw inside
+            _prefetch_row(dy, src_row + sqh, sqw, w, spw, pw0, pw1, -1, hw, wm, line)
+        for pw in range(pw0, pw1):
+            a, e = max(0, hw - pw), min(wm, w + hw - pw)  # columns dw whose qw = pw + dw - hw is inside
+            o = (b * w + pw) * msz + dh * wm - shift
+            if clear:
+                for dw in range(a, e):
+                    out[np.uint64(o + dw)] = 0
+            else:
+                s = src_row + pw * spw + (pw + a - hw) * sqw
+                for dw in range(a, e):
+                    out[np.uint64(o + dw)] = dy[np.uint64(s)]
+                    s += sqw
 
 
 @njit
 def _backward_p_major(dx, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, lo, hi, tile, line):
     """``dx[n, ph, pw, dh, dw]`` (dense) ``= dy[n, ph+dh-hh, pw+dw-hw, ph, pw]``, 0 where that is outside
-    the feature. Blocks ``b = n*h + ph`` in ``[lo, hi)``; in each, ``tile`` planes ``pw`` at a time:
-    zeroed in one fill, then their valid rows written row ``dh`` by row while still in cache."""
-    hh, hw, msz = (hm - 1) // 2, (wm - 1) // 2, hm * wm
+    the feature. Blocks ``b = n*h + ph`` in ``[lo, hi)``, ``tile`` planes ``pw`` at a time, staged and
+    streamed out as in :func:`_backward_d_major`."""
+    msz = hm * wm
+    stage, lead = _stage_buffer(dx, tile * msz, line)
     for b in range(lo, hi):
-        n, ph = b // h, b % h
-        da, db = max(0, hh - ph), min(hm, h + hh - ph)  # rows dh whose qh = ph + dh - hh is inside
         for pw0 in range(0, w, tile):
             pw1 = min(w, pw0 + tile)
-            # columns dw whose qw = pw + dw - hw is inside: [max(0, hw-pw), min(wm, w+hw-pw))
-            if da > 0 or db < hm or hw - pw0 > 0 or w + hw - pw1 + 1 < wm:
-                _fill_zero(dx, (b * w + pw0) * msz, (b * w + pw1) * msz)
-            for dh in range(da, db):
-                src_row = yo + n * sn + (ph + dh - hh) * sqh + ph * sph
-                if dh + 1 < db:  # pairs (qw, pw), pw in the tile, with dw = qw - pw + hw inside
-                    _prefetch_row(dy, src_row + sqh, sqw, w, spw, pw0, pw1, -1, hw, wm, line)
-                for pw in range(pw0, pw1):
-                    a, e = max(0, hw - pw), min(wm, w + hw - pw)
-                    o = (b * w + pw) * msz + dh * wm
-                    s = src_row + pw * spw + (pw + a - hw) * sqw
-                    for dw in range(a, e):
-                        dx[np.uint64(o + dw)] = dy[np.uint64(s)]
-                        s += sqw
+            start, stop = (b * w + pw0) * msz, (b * w + pw1) * msz
+            base = start - (start + lead) % line
+            _p_major_rows(stage, base, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, pw0, pw1, line, False)
+            _stream_out(dx, start, stop, stage, base, lead, line)
+            _p_major_rows(stage, base, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, pw0, pw1, line, True)
+    store_fence()
 
 
 # ------------------------------------------------------------------------------- sheared tiles (NCHW)
@@ -414,10 +473,7 @@ def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: 
     else:                     # channel holds p, spatial holds q
         strides = (sn, sh, sw, w * sc, sc)
     if layout == "NCHW":
-        # at PSANet's training shapes COLLECT runs faster with tiles smaller than a block, DISTRIBUTE
-        # with whole blocks
-        tile = BACKWARD_TILE if psa_type == COLLECT else w_mask
-        _launch(_backward_d_major, tile, dx, dy, strides, h, w, h_mask, w_mask, n * h_mask)
+        _launch(_backward_d_major, BACKWARD_TILE, dx, dy, strides, h, w, h_mask, w_mask, n * h_mask)
     else:
         tile = CONTIGUOUS_TILE if strides[2] == 1 else BACKWARD_TILE
         _launch(_backward_p_major, tile, dx, dy, strides, h, w, h_mask, w_mask, n * h)
