@@ -37,8 +37,7 @@ import torch
 
 from ..._core.bits import as_bits, numpy_alias, storage_bits
 from ..._core.jit import njit
-from ..._core.jit_intrinsics import (STREAMING, compile_scalar, prefetch, store_fence, stream_line, stream_store,
-                                     transpose8)
+from ..._core.jit_intrinsics import STREAMING, compile_scalar, prefetch, store_fence, stream_line, transpose8
 from ..._core.layout import empty_nchw
 from ..._core.parallel import even_parts, run_parts
 from .checks import COLLECT
@@ -295,7 +294,7 @@ def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a
     near rows are ``a`` (stride ``sstride``, b innermost) rather than ``b``; ``dst_rows_c`` likewise.
     Each side's next rows are prefetched while the current ones move: they lie a whole plane apart, where
     the hardware prefetchers do not follow. ``stream``: far rows are whole cache lines, so row copies
-    (and zero slabs) use streaming stores, which skip reading the destination lines first."""
+    use whole-line streaming stores, which skip reading the destination lines first."""
     nb = b1 - b0
     line = 64 // dst.itemsize
     nb8, na8, nc8 = nb - nb % 8, na - na % 8, nc - nc % 8
@@ -336,8 +335,8 @@ def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a
                 _prefetch_rows(dst, dbase + (b0 + i + 2) * dstride, dstride, 1, nc, line)
             d, t = dbase + (b0 + i) * dstride, i * (pitch + sgn) + shift
             if stream:
-                for c in range(nc):
-                    stream_store(dst, np.uint64(d + c), buf[np.uint64(t + c)])
+                for c in range(0, nc, line):
+                    stream_line(dst, np.uint64(d + c), buf, np.uint64(t + c))
             else:
                 for c in range(nc):
                     dst[np.uint64(d + c)] = buf[np.uint64(t + c)]
@@ -368,8 +367,12 @@ def _shear_blocks(dst, src, forward, collect, stream, h, w, hm, wm, lo, hi):
 
     forward: block ``n*h + qh`` (COLLECT, out ``[q, p]``) or ``n*h + ph`` (DISTRIBUTE, out ``[p, q]``),
     one slab per other row; backward: block ``n*hm + dh`` of dx, one slab per ``ph``. Slabs whose mask
-    row lies outside the window are zero-filled. Blocks are independent and each output element has
-    one writer, so the split over threads does not change the result."""
+    row lies outside the window are zero-filled. ``stream`` (output rows are whole cache lines): far
+    sides moved by transposes go into a per-thread stage that stays in cache, then out to the output
+    row by row with whole-line streaming stores, and zero slabs are streamed too, so the output is
+    never read into the cache (transposes storing 8 partial lines at a time cannot stream). Blocks are
+    independent and each output element has one writer, so the split over threads does not change
+    the result."""
     hw, hwsz = (wm - 1) // 2, h * w
     if forward:   # near = x slab [dw, pw], far = out slab [qw, pw]
         na, nc, off = wm, w, max(0, w - 1 - hw)
@@ -380,22 +383,32 @@ def _shear_blocks(dst, src, forward, collect, stream, h, w, hm, wm, lo, hi):
         k0, sgn = 0, 1
         pitch = max(off + na, nc + w) + 8
     buf = np.zeros(w * pitch + 16, dtype=dst.dtype)
+    line = 64 // dst.itemsize
+    stage = np.zeros(nc * w + line, dtype=dst.dtype)  # one far slab, rows back to back
+    zero = np.zeros(line, dtype=dst.dtype)
     # which index the rows of each side run over: a / c (rows a plane apart, pw innermost) or b = pw
     near_rows_a = forward or collect
     far_rows_c = (not forward) or collect
     for blk in range(lo, hi):
         for r in range(h):
             valid, sbase, dbase = _slab_bases(forward, collect, blk, r, h, w, hm, wm)
-            if valid:
+            if valid and stream and far_rows_c:  # transposes into the cached stage, whole rows streamed out
+                _shear_slab(stage, 0, w, True, src, sbase, hwsz, near_rows_a,
+                            buf, False, pitch, w, 0, w, na, nc, off, k0, sgn)
+                for c in range(nc):
+                    for j in range(0, w, line):
+                        stream_line(dst, np.uint64(dbase + c * hwsz + j), stage, np.uint64(c * w + j))
+            elif valid:
                 _shear_slab(dst, dbase, hwsz, far_rows_c, src, sbase, hwsz, near_rows_a,
                             buf, stream, pitch, w, 0, w, na, nc, off, k0, sgn)
             else:
                 rows, length = (nc, w) if far_rows_c else (w, nc)
                 for i in range(rows):
-                    for j in range(length):
-                        if stream:
-                            stream_store(dst, np.uint64(dbase + i * hwsz + j), 0)
-                        else:
+                    if stream:
+                        for j in range(0, length, line):
+                            stream_line(dst, np.uint64(dbase + i * hwsz + j), zero, 0)
+                    else:
+                        for j in range(length):
                             dst[np.uint64(dbase + i * hwsz + j)] = 0
     store_fence()
 
