@@ -436,3 +436,16 @@ def test_numba_staged_backward_any_dx_alignment(kernel):
                           n * (hm if kernel == "_backward_d_major" else h))
         assert bit_equal(dx, expected), skip
         assert np.isnan(raw[:skip]).all() and np.isnan(raw[skip + expected.numel():]).all()
+
+
+@requires_numba
+@pytest.mark.parametrize("whole_block_bytes", [0, 1 << 30])
+def test_numba_sheared_tiles_with_and_without_block_stage(whole_block_bytes, monkeypatch):
+    """Sheared-tile blocks built in a per-thread stage and streamed out, or written in place."""
+    from cvops.ops.psamask import cpu_numba
+    monkeypatch.setattr(cpu_numba, "WHOLE_BLOCK_BYTES", whole_block_bytes)
+    monkeypatch.setattr(cpu_numba, "_PARALLEL_ELEMENTS", 1)
+    for dtype in (torch.float32, torch.float64):
+        for n, h, w, hm, wm in SHEARED_SHAPES + COVERING_SHAPES:
+            for mode in MODES:
+                run_case("cpu-numba", n, h, w, hm, wm, mode, "NCHW", dtype)

@@ -51,6 +51,9 @@ CONTIGUOUS_TILE = 8
 # planes per tile of the strided-source backwards: the staging buffer and the source rows it reuses
 # stay in the core's cache
 BACKWARD_TILE = 16
+# largest block of the sheared-tile kernels built whole in a per-thread stage (see _shear_blocks): it
+# shares the core's cache with the slabs it reads
+WHOLE_BLOCK_BYTES = 1 << 19
 
 
 def supports(t: torch.Tensor) -> bool:
@@ -362,17 +365,9 @@ def _slab_bases(forward, collect, blk, r, h, w, hm, wm):
 
 
 @njit
-def _shear_blocks(dst, src, forward, collect, stream, h, w, hm, wm, lo, hi):
-    """Blocks ``[lo, hi)`` of psamask on contiguous NCHW tensors (float views of the raw bits).
-
-    forward: block ``n*h + qh`` (COLLECT, out ``[q, p]``) or ``n*h + ph`` (DISTRIBUTE, out ``[p, q]``),
-    one slab per other row; backward: block ``n*hm + dh`` of dx, one slab per ``ph``. Slabs whose mask
-    row lies outside the window are zero-filled. ``stream`` (output rows are whole cache lines): far
-    sides moved by transposes go into a per-thread stage that stays in cache, then out to the output
-    row by row with whole-line streaming stores, and zero slabs are streamed too, so the output is
-    never read into the cache (transposes storing 8 partial lines at a time cannot stream). Blocks are
-    independent and each output element has one writer, so the split over threads does not change
-    the result."""
+def _shear_block(out, shift, src, forward, collect, stream, h, w, hm, wm, blk, buf, stage, zero):
+    """The slabs of block ``blk`` (see :func:`_shear_blocks`) into ``out[i - shift]`` (``i``: the output
+    index); ``stage``: one far slab's rows back to back, ``zero``: one line of zeros."""
     hw, hwsz = (wm - 1) // 2, h * w
     if forward:   # near = x slab [dw, pw], far = out slab [qw, pw]
         na, nc, off = wm, w, max(0, w - 1 - hw)
@@ -382,34 +377,65 @@ def _shear_blocks(dst, src, forward, collect, stream, h, w, hm, wm, lo, hi):
         na, nc, off = w, wm, hw
         k0, sgn = 0, 1
         pitch = max(off + na, nc + w) + 8
-    buf = np.zeros(w * pitch + 16, dtype=dst.dtype)
-    line = 64 // dst.itemsize
-    stage = np.zeros(nc * w + line, dtype=dst.dtype)  # one far slab, rows back to back
-    zero = np.zeros(line, dtype=dst.dtype)
+    line = 64 // out.itemsize
     # which index the rows of each side run over: a / c (rows a plane apart, pw innermost) or b = pw
     near_rows_a = forward or collect
     far_rows_c = (not forward) or collect
-    for blk in range(lo, hi):
-        for r in range(h):
-            valid, sbase, dbase = _slab_bases(forward, collect, blk, r, h, w, hm, wm)
-            if valid and stream and far_rows_c:  # transposes into the cached stage, whole rows streamed out
-                _shear_slab(stage, 0, w, True, src, sbase, hwsz, near_rows_a,
-                            buf, False, pitch, w, 0, w, na, nc, off, k0, sgn)
-                for c in range(nc):
-                    for j in range(0, w, line):
-                        stream_line(dst, np.uint64(dbase + c * hwsz + j), stage, np.uint64(c * w + j))
-            elif valid:
-                _shear_slab(dst, dbase, hwsz, far_rows_c, src, sbase, hwsz, near_rows_a,
-                            buf, stream, pitch, w, 0, w, na, nc, off, k0, sgn)
-            else:
-                rows, length = (nc, w) if far_rows_c else (w, nc)
-                for i in range(rows):
-                    if stream:
-                        for j in range(0, length, line):
-                            stream_line(dst, np.uint64(dbase + i * hwsz + j), zero, 0)
-                    else:
-                        for j in range(length):
-                            dst[np.uint64(dbase + i * hwsz + j)] = 0
+    for r in range(h):
+        valid, sbase, dbase = _slab_bases(forward, collect, blk, r, h, w, hm, wm)
+        dbase -= shift
+        if valid and stream and far_rows_c:  # transposes into the cached stage, whole rows streamed out
+            _shear_slab(stage, 0, w, True, src, sbase, hwsz, near_rows_a,
+                        buf, False, pitch, w, 0, w, na, nc, off, k0, sgn)
+            for c in range(nc):
+                for j in range(0, w, line):
+                    stream_line(out, np.uint64(dbase + c * hwsz + j), stage, np.uint64(c * w + j))
+        elif valid:
+            _shear_slab(out, dbase, hwsz, far_rows_c, src, sbase, hwsz, near_rows_a,
+                        buf, stream, pitch, w, 0, w, na, nc, off, k0, sgn)
+        else:
+            rows, length = (nc, w) if far_rows_c else (w, nc)
+            for i in range(rows):
+                if stream:
+                    for j in range(0, length, line):
+                        stream_line(out, np.uint64(dbase + i * hwsz + j), zero, 0)
+                else:
+                    for j in range(length):
+                        out[np.uint64(dbase + i * hwsz + j)] = 0
+
+
+@njit
+def _shear_blocks(dst, src, forward, collect, stream, whole, h, w, hm, wm, lo, hi):
+    """Blocks ``[lo, hi)`` of psamask on contiguous NCHW tensors (float views of the raw bits).
+
+    forward: block ``n*h + qh`` (COLLECT, out ``[q, p]``) or ``n*h + ph`` (DISTRIBUTE, out ``[p, q]``),
+    one slab per other row; backward: block ``n*hm + dh`` of dx, one slab per ``ph``. Slabs whose mask
+    row lies outside the window are zero-filled. Every block covers one contiguous range of the output.
+
+    The output is never read into the cache: ``stream`` (output rows are whole cache lines): far sides
+    moved by transposes go into a per-thread stage that stays in cache, then out row by row with
+    whole-line streaming stores (transposes storing 8 partial lines at a time cannot stream), and row
+    copies and zero slabs stream directly; ``whole`` (rows are not whole lines, the block fits in the
+    core's cache): each block is built in a per-thread block stage, then streamed out in storage order.
+    Blocks are independent and each output element has one writer, so the split over threads does not
+    change the result."""
+    hwsz = h * w
+    pitch = max(2 * w, wm + w) + 8  # at least either direction's buffer pitch (see _shear_block)
+    buf = np.zeros(w * pitch + 16, dtype=dst.dtype)
+    line = 64 // dst.itemsize
+    stage = np.zeros(max(w, wm) * w + line, dtype=dst.dtype)
+    zero = np.zeros(line, dtype=dst.dtype)
+    block = (w if forward else wm) * hwsz
+    if whole:
+        bstage, lead = _stage_buffer(dst, block, line)
+        for blk in range(lo, hi):
+            start = blk * block
+            base = start - (start + lead) % line
+            _shear_block(bstage, base, src, forward, collect, False, h, w, hm, wm, blk, buf, stage, zero)
+            _stream_out(dst, start, start + block, bstage, base, lead, line)
+    else:
+        for blk in range(lo, hi):
+            _shear_block(dst, 0, src, forward, collect, stream, h, w, hm, wm, blk, buf, stage, zero)
     store_fence()
 
 
@@ -452,8 +478,9 @@ def _flat(t: torch.Tensor) -> np.ndarray:
 
 def _launch_sheared(out, src, is_forward, collect, h, w, hm, wm, blocks):
     stream = STREAMING and out.data_ptr() % 64 == 0 and (w * out.element_size()) % 64 == 0  # whole lines
-    _split(_shear_blocks, (_flat(out), _flat(src), is_forward, collect, stream, h, w, hm, wm), (), blocks,
-           out.numel())
+    whole = STREAMING and not stream and out.numel() // blocks * out.element_size() <= WHOLE_BLOCK_BYTES
+    _split(_shear_blocks, (_flat(out), _flat(src), is_forward, collect, stream, whole, h, w, hm, wm), (),
+           blocks, out.numel())
 
 
 def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
