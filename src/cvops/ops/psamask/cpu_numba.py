@@ -291,13 +291,14 @@ def _prefetch_rows(a, base, stride, rows, length, line):
 
 @njit
 def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a,
-                buf, stream, pitch, w, b0, b1, na, nc, off, k0, sgn):
+                buf, stream, cached, pitch, w, b0, b1, na, nc, off, k0, sgn):
     """One chunk ``b0 <= b < b1`` of one slab: ``buf[b - b0, off + a] = near[a, b]`` (``a < na``) from
     ``src``, then ``far[c, b] = buf[b - b0, c + k0 + sgn*b]`` (``c < nc``) to ``dst``. ``src_rows_a``:
     near rows are ``a`` (stride ``sstride``, b innermost) rather than ``b``; ``dst_rows_c`` likewise.
     Each side's next rows are prefetched while the current ones move: they lie a whole plane apart, where
     the hardware prefetchers do not follow. ``stream``: far rows are whole cache lines, so row copies
-    use whole-line streaming stores, which skip reading the destination lines first."""
+    use whole-line streaming stores, which skip reading the destination lines first. ``cached``: ``dst``
+    is a stage already in cache, whose rows need no prefetch."""
     nb = b1 - b0
     line = 64 // dst.itemsize
     nb8, na8, nc8 = nb - nb % 8, na - na % 8, nc - nc % 8
@@ -323,7 +324,8 @@ def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a
     if dst_rows_c:
         step = pitch + sgn
         for c0 in range(0, nc8, 8):
-            _prefetch_rows(dst, dbase + (c0 + 8) * dstride + b0, dstride, min(8, nc - c0 - 8), nb, line)
+            if not cached:
+                _prefetch_rows(dst, dbase + (c0 + 8) * dstride + b0, dstride, min(8, nc - c0 - 8), nb, line)
             for i in range(0, nb8, 8):
                 transpose8(buf, i * step + shift + c0, step, dst, dbase + c0 * dstride + b0 + i, dstride)
         for c in range(nc8, nc):
@@ -334,7 +336,7 @@ def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a
                 dst[np.uint64(dbase + c * dstride + b0 + i)] = buf[np.uint64(i * step + shift + c)]
     else:
         for i in range(nb):
-            if i + 2 < nb and not stream:
+            if i + 2 < nb and not stream and not cached:
                 _prefetch_rows(dst, dbase + (b0 + i + 2) * dstride, dstride, 1, nc, line)
             d, t = dbase + (b0 + i) * dstride, i * (pitch + sgn) + shift
             if stream:
@@ -365,7 +367,7 @@ def _slab_bases(forward, collect, blk, r, h, w, hm, wm):
 
 
 @njit
-def _shear_block(out, shift, src, forward, collect, stream, h, w, hm, wm, blk, buf, stage, zero):
+def _shear_block(out, shift, src, forward, collect, stream, cached, h, w, hm, wm, blk, buf, stage, zero):
     """The slabs of block ``blk`` (see :func:`_shear_blocks`) into ``out[i - shift]`` (``i``: the output
     index); ``stage``: one far slab's rows back to back, ``zero``: one line of zeros."""
     hw, hwsz = (wm - 1) // 2, h * w
@@ -386,13 +388,13 @@ def _shear_block(out, shift, src, forward, collect, stream, h, w, hm, wm, blk, b
         dbase -= shift
         if valid and stream and far_rows_c:  # transposes into the cached stage, whole rows streamed out
             _shear_slab(stage, 0, w, True, src, sbase, hwsz, near_rows_a,
-                        buf, False, pitch, w, 0, w, na, nc, off, k0, sgn)
+                        buf, False, True, pitch, w, 0, w, na, nc, off, k0, sgn)
             for c in range(nc):
                 for j in range(0, w, line):
                     stream_line(out, np.uint64(dbase + c * hwsz + j), stage, np.uint64(c * w + j))
         elif valid:
             _shear_slab(out, dbase, hwsz, far_rows_c, src, sbase, hwsz, near_rows_a,
-                        buf, stream, pitch, w, 0, w, na, nc, off, k0, sgn)
+                        buf, stream, cached, pitch, w, 0, w, na, nc, off, k0, sgn)
         else:
             rows, length = (nc, w) if far_rows_c else (w, nc)
             for i in range(rows):
@@ -431,11 +433,11 @@ def _shear_blocks(dst, src, forward, collect, stream, whole, h, w, hm, wm, lo, h
         for blk in range(lo, hi):
             start = blk * block
             base = start - (start + lead) % line
-            _shear_block(bstage, base, src, forward, collect, False, h, w, hm, wm, blk, buf, stage, zero)
+            _shear_block(bstage, base, src, forward, collect, False, True, h, w, hm, wm, blk, buf, stage, zero)
             _stream_out(dst, start, start + block, bstage, base, lead, line)
     else:
         for blk in range(lo, hi):
-            _shear_block(dst, 0, src, forward, collect, stream, h, w, hm, wm, blk, buf, stage, zero)
+            _shear_block(dst, 0, src, forward, collect, stream, False, h, w, hm, wm, blk, buf, stage, zero)
     store_fence()
 
 
