@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 import cvops
 from cvops import mluops
 from tests.support.cases import case_id, load_cases
-from cvops._core.errors import BadParamError, NotSupportedError, Status
+from cvops._core.errors import BadParamError, Status
 from cvops._core.metrics import bit_equal, diff3
 from tests.conftest import (CPU_PATHS, FAST_BACKENDS, installed_cpu_paths, requires_numba,
                            requires_triton, selected)
@@ -394,15 +394,16 @@ def test_numba_cityscapes_map_matches_strided_copies(mode):
             assert bit_equal(fn(t, mode, mask, "NCHW"), expected), fn.__name__
 
 
-# -------------------------------------------------------------------------------- numba staged backward
-# The row-kernel backwards stage each tile of dx planes in a per-thread buffer and stream it out whole cache
-# lines at a time; a line holds 64 // itemsize elements, so each element width has its own line splits.
+# -------------------------------------------------------------------------------- numba staged row kernels
+# The row kernels build each tile of output planes in a per-thread buffer and stream it out whole cache lines
+# at a time; a line holds 64 // itemsize elements, so each element width has its own line splits. NHWC
+# maps and 2-byte NCHW maps take the row kernels in both directions, the covering NCHW shapes backward.
 STAGED_SHAPES = ((2, 5, 7, 9, 13), (1, 6, 19, 5, 7), (3, 3, 4, 4, 2))
 
 
 @requires_numba
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
-def test_numba_staged_backward_every_width_bit_exact(dtype, monkeypatch):
+def test_numba_staged_row_kernels_every_width_bit_exact(dtype, monkeypatch):
     from cvops.ops.psamask import cpu_numba
     monkeypatch.setattr(cpu_numba, "_PARALLEL_ELEMENTS", 1)  # split even tiny calls over the threads
     monkeypatch.setattr(cpu_numba, "BACKWARD_TILE", 3)  # partial tiles at these widths
@@ -417,24 +418,31 @@ def test_numba_staged_backward_every_width_bit_exact(dtype, monkeypatch):
 
 
 @requires_numba
-@pytest.mark.parametrize("kernel", ["_backward_d_major", "_backward_p_major"])
-def test_numba_staged_backward_any_dx_alignment(kernel):
-    """dx starting anywhere within a cache line: whole lines streamed, partial ones at both ends stored."""
+@pytest.mark.parametrize("kernel", ["_forward_q_major", "_forward_p_major", "_backward_d_major",
+                                    "_backward_p_major"])
+def test_numba_staged_row_kernels_any_output_alignment(kernel):
+    """Output starting anywhere within a cache line: whole lines streamed, partial ones at both ends stored."""
     import numpy as np
     from cvops.ops.psamask import cpu_numba
     n, h, w, hm, wm = 2, 5, 6, 7, 9
-    dy = make(n, h, w, h * w, "NCHW", seed=3)
-    expected = cvops.psamask_backward(dy, "collect", (hm, wm), "NCHW", backend="reference")
-    if kernel == "_backward_p_major":
-        dy = dy.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)  # NHWC storage
+    forward = kernel.startswith("_forward")
+    t = make(n, h, w, hm * wm if forward else h * w, "NCHW", seed=3)
+    fn = cvops.psamask_forward if forward else cvops.psamask_backward
+    # storage [n, q, p] (q_major), [n, p, q] (p_major) of the forward; [n, d, p] / [n, p, d] of dx
+    layout = "NCHW" if kernel in ("_forward_q_major", "_backward_d_major") else "NHWC"
+    expected = fn(t, "collect", (hm, wm), "NCHW", backend="reference")
+    if layout == "NHWC":
         expected = expected.permute(0, 2, 3, 1)
-    sn, sc, sh, sw = dy.stride()
+    if kernel == "_backward_p_major":
+        t = t.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)  # NHWC storage
+    sn, sc, sh, sw = t.stride()
+    strides = (sn, wm * sc, sc, sh, sw) if forward else (sn, w * sc, sc, sh, sw)
+    blocks = n * (hm if kernel == "_backward_d_major" else h)
     for skip in range(16):  # float32: 16 elements a line
         raw = np.full(expected.numel() + 32, np.nan, dtype=np.float32)
-        dx = torch.from_numpy(raw[skip:skip + expected.numel()]).view(expected.shape)
-        cpu_numba._launch(getattr(cpu_numba, kernel), 4, dx, dy, (sn, w * sc, sc, sh, sw), h, w, hm, wm,
-                          n * (hm if kernel == "_backward_d_major" else h))
-        assert bit_equal(dx, expected), skip
+        out = torch.from_numpy(raw[skip:skip + expected.numel()]).view(expected.shape)
+        cpu_numba._launch(getattr(cpu_numba, kernel), 4, out, t, strides, h, w, hm, wm, blocks)
+        assert bit_equal(out, expected), skip
         assert np.isnan(raw[:skip]).all() and np.isnan(raw[skip + expected.numel():]).all()
 
 

@@ -2,16 +2,16 @@
 
 Why: the strided copies of ``cpu.py`` pay per element for the shear ``q = p + d - half``, which gives one
 side of every copy a non-unit inner stride, and its backward streams most of ``dx`` through memory
-twice. Here the output is written block by block in its storage order, each block finished while it is
-still in cache:
+twice. Here the output is written block by block, a tile of planes at a time, into a per-thread staging
+buffer that stays in cache; each finished tile streams out in storage order, whole cache lines at a
+time with non-temporal stores (``jit_intrinsics.stream_line``), so the output (mostly zeros) is written
+once and never read into the cache:
 
 * forward, output ``[n, q, p]`` (COLLECT NCHW, DISTRIBUTE NHWC) or ``[n, p, q]`` (DISTRIBUTE NCHW,
   COLLECT NHWC): one block per ``(n, qh)`` or ``(n, ph)``, walked row by row (``ph`` or ``qh``); each
   row fixes the mask row ``dh``, so its sources are one small sheared slab of ``x``.
-* backward, ``dx [n, d, p]`` (NCHW) or ``[n, p, d]`` (NHWC): one block per ``(n, dh)`` or ``(n, ph)``,
-  a tile of planes at a time: the valid rows go into a zeroed per-thread staging buffer that stays in
-  cache, which streams out to dx in storage order, whole cache lines at a time with non-temporal stores
-  (``jit_intrinsics.stream_line``): dx, mostly zeros, is written once and never read into the cache.
+* backward, ``dx [n, d, p]`` (NCHW) or ``[n, p, d]`` (NHWC): one block per ``(n, dh)`` or ``(n, ph)``;
+  the stage is zeroed once and its written rows zeroed again after each tile.
 
 What makes it fast:
 * the sources of the next row are prefetched (``jit_intrinsics.prefetch``): with a strided source each
@@ -102,63 +102,6 @@ def _prefetch_row(a, base, s_j, jn, s_p, p0, p1, sign, c, kn, line):
 
 
 @njit
-def _forward_q_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, tile, line):
-    """``out[n, qh, qw, ph, pw]`` (dense) ``= x[n, qh-ph+hh, qw-pw+hw, ph, pw]``, 0 outside the mask.
-
-    Blocks ``b = n*h + qh`` in ``[lo, hi)``; in each, ``tile`` planes ``qw`` at a time, row ``ph`` by
-    row (one mask row ``dh`` per row), prefetching the next row's sources."""
-    hh, hw, hwsz = (hm - 1) // 2, (wm - 1) // 2, h * w
-    step = spw - sdw
-    for b in range(lo, hi):
-        n, qh = b // h, b % h
-        pa, pb = max(0, qh + hh - hm + 1), min(h, qh + hh + 1)  # rows ph whose dh = qh - ph + hh is inside
-        for qw0 in range(0, w, tile):
-            qw1 = min(w, qw0 + tile)
-            # columns pw whose dw = qw - pw + hw is inside: [max(0, qw+hw-wm+1), min(w, qw+hw+1))
-            if pa > 0 or pb < h or qw1 + hw - wm > 0 or qw0 + hw + 1 < w:
-                _fill_zero(out, (b * w + qw0) * hwsz, (b * w + qw1) * hwsz)
-            for ph in range(pa, pb):
-                src_row = xo + n * sn + (qh - ph + hh) * sdh + ph * sph
-                if ph + 1 < pb:  # pairs (dw, pw) with qw = dw + pw - hw in the tile
-                    _prefetch_row(x, src_row + sph - sdh, sdw, wm, spw, 0, w, 1, -hw - qw0, qw1 - qw0, line)
-                for qw in range(qw0, qw1):
-                    a, e = max(0, qw + hw - wm + 1), min(w, qw + hw + 1)
-                    o = (b * w + qw) * hwsz + ph * w
-                    s = src_row + (qw + hw) * sdw + a * step
-                    for pw in range(a, e):
-                        out[np.uint64(o + pw)] = x[np.uint64(s)]
-                        s += step
-
-
-@njit
-def _forward_p_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, tile, line):
-    """``out[n, ph, pw, qh, qw]`` (dense) ``= x[n, qh-ph+hh, qw-pw+hw, ph, pw]``, 0 outside the mask.
-
-    Blocks ``b = n*h + ph`` in ``[lo, hi)``; in each, ``tile`` planes ``pw`` at a time, row ``qh`` by
-    row (one mask row ``dh`` per row), prefetching the next row's sources."""
-    hh, hw, hwsz = (hm - 1) // 2, (wm - 1) // 2, h * w
-    for b in range(lo, hi):
-        n, ph = b // h, b % h
-        qa, qb = max(0, ph - hh), min(h, ph - hh + hm)  # rows qh whose dh = qh - ph + hh is inside
-        for pw0 in range(0, w, tile):
-            pw1 = min(w, pw0 + tile)
-            # columns qw whose dw = qw - pw + hw is inside: [max(0, pw-hw), min(w, pw-hw+wm))
-            if qa > 0 or qb < h or pw1 - 1 - hw > 0 or pw0 - hw + wm < w:
-                _fill_zero(out, (b * w + pw0) * hwsz, (b * w + pw1) * hwsz)
-            for qh in range(qa, qb):
-                src_row = xo + n * sn + (qh - ph + hh) * sdh + ph * sph
-                if qh + 1 < qb:  # pairs (dw, pw), pw in the tile, with qw = dw + pw - hw inside
-                    _prefetch_row(x, src_row + sdh, sdw, wm, spw, pw0, pw1, 1, -hw, w, line)
-                for pw in range(pw0, pw1):
-                    a, e = max(0, pw - hw), min(w, pw - hw + wm)
-                    o = (b * w + pw) * hwsz + qh * w
-                    s = src_row + pw * spw + (a - pw + hw) * sdw
-                    for qw in range(a, e):
-                        out[np.uint64(o + qw)] = x[np.uint64(s)]
-                        s += sdw
-
-
-@njit
 def _stream_out(dst, start, stop, stage, base, lead, line):
     """``dst[i] = stage[i - base]`` for ``start <= i < stop``: whole cache lines (``i + lead`` a multiple
     of ``line``) as streaming line stores, the partial lines at both ends as plain stores (a partial
@@ -174,12 +117,81 @@ def _stream_out(dst, start, stop, stage, base, lead, line):
 
 
 @njit
-def _stage_buffer(dx, elements, line):
+def _stage_buffer(out, elements, line):
     """A zeroed per-thread staging buffer of ``elements`` (plus one line) whose element 0 is line-aligned,
-    and ``lead``: ``dx[i]`` starts a cache line when ``(i + lead) % line == 0``."""
-    raw = np.zeros(elements + 2 * line, dtype=dx.dtype)
+    and ``lead``: ``out[i]`` starts a cache line when ``(i + lead) % line == 0``."""
+    raw = np.zeros(elements + 2 * line, dtype=out.dtype)
     skip = (line - raw.ctypes.data % 64 // raw.itemsize) % line
-    return raw[skip:skip + elements + line], dx.ctypes.data % 64 // dx.itemsize
+    return raw[skip:skip + elements + line], out.ctypes.data % 64 // out.itemsize
+
+
+@njit
+def _forward_q_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, tile, line):
+    """``out[n, qh, qw, ph, pw]`` (dense) ``= x[n, qh-ph+hh, qw-pw+hw, ph, pw]``, 0 outside the mask.
+
+    Blocks ``b = n*h + qh`` in ``[lo, hi)``; in each, ``tile`` planes ``qw`` at a time, row ``ph`` by
+    row (one mask row ``dh`` per row), prefetching the next row's sources, into a staging buffer
+    (zero-filled first when the tile has cells outside the mask) that then streams out."""
+    hh, hw, hwsz = (hm - 1) // 2, (wm - 1) // 2, h * w
+    step = spw - sdw
+    stage, lead = _stage_buffer(out, tile * hwsz, line)
+    for b in range(lo, hi):
+        n, qh = b // h, b % h
+        pa, pb = max(0, qh + hh - hm + 1), min(h, qh + hh + 1)  # rows ph whose dh = qh - ph + hh is inside
+        for qw0 in range(0, w, tile):
+            qw1 = min(w, qw0 + tile)
+            start, stop = (b * w + qw0) * hwsz, (b * w + qw1) * hwsz
+            base = start - (start + lead) % line  # stage[0] holds out[base], both on line boundaries
+            # columns pw whose dw = qw - pw + hw is inside: [max(0, qw+hw-wm+1), min(w, qw+hw+1))
+            if pa > 0 or pb < h or qw1 + hw - wm > 0 or qw0 + hw + 1 < w:
+                _fill_zero(stage, start - base, stop - base)
+            for ph in range(pa, pb):
+                src_row = xo + n * sn + (qh - ph + hh) * sdh + ph * sph
+                if ph + 1 < pb:  # pairs (dw, pw) with qw = dw + pw - hw in the tile
+                    _prefetch_row(x, src_row + sph - sdh, sdw, wm, spw, 0, w, 1, -hw - qw0, qw1 - qw0, line)
+                for qw in range(qw0, qw1):
+                    a, e = max(0, qw + hw - wm + 1), min(w, qw + hw + 1)
+                    o = (b * w + qw) * hwsz + ph * w - base
+                    s = src_row + (qw + hw) * sdw + a * step
+                    for pw in range(a, e):
+                        stage[np.uint64(o + pw)] = x[np.uint64(s)]
+                        s += step
+            _stream_out(out, start, stop, stage, base, lead, line)
+    store_fence()
+
+
+@njit
+def _forward_p_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, tile, line):
+    """``out[n, ph, pw, qh, qw]`` (dense) ``= x[n, qh-ph+hh, qw-pw+hw, ph, pw]``, 0 outside the mask.
+
+    Blocks ``b = n*h + ph`` in ``[lo, hi)``; in each, ``tile`` planes ``pw`` at a time, row ``qh`` by
+    row (one mask row ``dh`` per row), prefetching the next row's sources, staged and streamed out as
+    in :func:`_forward_q_major`."""
+    hh, hw, hwsz = (hm - 1) // 2, (wm - 1) // 2, h * w
+    stage, lead = _stage_buffer(out, tile * hwsz, line)
+    for b in range(lo, hi):
+        n, ph = b // h, b % h
+        qa, qb = max(0, ph - hh), min(h, ph - hh + hm)  # rows qh whose dh = qh - ph + hh is inside
+        for pw0 in range(0, w, tile):
+            pw1 = min(w, pw0 + tile)
+            start, stop = (b * w + pw0) * hwsz, (b * w + pw1) * hwsz
+            base = start - (start + lead) % line
+            # columns qw whose dw = qw - pw + hw is inside: [max(0, pw-hw), min(w, pw-hw+wm))
+            if qa > 0 or qb < h or pw1 - 1 - hw > 0 or pw0 - hw + wm < w:
+                _fill_zero(stage, start - base, stop - base)
+            for qh in range(qa, qb):
+                src_row = xo + n * sn + (qh - ph + hh) * sdh + ph * sph
+                if qh + 1 < qb:  # pairs (dw, pw), pw in the tile, with qw = dw + pw - hw inside
+                    _prefetch_row(x, src_row + sdh, sdw, wm, spw, pw0, pw1, 1, -hw, w, line)
+                for pw in range(pw0, pw1):
+                    a, e = max(0, pw - hw), min(w, pw - hw + wm)
+                    o = (b * w + pw) * hwsz + qh * w - base
+                    s = src_row + pw * spw + (a - pw + hw) * sdw
+                    for qw in range(a, e):
+                        stage[np.uint64(o + qw)] = x[np.uint64(s)]
+                        s += sdw
+            _stream_out(out, start, stop, stage, base, lead, line)
+    store_fence()
 
 
 @njit
