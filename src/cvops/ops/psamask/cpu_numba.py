@@ -308,16 +308,28 @@ def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a
     ``src``, then ``far[c, b] = buf[b - b0, c + k0 + sgn*b]`` (``c < nc``) to ``dst``. ``src_rows_a``:
     near rows are ``a`` (stride ``sstride``, b innermost) rather than ``b``; ``dst_rows_c`` likewise.
     Each side's next rows are prefetched while the current ones move: they lie a whole plane apart, where
-    the hardware prefetchers do not follow. ``stream``: far rows are whole cache lines, so row copies
-    use whole-line streaming stores, which skip reading the destination lines first. ``cached``: ``dst``
-    is a stage already in cache, whose rows need no prefetch."""
+    the hardware prefetchers do not follow. Near blocks holding no element the far side reads (outside
+    the band ``k0 - off <= a - sgn*b < k0 - off + nc``) are neither read nor prefetched. ``stream``: far
+    rows are whole cache lines, so row copies use whole-line streaming stores, which skip reading the
+    destination lines first. ``cached``: ``dst`` is a stage already in cache, whose rows need no
+    prefetch."""
     nb = b1 - b0
     line = 64 // dst.itemsize
     nb8, na8, nc8 = nb - nb % 8, na - na % 8, nc - nc % 8
     if src_rows_a:
         for a0 in range(0, na8, 8):
-            _prefetch_rows(src, sbase + (a0 + 8) * sstride + b0, sstride, min(8, na - a0 - 8), nb, line)
-            for i in range(0, nb8, 8):
+            # the far side reads near[a, b] only where lo <= a - sgn*b < lo + nc: the b range of rows
+            # a0..a0+7 (of the next group for the prefetch), relative to b0
+            lo = k0 - off
+            if sgn > 0:
+                ba, bb = a0 - lo - nc + 1 - 7 - b0, a0 + 7 - lo + 1 - b0
+            else:
+                ba, bb = lo - a0 - 7 - b0, lo + nc - a0 - b0
+            pa, pb = max(0, ba + 8 * sgn), min(nb, bb + 8 * sgn)
+            if pa < pb:
+                _prefetch_rows(src, sbase + (a0 + 8) * sstride + b0 + pa, sstride, min(8, na - a0 - 8), pb - pa,
+                               line)
+            for i in range(max(0, ba) // 8 * 8, min(nb8, bb), 8):
                 transpose8(src, sbase + a0 * sstride + b0 + i, sstride, buf, i * pitch + off + a0, pitch)
         for a in range(na8, na):
             for i in range(nb8):
