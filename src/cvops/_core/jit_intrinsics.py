@@ -4,14 +4,14 @@ numba, so import it only from kernel modules (after ``jit.numba_enabled()``).
 
 Why these exist: gather/scatter kernels whose inner loop reads with a large stride (a new cache line
 per element) are latency-bound; the hardware prefetchers do not follow dozens of such streams, so the
-kernel prefetches the next row's lines itself (:func:`prefetch`). And LLVM turns such strided loops into
-AVX-512 gathers, which on AMD EPYC CPUs run slower than plain scalar loads; numba has no
-per-function switch, so :func:`compile_scalar` compiles with ``numba.config.LOOP_VECTORIZE`` off (the
-documented ``NUMBA_LOOP_VECTORIZE`` setting, which numba reads at each compilation); :func:`compile_slp`
-likewise turns ``SLP_VECTORIZE`` on for kernels written as short straight-line runs. A kernel that
-writes a large output once and never reads it back can skip reading each destination line into the
-cache first with :func:`stream_store` or, a whole cache line at a time, :func:`stream_line` (+
-:func:`store_fence` before the threads join). Results never change.
+kernel prefetches the next row's lines itself (:func:`prefetch`, or :func:`prefetch_l2` for rows that
+share a few L1 sets). And LLVM turns such strided loops into AVX-512 gathers, which on AMD EPYC CPUs run
+slower than plain scalar loads; numba has no per-function switch, so :func:`compile_scalar` compiles with
+``numba.config.LOOP_VECTORIZE`` off (the documented ``NUMBA_LOOP_VECTORIZE`` setting, which numba reads at
+each compilation); :func:`compile_slp` likewise turns ``SLP_VECTORIZE`` on for kernels written as short
+straight-line runs. A kernel that writes a large output once and never reads it back can skip reading
+each destination line into the cache first with :func:`stream_store` or, a whole cache line at a time,
+:func:`stream_line` (+ :func:`store_fence` before the threads join). Results never change.
 """
 from __future__ import annotations
 
@@ -29,26 +29,37 @@ _compile_lock = threading.Lock()
 STREAMING = platform.machine().lower() in ("x86_64", "amd64")
 
 
-@intrinsic
-def prefetch(typingctx, array, index):
-    """Hint the CPU to bring ``array[index]``'s cache line into L1 (a no-op for the result; an index
-    outside the array is harmless: prefetches never fault)."""
-    if not isinstance(array, types.Array) or not isinstance(index, types.Integer):
-        return None
+def _prefetch_intrinsic(name: str, locality: int, doc: str):
+    """A prefetch intrinsic ``name(array, index)`` with LLVM's temporal ``locality`` (3: into L1, 2: into L2)."""
+    def typer(typingctx, array, index):
+        if not isinstance(array, types.Array) or not isinstance(index, types.Integer):
+            return None
 
-    def codegen(context, builder, signature, args):
-        array_type, index_type = signature.args
-        data = context.make_array(array_type)(context, builder, args[0]).data
-        offset = context.cast(builder, args[1], index_type, types.intp)
-        byte_ptr = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]),
-                                            "llvm.prefetch.p0")
-        # (address, read, highest temporal locality, data cache)
-        builder.call(fn, [builder.bitcast(builder.gep(data, [offset]), byte_ptr), i32(0), i32(3), i32(1)])
-        return context.get_dummy_value()
+        def codegen(context, builder, signature, args):
+            array_type, index_type = signature.args
+            data = context.make_array(array_type)(context, builder, args[0]).data
+            offset = context.cast(builder, args[1], index_type, types.intp)
+            byte_ptr = ir.IntType(8).as_pointer()
+            i32 = ir.IntType(32)
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]), "llvm.prefetch.p0")
+            # (address, read, temporal locality, data cache)
+            builder.call(fn, [builder.bitcast(builder.gep(data, [offset]), byte_ptr), i32(0), i32(locality),
+                              i32(1)])
+            return context.get_dummy_value()
 
-    return types.void(array, index), codegen
+        return types.void(array, index), codegen
+
+    typer.__name__ = typer.__qualname__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
+
+
+prefetch = _prefetch_intrinsic("prefetch", 3, """Hint the CPU to bring ``array[index]``'s cache line into L1
+    (a no-op for the result; an index outside the array is harmless: prefetches never fault).""")
+prefetch_l2 = _prefetch_intrinsic("prefetch_l2", 2, """As :func:`prefetch`, into L2 but not L1: for rows a
+    large power of two apart, which all map to the same few L1 sets, where lines prefetched into L1
+    evict the ones in use.""")
 
 
 def _compile_with(dispatcher, signature, **settings) -> None:

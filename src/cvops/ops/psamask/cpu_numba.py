@@ -37,7 +37,8 @@ import torch
 
 from ..._core.bits import as_bits, numpy_alias, storage_bits
 from ..._core.jit import njit
-from ..._core.jit_intrinsics import STREAMING, compile_scalar, prefetch, store_fence, stream_line, transpose8
+from ..._core.jit_intrinsics import (STREAMING, compile_scalar, prefetch, prefetch_l2, store_fence, stream_line,
+                                     transpose8)
 from ..._core.layout import empty_nchw
 from ..._core.parallel import even_parts, run_parts
 from .checks import COLLECT
@@ -293,25 +294,33 @@ def _backward_p_major(dx, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, lo, hi, 
 
 
 @njit
-def _prefetch_rows(a, base, stride, rows, length, line):
-    """Prefetch ``rows`` rows of ``length`` elements at ``base + k*stride`` (one hint per cache line)."""
+def _prefetch_rows(a, base, stride, rows, length, line, into_l2=False):
+    """Prefetch ``rows`` rows of ``length`` elements at ``base + k*stride`` (one hint per cache line), into
+    L2 only when ``into_l2``."""
     for k in range(rows):
         for e in range(0, length, line):
-            prefetch(a, base + k * stride + e)
-        prefetch(a, base + k * stride + length - 1)
+            if into_l2:
+                prefetch_l2(a, base + k * stride + e)
+            else:
+                prefetch(a, base + k * stride + e)
+        if into_l2:
+            prefetch_l2(a, base + k * stride + length - 1)
+        else:
+            prefetch(a, base + k * stride + length - 1)
 
 
 @njit
 def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a,
                 buf, stream, cached, pitch, w, b0, b1, na, nc, off, k0, sgn):
-    """One chunk ``b0 <= b < b1`` of one slab: ``buf[b - b0, off + a] = near[a, b]`` (``a < na``) from
-    ``src``, then ``far[c, b] = buf[b - b0, c + k0 + sgn*b]`` (``c < nc``) to ``dst``. ``src_rows_a``:
-    near rows are ``a`` (stride ``sstride``, b innermost) rather than ``b``; ``dst_rows_c`` likewise.
-    Each side's next rows are prefetched while the current ones move: they lie a whole plane apart, where
-    the hardware prefetchers do not follow. Near blocks holding no element the far side reads (outside
-    the band ``k0 - off <= a - sgn*b < k0 - off + nc``) are neither read nor prefetched. ``stream``: far
-    rows are whole cache lines, so row copies use whole-line streaming stores, which skip reading the
-    destination lines first. ``cached``: ``dst`` is a stage already in cache, whose rows need no
+    """One chunk ``b0 <= b < b1`` of one slab: ``buf[b - b0, off + a] = near[a, b]`` (``a < na``) from ``src``,
+    then ``far[c, b] = buf[b - b0, c + k0 + sgn*b]`` (``c < nc``) to ``dst``. ``src_rows_a``: near rows are
+    ``a`` (stride ``sstride``, b innermost) rather than ``b``; ``dst_rows_c`` likewise. Each side's next
+    rows are prefetched while the current ones move: they lie a whole plane apart, where the hardware
+    prefetchers do not follow; the next 8 near rows of a transpose go into L2 only, as with a power-of-two
+    plane they share the L1 sets of the 8 rows being read. Near blocks holding no element the far side reads
+    (outside the band ``k0 - off <= a - sgn*b < k0 - off + nc``) are neither read nor prefetched.
+    ``stream``: far rows are whole cache lines, so row copies use whole-line streaming stores, which skip
+    reading the destination lines first. ``cached``: ``dst`` is a stage already in cache, whose rows need no
     prefetch."""
     nb = b1 - b0
     line = 64 // dst.itemsize
@@ -328,7 +337,7 @@ def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a
             pa, pb = max(0, ba + 8 * sgn), min(nb, bb + 8 * sgn)
             if pa < pb:
                 _prefetch_rows(src, sbase + (a0 + 8) * sstride + b0 + pa, sstride, min(8, na - a0 - 8), pb - pa,
-                               line)
+                               line, True)
             for i in range(max(0, ba) // 8 * 8, min(nb8, bb), 8):
                 transpose8(src, sbase + a0 * sstride + b0 + i, sstride, buf, i * pitch + off + a0, pitch)
         for a in range(na8, na):
