@@ -317,7 +317,7 @@ def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a
     ``a`` (stride ``sstride``, b innermost) rather than ``b``; ``dst_rows_c`` likewise. Each side's next
     rows are prefetched while the current ones move: they lie a whole plane apart, where the hardware
     prefetchers do not follow; the next 8 near rows of a transpose go into L2 only, as with a power-of-two
-    plane they share the L1 sets of the 8 rows being read. Near blocks holding no element the far side reads
+    plane they share the L1 sets of the 8 rows being read. Near blocks or row parts holding no element the far side reads
     (outside the band ``k0 - off <= a - sgn*b < k0 - off + nc``) are neither read nor prefetched.
     ``stream``: far rows are whole cache lines, so row copies use whole-line streaming stores, which skip
     reading the destination lines first. ``cached``: ``dst`` is a stage already in cache, whose rows need no
@@ -347,11 +347,15 @@ def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a
             for i in range(nb8, nb):
                 buf[np.uint64(i * pitch + off + a)] = src[np.uint64(sbase + a * sstride + b0 + i)]
     else:
+        lo = k0 - off
         for i in range(nb):
-            if i + 2 < nb:
-                _prefetch_rows(src, sbase + (b0 + i + 2) * sstride, sstride, 1, na, line)
+            if i + 2 < nb:  # the band of row b0 + i + 2
+                pa = max(0, lo + sgn * (b0 + i + 2))
+                pb = min(na, lo + nc + sgn * (b0 + i + 2))
+                if pa < pb:
+                    _prefetch_rows(src, sbase + (b0 + i + 2) * sstride + pa, sstride, 1, pb - pa, line)
             s, t = sbase + (b0 + i) * sstride, i * pitch + off
-            for a in range(na):
+            for a in range(max(0, lo + sgn * (b0 + i)), min(na, lo + nc + sgn * (b0 + i))):
                 buf[np.uint64(t + a)] = src[np.uint64(s + a)]
     shift = k0 + sgn * b0
     if dst_rows_c:
