@@ -317,11 +317,11 @@ def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a
     ``a`` (stride ``sstride``, b innermost) rather than ``b``; ``dst_rows_c`` likewise. Each side's next
     rows are prefetched while the current ones move: they lie a whole plane apart, where the hardware
     prefetchers do not follow; the next 8 near rows of a transpose go into L2 only, as with a power-of-two
-    plane they share the L1 sets of the 8 rows being read. Near blocks or row parts holding no element the far side reads
-    (outside the band ``k0 - off <= a - sgn*b < k0 - off + nc``) are neither read nor prefetched.
-    ``stream``: far rows are whole cache lines, so row copies use whole-line streaming stores, which skip
-    reading the destination lines first. ``cached``: ``dst`` is a stage already in cache, whose rows need no
-    prefetch."""
+    plane they share the L1 sets of the 8 rows being read. Near blocks or row parts holding no element the
+    far side reads (outside the band ``k0 - off <= a - sgn*b < k0 - off + nc``) are neither read nor
+    prefetched. ``stream``: far rows are whole cache lines, so row copies use whole-line streaming stores,
+    which skip reading the destination lines first. ``cached``: ``dst`` is a stage already in cache, whose
+    rows need no prefetch."""
     nb = b1 - b0
     line = 64 // dst.itemsize
     nb8, na8, nc8 = nb - nb % 8, na - na % 8, nc - nc % 8
