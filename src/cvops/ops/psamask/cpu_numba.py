@@ -196,15 +196,30 @@ def _forward_p_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, t
 
 
 @njit
-def _d_major_rows(out, shift, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, dw0, dw1, clear):
+def _prefetch_slab(a, base, s_q, s_p, w, line):
+    """Prefetch into L2 the ``w x w`` slab ``a[base + qw*s_q + pw*s_p]`` when one of its axes is
+    contiguous (rows of the other are then whole runs of cache lines)."""
+    if s_p == 1:
+        _prefetch_rows(a, base, s_q, w, w, line, True)
+    elif s_q == 1:
+        _prefetch_rows(a, base, s_p, w, w, line, True)
+
+
+@njit
+def _d_major_rows(out, shift, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, dw0, dw1, line, clear):
     """The valid rows of dx planes ``dw0 <= dw < dw1`` of block ``b = n*hm + dh`` (see
     :func:`_backward_d_major`), row ``ph`` by row, into ``out[i - shift]`` (``i``: the dx index); zeros
-    instead of dy's values when ``clear``."""
+    instead of dy's values when ``clear``. Each row reads one ``[qw, pw]`` slab of dy, whose lines lie
+    about a plane apart; the first tile of a block prefetches the slab two rows ahead into L2, where
+    the later tiles find it too."""
     hh, hw, hwsz = (hm - 1) // 2, (wm - 1) // 2, h * w
     step = spw + sqw
     n, dh = b // hm, b % hm
-    for ph in range(max(0, hh - dh), min(h, h + hh - dh)):  # rows whose qh = ph + dh - hh is inside
+    pa, pb = max(0, hh - dh), min(h, h + hh - dh)  # rows whose qh = ph + dh - hh is inside
+    for ph in range(pa, pb):
         src_row = yo + n * sn + (ph + dh - hh) * sqh + ph * sph
+        if dw0 == 0 and ph + 2 < pb and not clear:
+            _prefetch_slab(dy, src_row + 2 * (sqh + sph), sqw, spw, w, line)
         for dw in range(dw0, dw1):
             a, e = max(0, hw - dw), min(w, w + hw - dw)  # columns whose qw = pw + dw - hw is inside
             o = (b * wm + dw) * hwsz + ph * w - shift
@@ -231,9 +246,9 @@ def _backward_d_major(dx, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, lo, hi, 
             dw1 = min(wm, dw0 + tile)
             start, stop = (b * wm + dw0) * hwsz, (b * wm + dw1) * hwsz
             base = start - (start + lead) % line  # stage[0] holds dx[base], both on line boundaries
-            _d_major_rows(stage, base, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, dw0, dw1, False)
+            _d_major_rows(stage, base, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, dw0, dw1, line, False)
             _stream_out(dx, start, stop, stage, base, lead, line)
-            _d_major_rows(stage, base, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, dw0, dw1, True)
+            _d_major_rows(stage, base, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, dw0, dw1, line, True)
     store_fence()
 
 
