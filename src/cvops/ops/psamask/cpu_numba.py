@@ -71,35 +71,43 @@ def _fill_zero(out, start, stop):
 
 
 @njit
-def _prefetch_span(a, start, count, stride, line):
+def _prefetch_span(a, start, count, stride, line, into_l2):
     """Prefetch ``a[start + i*stride]`` for ``i < count``: one hint per cache line (``line`` elements)
-    when the span is contiguous, one per element otherwise."""
+    when the span is contiguous, one per element otherwise; into L2 only when ``into_l2``."""
     if count <= 0:
         return
-    if stride == 1:
+    if stride == 1 and into_l2:
+        for i in range(0, count, line):
+            prefetch_l2(a, start + i)
+        prefetch_l2(a, start + count - 1)
+    elif stride == 1:
         for i in range(0, count, line):
             prefetch(a, start + i)
         prefetch(a, start + count - 1)
+    elif into_l2:
+        for i in range(count):
+            prefetch_l2(a, start + i * stride)
     else:
         for i in range(count):
             prefetch(a, start + i * stride)
 
 
 @njit
-def _prefetch_row(a, base, s_j, jn, s_p, p0, p1, sign, c, kn, line):
+def _prefetch_row(a, base, s_j, jn, s_p, p0, p1, sign, c, kn, line, into_l2):
     """Prefetch the sources of one kernel row: ``a[base + j*s_j + p*s_p]`` for ``0 <= j < jn``,
-    ``p0 <= p < p1`` and ``0 <= j + sign*p + c < kn``, walking the axis of smaller stride innermost."""
+    ``p0 <= p < p1`` and ``0 <= j + sign*p + c < kn``, walking the axis of smaller stride innermost;
+    into L2 only when ``into_l2``."""
     if abs(s_p) <= abs(s_j):
         for j in range(jn):
             if sign > 0:
                 lo, hi = max(p0, -c - j), min(p1, kn - c - j)
             else:
                 lo, hi = max(p0, j + c - kn + 1), min(p1, j + c + 1)
-            _prefetch_span(a, base + j * s_j + lo * s_p, hi - lo, s_p, line)
+            _prefetch_span(a, base + j * s_j + lo * s_p, hi - lo, s_p, line, into_l2)
     else:
         for p in range(p0, p1):
             lo, hi = max(0, -c - sign * p), min(jn, kn - c - sign * p)
-            _prefetch_span(a, base + p * s_p + lo * s_j, hi - lo, s_j, line)
+            _prefetch_span(a, base + p * s_p + lo * s_j, hi - lo, s_j, line, into_l2)
 
 
 @njit
@@ -149,7 +157,7 @@ def _forward_q_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, t
             for ph in range(pa, pb):
                 src_row = xo + n * sn + (qh - ph + hh) * sdh + ph * sph
                 if ph + 1 < pb:  # pairs (dw, pw) with qw = dw + pw - hw in the tile
-                    _prefetch_row(x, src_row + sph - sdh, sdw, wm, spw, 0, w, 1, -hw - qw0, qw1 - qw0, line)
+                    _prefetch_row(x, src_row + sph - sdh, sdw, wm, spw, 0, w, 1, -hw - qw0, qw1 - qw0, line, True)
                 for qw in range(qw0, qw1):
                     a, e = max(0, qw + hw - wm + 1), min(w, qw + hw + 1)
                     o = (b * w + qw) * hwsz + ph * w - base
@@ -183,7 +191,7 @@ def _forward_p_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, t
             for qh in range(qa, qb):
                 src_row = xo + n * sn + (qh - ph + hh) * sdh + ph * sph
                 if qh + 1 < qb:  # pairs (dw, pw), pw in the tile, with qw = dw + pw - hw inside
-                    _prefetch_row(x, src_row + sdh, sdw, wm, spw, pw0, pw1, 1, -hw, w, line)
+                    _prefetch_row(x, src_row + sdh, sdw, wm, spw, pw0, pw1, 1, -hw, w, line, False)
                 for pw in range(pw0, pw1):
                     a, e = max(0, pw - hw), min(w, pw - hw + wm)
                     o = (b * w + pw) * hwsz + qh * w - base
@@ -263,7 +271,7 @@ def _p_major_rows(out, shift, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, p
     for dh in range(da, db):
         src_row = yo + n * sn + (ph + dh - hh) * sqh + ph * sph
         if dh + 1 < db and not clear:  # pairs (qw, pw), pw in the tile, with dw = qw - pw + hw inside
-            _prefetch_row(dy, src_row + sqh, sqw, w, spw, pw0, pw1, -1, hw, wm, line)
+            _prefetch_row(dy, src_row + sqh, sqw, w, spw, pw0, pw1, -1, hw, wm, line, True)
         for pw in range(pw0, pw1):
             a, e = max(0, hw - pw), min(wm, w + hw - pw)  # columns dw whose qw = pw + dw - hw is inside
             o = (b * w + pw) * msz + dh * wm - shift
