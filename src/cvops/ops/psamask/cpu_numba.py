@@ -16,6 +16,7 @@ once and never read into the cache:
 What makes it fast:
 * the sources of the next row are prefetched (``jit_intrinsics.prefetch``): with a strided source each
   element sits on its own cache line, and the hardware prefetchers do not follow ~100 such streams;
+  strided sources go into L2 only (``prefetch_l2``), where they do not evict the lines in use;
 * the kernels compile without LLVM's loop vectoriser (``jit_intrinsics.compile_scalar``): it turns the
   strided loops into AVX-512 gathers, slower than scalar loads on AMD CPUs;
 * array indices are unsigned (no negative-index wrap test per access).
