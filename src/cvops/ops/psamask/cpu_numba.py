@@ -21,9 +21,9 @@ What makes it fast:
   strided loops into AVX-512 gathers, slower than scalar loads on AMD CPUs;
 * array indices are unsigned (no negative-index wrap test per access).
 
-Contiguous NCHW forwards, and NCHW backwards whose mask does not cover the whole width (PSANet's
-whole-image test map), take the sheared-tile kernels instead (``_shear_blocks``, described above them):
-there the row kernels' strided side maps every row to the same cache sets.
+Contiguous NCHW maps whose mask does not cover the whole width (PSANet's whole-image test map) take the
+sheared-tile kernels instead (``_shear_blocks``, described above them): there the row kernels' strided
+side maps every row to the same cache sets.
 
 Tensors reach the kernels as flat integer views of their storage (raw bits: every dtype is copied
 exactly, NaN payloads included) plus element strides of the logical ``[n, mask/position axes]`` view,
@@ -192,7 +192,7 @@ def _forward_p_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, t
             for qh in range(qa, qb):
                 src_row = xo + n * sn + (qh - ph + hh) * sdh + ph * sph
                 if qh + 1 < qb:  # pairs (dw, pw), pw in the tile, with qw = dw + pw - hw inside
-                    _prefetch_row(x, src_row + sdh, sdw, wm, spw, pw0, pw1, 1, -hw, w, line, False)
+                    _prefetch_row(x, src_row + sdh, sdw, wm, spw, pw0, pw1, 1, -hw, w, line, sdw != 1)
                 for pw in range(pw0, pw1):
                     a, e = max(0, pw - hw), min(w, pw - hw + wm)
                     o = (b * w + pw) * hwsz + qh * w - base
@@ -523,15 +523,15 @@ def _split(kernel, args, tail, blocks: int, elements: int) -> None:
 _FLOAT_OF_WIDTH = {4: np.float32, 8: np.float64}  # transpose8's element types, used as raw-bit carriers
 
 
-def _sheared(t: torch.Tensor, layout: str, w: int, w_mask: int, forward: bool) -> bool:
-    """Whether the sheared-tile kernel takes this call: contiguous NCHW, 4- or 8-byte elements, W >= 8;
-    for the backward also a mask that does not cover the whole width from every position. (When it
-    does, as at PSANet's training shapes, the backward's row kernel is as fast or faster, while the
-    forward's sheared tiles are faster in both cases.)"""
+def _sheared(t: torch.Tensor, layout: str, w: int, w_mask: int) -> bool:
+    """Whether the sheared-tile kernel takes this call: contiguous NCHW, 4- or 8-byte elements, W >= 8
+    and a mask that does not cover the whole width from every position. (When it does, as at PSANet's
+    training shapes, the row kernels, with their sources prefetched into L2, are faster both ways; when
+    it does not, the row kernels' strided rows share a few cache sets at power-of-two planes.)"""
     hw = (w_mask - 1) // 2
     covers = hw >= w - 1 and w_mask - 1 - hw >= w - 1
     return (layout == "NCHW" and t.is_contiguous() and t.element_size() in _FLOAT_OF_WIDTH and w >= 8
-            and (forward or not covers))
+            and not covers)
 
 
 def _flat(t: torch.Tensor) -> np.ndarray:
@@ -550,7 +550,7 @@ def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: st
     """x: logical NCHW ``[N, h_mask*w_mask, H, W]`` -> logical NCHW ``[N, H*W, H, W]`` stored in ``layout``."""
     n, _, h, w = x.shape
     out = empty_nchw((n, h * w, h, w), layout, like=x)
-    if _sheared(x, layout, w, w_mask, True):
+    if _sheared(x, layout, w, w_mask):
         _launch_sheared(out, x, True, psa_type == COLLECT, h, w, h_mask, w_mask, n * h)
         return out
     sn, sc, sh, sw = x.stride()
@@ -567,7 +567,7 @@ def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: 
     """dy: logical NCHW ``[N, H*W, H, W]`` -> dx logical NCHW ``[N, h_mask*w_mask, H, W]``."""
     n, _, h, w = dy.shape
     dx = empty_nchw((n, h_mask * w_mask, h, w), layout, like=dy)
-    if _sheared(dy, layout, w, w_mask, False):
+    if _sheared(dy, layout, w, w_mask):
         _launch_sheared(dx, dy, False, psa_type == COLLECT, h, w, h_mask, w_mask, n * h_mask)
         return dx
     sn, sc, sh, sw = dy.stride()
