@@ -357,7 +357,7 @@ def test_numba_covering_masks_take_row_kernels_and_stay_exact():
 @requires_numba
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_numba_backward_tiles_narrower_than_the_map(layout):
-    """Maps wider than the strided-source backwards' tile (BACKWARD_TILE planes): partial tiles."""
+    """Maps wider than the NCHW backward's tile (BACKWARD_TILE planes): partial tiles (NHWC: whole blocks)."""
     from cvops.ops.psamask import cpu_numba
     w = cpu_numba.BACKWARD_TILE + 5
     for mode in MODES:

@@ -48,10 +48,11 @@ SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _PARALLEL_ELEMENTS = 1 << 18  # below this (~1 MB) a thread hand-off costs more than it saves
 CHUNKS_PER_THREAD = 4
 # Planes written together (see the kernels). Rows whose source is contiguous too (the copy is a memcpy)
-# want a small tile; strided-source forwards want whole blocks, so one prefetch pass covers each row.
+# want a small tile; strided sources want whole blocks, so one prefetch pass covers each row (but see
+# BACKWARD_TILE).
 CONTIGUOUS_TILE = 8
-# planes per tile of the strided-source backwards: the staging buffer and the source rows it reuses
-# stay in the core's cache
+# planes per tile of the NCHW backward (d-major): the staging buffer and the dy slabs it reuses stay in the
+# core's cache (the NHWC one with a strided source wants whole blocks, like the forwards)
 BACKWARD_TILE = 16
 # largest block of the sheared-tile kernels built whole in a per-thread stage (see _shear_blocks): it
 # shares the core's cache with the slabs it reads
@@ -578,6 +579,6 @@ def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: 
     if layout == "NCHW":
         _launch(_backward_d_major, BACKWARD_TILE, dx, dy, strides, h, w, h_mask, w_mask, n * h_mask)
     else:
-        tile = CONTIGUOUS_TILE if strides[2] == 1 else BACKWARD_TILE
+        tile = CONTIGUOUS_TILE if strides[2] == 1 else w
         _launch(_backward_p_major, tile, dx, dy, strides, h, w, h_mask, w_mask, n * h)
     return dx
