@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 import cvops
 from cvops import mluops
 from tests.support.cases import case_id, load_cases
-from cvops._core.errors import BadParamError, NotSupportedError, Status
+from cvops._core.errors import BadParamError, Status
 from cvops._core.metrics import bit_equal, diff3
 from tests.conftest import (CPU_PATHS, FAST_BACKENDS, installed_cpu_paths, requires_numba,
                            requires_triton, selected)
@@ -318,10 +318,12 @@ def test_module_under_torch_compile_with_backward():
 # -------------------------------------------------------------------------------- numba sheared tiles (NCHW)
 # Contiguous NCHW maps at least 8 wide whose mask does not cover the whole width take cpu_numba's
 # sheared-tile kernels; these shapes cover full and partial 8 x 8 blocks on both sides, odd and even masks
-# and masks both narrower and wider than the map.
-SHEARED_SHAPES = ((2, 5, 13, 3, 5), (1, 9, 16, 7, 9), (1, 4, 24, 4, 6), (2, 3, 17, 5, 30), (1, 6, 8, 2, 1))
-# masks that cover the whole map from every position (PSANet's training shapes): the forward takes the
-# sheared tiles, the backward the row kernel; odd and even masks, exactly covering and wider
+# and masks both narrower and wider than the map (narrow ones leave near-side blocks outside the band the
+# far side reads, which the kernels skip).
+SHEARED_SHAPES = ((2, 5, 13, 3, 5), (1, 9, 16, 7, 9), (1, 4, 24, 4, 6), (2, 3, 17, 5, 30), (1, 6, 8, 2, 1),
+                  (2, 3, 40, 3, 5))
+# masks that cover the whole map from every position (PSANet's training shapes) take the row kernels both
+# ways; odd and even masks, exactly covering and wider
 COVERING_SHAPES = ((1, 9, 9, 17, 17), (2, 5, 10, 9, 19), (1, 8, 11, 16, 22))
 
 
@@ -333,7 +335,7 @@ def test_numba_sheared_tiles_bit_exact(dtype, monkeypatch):
     threads = torch.get_num_threads()
     try:
         for n, h, w, hm, wm in SHEARED_SHAPES:
-            assert cpu_numba._sheared(make(n, h, w, hm * wm, "NCHW", dtype), "NCHW", w, wm, False)
+            assert cpu_numba._sheared(make(n, h, w, hm * wm, "NCHW", dtype), "NCHW", w, wm)
             for count in (1, 3):
                 torch.set_num_threads(count)
                 for mode in MODES:
@@ -343,11 +345,11 @@ def test_numba_sheared_tiles_bit_exact(dtype, monkeypatch):
 
 
 @requires_numba
-def test_numba_covering_masks_take_sheared_forward_and_stay_exact():
+def test_numba_covering_masks_take_row_kernels_and_stay_exact():
     from cvops.ops.psamask import cpu_numba
     for n, h, w, hm, wm in COVERING_SHAPES:
         x = make(n, h, w, hm * wm, "NCHW")
-        assert cpu_numba._sheared(x, "NCHW", w, wm, True) and not cpu_numba._sheared(x, "NCHW", w, wm, False)
+        assert not cpu_numba._sheared(x, "NCHW", w, wm)
         for mode in MODES:
             run_case("cpu-numba", n, h, w, hm, wm, mode, "NCHW")
 
@@ -355,7 +357,7 @@ def test_numba_covering_masks_take_sheared_forward_and_stay_exact():
 @requires_numba
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_numba_backward_tiles_narrower_than_the_map(layout):
-    """Maps wider than the strided-source backwards' tile (BACKWARD_TILE planes): partial tiles."""
+    """Maps wider than the NCHW backward's tile (BACKWARD_TILE planes): partial tiles (NHWC: whole blocks)."""
     from cvops.ops.psamask import cpu_numba
     w = cpu_numba.BACKWARD_TILE + 5
     for mode in MODES:
@@ -392,3 +394,68 @@ def test_numba_cityscapes_map_matches_strided_copies(mode):
             expected = fn(t, mode, mask, "NCHW")
         with selected("cpu-numba"):
             assert bit_equal(fn(t, mode, mask, "NCHW"), expected), fn.__name__
+
+
+# -------------------------------------------------------------------------------- numba staged row kernels
+# The row kernels build each tile of output planes in a per-thread buffer and stream it out whole cache lines
+# at a time; a line holds 64 // itemsize elements, so each element width has its own line splits. NHWC
+# maps and 2-byte NCHW maps take the row kernels in both directions, the covering NCHW shapes backward.
+STAGED_SHAPES = ((2, 5, 7, 9, 13), (1, 6, 19, 5, 7), (3, 3, 4, 4, 2))
+
+
+@requires_numba
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_numba_staged_row_kernels_every_width_bit_exact(dtype, monkeypatch):
+    from cvops.ops.psamask import cpu_numba
+    monkeypatch.setattr(cpu_numba, "_PARALLEL_ELEMENTS", 1)  # split even tiny calls over the threads
+    monkeypatch.setattr(cpu_numba, "BACKWARD_TILE", 3)  # partial tiles at these widths
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 3):
+            torch.set_num_threads(count)
+            for (n, h, w, hm, wm), mode, layout in itertools.product(STAGED_SHAPES, MODES, LAYOUTS):
+                run_case("cpu-numba", n, h, w, hm, wm, mode, layout, dtype)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@requires_numba
+@pytest.mark.parametrize("kernel", ["_forward_q_major", "_forward_p_major", "_backward_d_major",
+                                    "_backward_p_major"])
+def test_numba_staged_row_kernels_any_output_alignment(kernel):
+    """Output starting anywhere within a cache line: whole lines streamed, partial ones at both ends stored."""
+    import numpy as np
+    from cvops.ops.psamask import cpu_numba
+    n, h, w, hm, wm = 2, 5, 6, 7, 9
+    forward = kernel.startswith("_forward")
+    t = make(n, h, w, hm * wm if forward else h * w, "NCHW", seed=3)
+    fn = cvops.psamask_forward if forward else cvops.psamask_backward
+    # storage [n, q, p] (q_major), [n, p, q] (p_major) of the forward; [n, d, p] / [n, p, d] of dx
+    layout = "NCHW" if kernel in ("_forward_q_major", "_backward_d_major") else "NHWC"
+    expected = fn(t, "collect", (hm, wm), "NCHW", backend="reference")
+    if layout == "NHWC":
+        expected = expected.permute(0, 2, 3, 1)
+    if kernel == "_backward_p_major":
+        t = t.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)  # NHWC storage
+    sn, sc, sh, sw = t.stride()
+    strides = (sn, wm * sc, sc, sh, sw) if forward else (sn, w * sc, sc, sh, sw)
+    blocks = n * (hm if kernel == "_backward_d_major" else h)
+    for skip in range(16):  # float32: 16 elements a line
+        raw = np.full(expected.numel() + 32, np.nan, dtype=np.float32)
+        out = torch.from_numpy(raw[skip:skip + expected.numel()]).view(expected.shape)
+        cpu_numba._launch(getattr(cpu_numba, kernel), 4, out, t, strides, h, w, hm, wm, blocks)
+        assert bit_equal(out, expected), skip
+        assert np.isnan(raw[:skip]).all() and np.isnan(raw[skip + expected.numel():]).all()
+
+
+@requires_numba
+@pytest.mark.parametrize("whole_block_bytes", [0, 1 << 30])
+def test_numba_sheared_tiles_with_and_without_block_stage(whole_block_bytes, monkeypatch):
+    """Sheared-tile blocks built in a per-thread stage and streamed out, or written in place."""
+    from cvops.ops.psamask import cpu_numba
+    monkeypatch.setattr(cpu_numba, "WHOLE_BLOCK_BYTES", whole_block_bytes)
+    monkeypatch.setattr(cpu_numba, "_PARALLEL_ELEMENTS", 1)
+    for dtype in (torch.float32, torch.float64):
+        for n, h, w, hm, wm in SHEARED_SHAPES:
+            for mode in MODES:
+                run_case("cpu-numba", n, h, w, hm, wm, mode, "NCHW", dtype)

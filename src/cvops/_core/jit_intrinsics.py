@@ -4,14 +4,14 @@ numba, so import it only from kernel modules (after ``jit.numba_enabled()``).
 
 Why these exist: gather/scatter kernels whose inner loop reads with a large stride (a new cache line
 per element) are latency-bound; the hardware prefetchers do not follow dozens of such streams, so the
-kernel prefetches the next row's lines itself (:func:`prefetch`). And LLVM turns such strided loops into
-AVX-512 gathers, which on AMD EPYC CPUs run slower than plain scalar loads; numba has no
-per-function switch, so :func:`compile_scalar` compiles with ``numba.config.LOOP_VECTORIZE`` off (the
-documented ``NUMBA_LOOP_VECTORIZE`` setting, which numba reads at each compilation); :func:`compile_slp`
-likewise turns ``SLP_VECTORIZE`` on for kernels written as short straight-line runs. A kernel that
-writes a large output once and never reads it back can skip reading each destination line into the
-cache first with :func:`stream_store` (+ :func:`store_fence` before the threads join). Results never
-change.
+kernel prefetches the next row's lines itself (:func:`prefetch`, or :func:`prefetch_l2` for rows that
+share a few L1 sets). And LLVM turns such strided loops into AVX-512 gathers, which on AMD EPYC CPUs run
+slower than plain scalar loads; numba has no per-function switch, so :func:`compile_scalar` compiles with
+``numba.config.LOOP_VECTORIZE`` off (the documented ``NUMBA_LOOP_VECTORIZE`` setting, which numba reads at
+each compilation); :func:`compile_slp` likewise turns ``SLP_VECTORIZE`` on for kernels written as short
+straight-line runs. A kernel that writes a large output once and never reads it back can skip reading
+each destination line into the cache first with :func:`stream_store` or, a whole cache line at a time,
+:func:`stream_line` (+ :func:`store_fence` before the threads join). Results never change.
 """
 from __future__ import annotations
 
@@ -29,26 +29,37 @@ _compile_lock = threading.Lock()
 STREAMING = platform.machine().lower() in ("x86_64", "amd64")
 
 
-@intrinsic
-def prefetch(typingctx, array, index):
-    """Hint the CPU to bring ``array[index]``'s cache line into L1 (a no-op for the result; an index
-    outside the array is harmless: prefetches never fault)."""
-    if not isinstance(array, types.Array) or not isinstance(index, types.Integer):
-        return None
+def _prefetch_intrinsic(name: str, locality: int, doc: str):
+    """A prefetch intrinsic ``name(array, index)`` with LLVM's temporal ``locality`` (3: into L1, 2: into L2)."""
+    def typer(typingctx, array, index):
+        if not isinstance(array, types.Array) or not isinstance(index, types.Integer):
+            return None
 
-    def codegen(context, builder, signature, args):
-        array_type, index_type = signature.args
-        data = context.make_array(array_type)(context, builder, args[0]).data
-        offset = context.cast(builder, args[1], index_type, types.intp)
-        byte_ptr = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]),
-                                            "llvm.prefetch.p0")
-        # (address, read, highest temporal locality, data cache)
-        builder.call(fn, [builder.bitcast(builder.gep(data, [offset]), byte_ptr), i32(0), i32(3), i32(1)])
-        return context.get_dummy_value()
+        def codegen(context, builder, signature, args):
+            array_type, index_type = signature.args
+            data = context.make_array(array_type)(context, builder, args[0]).data
+            offset = context.cast(builder, args[1], index_type, types.intp)
+            byte_ptr = ir.IntType(8).as_pointer()
+            i32 = ir.IntType(32)
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]), "llvm.prefetch.p0")
+            # (address, read, temporal locality, data cache)
+            builder.call(fn, [builder.bitcast(builder.gep(data, [offset]), byte_ptr), i32(0), i32(locality),
+                              i32(1)])
+            return context.get_dummy_value()
 
-    return types.void(array, index), codegen
+        return types.void(array, index), codegen
+
+    typer.__name__ = typer.__qualname__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
+
+
+prefetch = _prefetch_intrinsic("prefetch", 3, """Hint the CPU to bring ``array[index]``'s cache line into L1
+    (a no-op for the result; an index outside the array is harmless: prefetches never fault).""")
+prefetch_l2 = _prefetch_intrinsic("prefetch_l2", 2, """As :func:`prefetch`, into L2 but not L1: for rows a
+    large power of two apart, which all map to the same few L1 sets, where lines prefetched into L1
+    evict the ones in use.""")
 
 
 def _compile_with(dispatcher, signature, **settings) -> None:
@@ -96,6 +107,35 @@ def stream_store(typingctx, array, index, value):
         return context.get_dummy_value()
 
     return types.void(array, index, value), codegen
+
+
+@intrinsic
+def stream_line(typingctx, dst, dst_at, src, src_at):
+    """``dst[dst_at + i] = src[src_at + i]`` for the ``64 // itemsize`` elements of one cache line, as one
+    vector load and one non-temporal vector store on x86-64 (a plain vector store elsewhere). ``dst``,
+    ``src``: 1-D contiguous arrays of one dtype; ``dst_at`` must address a 64-byte aligned element (the
+    caller's duty: nothing is checked). Why: scalar streaming stores split a line into several stores,
+    while a whole-line one leaves the write-combining buffer full at once."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.ndim == 1 and src.ndim == 1
+            and dst.dtype == src.dtype and isinstance(dst_at, types.Integer) and isinstance(src_at, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        array_type = signature.args[0]
+        width = array_type.dtype.bitwidth // 8
+        vector = ir.VectorType(context.get_data_type(array_type.dtype), 64 // width)
+
+        def pointer(k):
+            data = context.make_array(signature.args[k])(context, builder, args[k]).data
+            at = context.cast(builder, args[k + 1], signature.args[k + 1], types.intp)
+            return builder.bitcast(builder.gep(data, [at]), vector.as_pointer())
+
+        store = builder.store(builder.load(pointer(2), align=width), pointer(0), align=64)
+        if STREAMING:
+            store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_at, src, src_at), codegen
 
 
 @intrinsic

@@ -2,25 +2,28 @@
 
 Why: the strided copies of ``cpu.py`` pay per element for the shear ``q = p + d - half``, which gives one
 side of every copy a non-unit inner stride, and its backward streams most of ``dx`` through memory
-twice. Here the output is written block by block in its storage order, each block finished while it is
-still in cache:
+twice. Here the output is written block by block, a tile of planes at a time, into a per-thread staging
+buffer that stays in cache; each finished tile streams out in storage order, whole cache lines at a
+time with non-temporal stores (``jit_intrinsics.stream_line``), so the output (mostly zeros) is written
+once and never read into the cache:
 
 * forward, output ``[n, q, p]`` (COLLECT NCHW, DISTRIBUTE NHWC) or ``[n, p, q]`` (DISTRIBUTE NCHW,
   COLLECT NHWC): one block per ``(n, qh)`` or ``(n, ph)``, walked row by row (``ph`` or ``qh``); each
   row fixes the mask row ``dh``, so its sources are one small sheared slab of ``x``.
-* backward, ``dx [n, d, p]`` (NCHW) or ``[n, p, d]`` (NHWC): one block per ``(n, dh)`` or ``(n, ph)``,
-  zero-filled in one pass, then the valid rows written while the block is still in cache.
+* backward, ``dx [n, d, p]`` (NCHW) or ``[n, p, d]`` (NHWC): one block per ``(n, dh)`` or ``(n, ph)``;
+  the stage is zeroed once and its written rows zeroed again after each tile.
 
 What makes it fast:
 * the sources of the next row are prefetched (``jit_intrinsics.prefetch``): with a strided source each
   element sits on its own cache line, and the hardware prefetchers do not follow ~100 such streams;
+  strided sources go into L2 only (``prefetch_l2``), where they do not evict the lines in use;
 * the kernels compile without LLVM's loop vectoriser (``jit_intrinsics.compile_scalar``): it turns the
   strided loops into AVX-512 gathers, slower than scalar loads on AMD CPUs;
 * array indices are unsigned (no negative-index wrap test per access).
 
-Contiguous NCHW forwards, and NCHW backwards whose mask does not cover the whole width (PSANet's
-whole-image test map), take the sheared-tile kernels instead (``_shear_blocks``, described above them):
-there the row kernels' strided side maps every row to the same cache sets.
+Contiguous NCHW maps whose mask does not cover the whole width (PSANet's whole-image test map) take the
+sheared-tile kernels instead (``_shear_blocks``, described above them): there the row kernels' strided
+side maps every row to the same cache sets.
 
 Tensors reach the kernels as flat integer views of their storage (raw bits: every dtype is copied
 exactly, NaN payloads included) plus element strides of the logical ``[n, mask/position axes]`` view,
@@ -35,7 +38,8 @@ import torch
 
 from ..._core.bits import as_bits, numpy_alias, storage_bits
 from ..._core.jit import njit
-from ..._core.jit_intrinsics import STREAMING, compile_scalar, prefetch, store_fence, stream_store, transpose8
+from ..._core.jit_intrinsics import (STREAMING, compile_scalar, prefetch, prefetch_l2, store_fence, stream_line,
+                                     transpose8)
 from ..._core.layout import empty_nchw
 from ..._core.parallel import even_parts, run_parts
 from .checks import COLLECT
@@ -44,9 +48,15 @@ SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _PARALLEL_ELEMENTS = 1 << 18  # below this (~1 MB) a thread hand-off costs more than it saves
 CHUNKS_PER_THREAD = 4
 # Planes written together (see the kernels). Rows whose source is contiguous too (the copy is a memcpy)
-# want a small tile; strided sources want whole blocks, so one prefetch pass covers each row.
+# want a small tile; strided sources want whole blocks, so one prefetch pass covers each row (but see
+# BACKWARD_TILE).
 CONTIGUOUS_TILE = 8
-BACKWARD_TILE = 16  # planes per tile of the strided-source backwards (see backward())
+# planes per tile of the NCHW backward (d-major): the staging buffer and the dy slabs it reuses stay in the
+# core's cache (the NHWC one with a strided source wants whole blocks, like the forwards)
+BACKWARD_TILE = 16
+# largest block of the sheared-tile kernels built whole in a per-thread stage (see _shear_blocks): it
+# shares the core's cache with the slabs it reads
+WHOLE_BLOCK_BYTES = 1 << 19
 
 
 def supports(t: torch.Tensor) -> bool:
@@ -63,35 +73,67 @@ def _fill_zero(out, start, stop):
 
 
 @njit
-def _prefetch_span(a, start, count, stride, line):
+def _prefetch_span(a, start, count, stride, line, into_l2):
     """Prefetch ``a[start + i*stride]`` for ``i < count``: one hint per cache line (``line`` elements)
-    when the span is contiguous, one per element otherwise."""
+    when the span is contiguous, one per element otherwise; into L2 only when ``into_l2``."""
     if count <= 0:
         return
-    if stride == 1:
+    if stride == 1 and into_l2:
+        for i in range(0, count, line):
+            prefetch_l2(a, start + i)
+        prefetch_l2(a, start + count - 1)
+    elif stride == 1:
         for i in range(0, count, line):
             prefetch(a, start + i)
         prefetch(a, start + count - 1)
+    elif into_l2:
+        for i in range(count):
+            prefetch_l2(a, start + i * stride)
     else:
         for i in range(count):
             prefetch(a, start + i * stride)
 
 
 @njit
-def _prefetch_row(a, base, s_j, jn, s_p, p0, p1, sign, c, kn, line):
+def _prefetch_row(a, base, s_j, jn, s_p, p0, p1, sign, c, kn, line, into_l2):
     """Prefetch the sources of one kernel row: ``a[base + j*s_j + p*s_p]`` for ``0 <= j < jn``,
-    ``p0 <= p < p1`` and ``0 <= j + sign*p + c < kn``, walking the axis of smaller stride innermost."""
+    ``p0 <= p < p1`` and ``0 <= j + sign*p + c < kn``, walking the axis of smaller stride innermost;
+    into L2 only when ``into_l2``."""
     if abs(s_p) <= abs(s_j):
         for j in range(jn):
             if sign > 0:
                 lo, hi = max(p0, -c - j), min(p1, kn - c - j)
             else:
                 lo, hi = max(p0, j + c - kn + 1), min(p1, j + c + 1)
-            _prefetch_span(a, base + j * s_j + lo * s_p, hi - lo, s_p, line)
+            _prefetch_span(a, base + j * s_j + lo * s_p, hi - lo, s_p, line, into_l2)
     else:
         for p in range(p0, p1):
             lo, hi = max(0, -c - sign * p), min(jn, kn - c - sign * p)
-            _prefetch_span(a, base + p * s_p + lo * s_j, hi - lo, s_j, line)
+            _prefetch_span(a, base + p * s_p + lo * s_j, hi - lo, s_j, line, into_l2)
+
+
+@njit
+def _stream_out(dst, start, stop, stage, base, lead, line):
+    """``dst[i] = stage[i - base]`` for ``start <= i < stop``: whole cache lines (``i + lead`` a multiple
+    of ``line``) as streaming line stores, the partial lines at both ends as plain stores (a partial
+    line may hold a neighbouring range's elements)."""
+    a = min(stop, start + (line - (start + lead) % line) % line)
+    e = max(a, stop - (stop + lead) % line)
+    for i in range(start, a):
+        dst[np.uint64(i)] = stage[np.uint64(i - base)]
+    for i in range(a, e, line):
+        stream_line(dst, np.uint64(i), stage, np.uint64(i - base))
+    for i in range(e, stop):
+        dst[np.uint64(i)] = stage[np.uint64(i - base)]
+
+
+@njit
+def _stage_buffer(out, elements, line):
+    """A zeroed per-thread staging buffer of ``elements`` (plus one line) whose element 0 is line-aligned,
+    and ``lead``: ``out[i]`` starts a cache line when ``(i + lead) % line == 0``."""
+    raw = np.zeros(elements + 2 * line, dtype=out.dtype)
+    skip = (line - raw.ctypes.data % 64 // raw.itemsize) % line
+    return raw[skip:skip + elements + line], out.ctypes.data % 64 // out.itemsize
 
 
 @njit
@@ -99,28 +141,34 @@ def _forward_q_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, t
     """``out[n, qh, qw, ph, pw]`` (dense) ``= x[n, qh-ph+hh, qw-pw+hw, ph, pw]``, 0 outside the mask.
 
     Blocks ``b = n*h + qh`` in ``[lo, hi)``; in each, ``tile`` planes ``qw`` at a time, row ``ph`` by
-    row (one mask row ``dh`` per row), prefetching the next row's sources."""
+    row (one mask row ``dh`` per row), prefetching the next row's sources, into a staging buffer
+    (zero-filled first when the tile has cells outside the mask) that then streams out."""
     hh, hw, hwsz = (hm - 1) // 2, (wm - 1) // 2, h * w
     step = spw - sdw
+    stage, lead = _stage_buffer(out, tile * hwsz, line)
     for b in range(lo, hi):
         n, qh = b // h, b % h
         pa, pb = max(0, qh + hh - hm + 1), min(h, qh + hh + 1)  # rows ph whose dh = qh - ph + hh is inside
         for qw0 in range(0, w, tile):
             qw1 = min(w, qw0 + tile)
+            start, stop = (b * w + qw0) * hwsz, (b * w + qw1) * hwsz
+            base = start - (start + lead) % line  # stage[0] holds out[base], both on line boundaries
             # columns pw whose dw = qw - pw + hw is inside: [max(0, qw+hw-wm+1), min(w, qw+hw+1))
             if pa > 0 or pb < h or qw1 + hw - wm > 0 or qw0 + hw + 1 < w:
-                _fill_zero(out, (b * w + qw0) * hwsz, (b * w + qw1) * hwsz)
+                _fill_zero(stage, start - base, stop - base)
             for ph in range(pa, pb):
                 src_row = xo + n * sn + (qh - ph + hh) * sdh + ph * sph
                 if ph + 1 < pb:  # pairs (dw, pw) with qw = dw + pw - hw in the tile
-                    _prefetch_row(x, src_row + sph - sdh, sdw, wm, spw, 0, w, 1, -hw - qw0, qw1 - qw0, line)
+                    _prefetch_row(x, src_row + sph - sdh, sdw, wm, spw, 0, w, 1, -hw - qw0, qw1 - qw0, line, True)
                 for qw in range(qw0, qw1):
                     a, e = max(0, qw + hw - wm + 1), min(w, qw + hw + 1)
-                    o = (b * w + qw) * hwsz + ph * w
+                    o = (b * w + qw) * hwsz + ph * w - base
                     s = src_row + (qw + hw) * sdw + a * step
                     for pw in range(a, e):
-                        out[np.uint64(o + pw)] = x[np.uint64(s)]
+                        stage[np.uint64(o + pw)] = x[np.uint64(s)]
                         s += step
+            _stream_out(out, start, stop, stage, base, lead, line)
+    store_fence()
 
 
 @njit
@@ -128,82 +176,133 @@ def _forward_p_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, t
     """``out[n, ph, pw, qh, qw]`` (dense) ``= x[n, qh-ph+hh, qw-pw+hw, ph, pw]``, 0 outside the mask.
 
     Blocks ``b = n*h + ph`` in ``[lo, hi)``; in each, ``tile`` planes ``pw`` at a time, row ``qh`` by
-    row (one mask row ``dh`` per row), prefetching the next row's sources."""
+    row (one mask row ``dh`` per row), prefetching the next row's sources, staged and streamed out as
+    in :func:`_forward_q_major`."""
     hh, hw, hwsz = (hm - 1) // 2, (wm - 1) // 2, h * w
+    stage, lead = _stage_buffer(out, tile * hwsz, line)
     for b in range(lo, hi):
         n, ph = b // h, b % h
         qa, qb = max(0, ph - hh), min(h, ph - hh + hm)  # rows qh whose dh = qh - ph + hh is inside
         for pw0 in range(0, w, tile):
             pw1 = min(w, pw0 + tile)
+            start, stop = (b * w + pw0) * hwsz, (b * w + pw1) * hwsz
+            base = start - (start + lead) % line
             # columns qw whose dw = qw - pw + hw is inside: [max(0, pw-hw), min(w, pw-hw+wm))
             if qa > 0 or qb < h or pw1 - 1 - hw > 0 or pw0 - hw + wm < w:
-                _fill_zero(out, (b * w + pw0) * hwsz, (b * w + pw1) * hwsz)
+                _fill_zero(stage, start - base, stop - base)
             for qh in range(qa, qb):
                 src_row = xo + n * sn + (qh - ph + hh) * sdh + ph * sph
                 if qh + 1 < qb:  # pairs (dw, pw), pw in the tile, with qw = dw + pw - hw inside
-                    _prefetch_row(x, src_row + sdh, sdw, wm, spw, pw0, pw1, 1, -hw, w, line)
+                    _prefetch_row(x, src_row + sdh, sdw, wm, spw, pw0, pw1, 1, -hw, w, line, sdw != 1)
                 for pw in range(pw0, pw1):
                     a, e = max(0, pw - hw), min(w, pw - hw + wm)
-                    o = (b * w + pw) * hwsz + qh * w
+                    o = (b * w + pw) * hwsz + qh * w - base
                     s = src_row + pw * spw + (a - pw + hw) * sdw
                     for qw in range(a, e):
-                        out[np.uint64(o + qw)] = x[np.uint64(s)]
+                        stage[np.uint64(o + qw)] = x[np.uint64(s)]
                         s += sdw
+            _stream_out(out, start, stop, stage, base, lead, line)
+    store_fence()
+
+
+@njit
+def _prefetch_slab(a, base, s_q, s_p, w, line):
+    """Prefetch into L2 the ``w x w`` slab ``a[base + qw*s_q + pw*s_p]`` when one of its axes is
+    contiguous (rows of the other are then whole runs of cache lines)."""
+    if s_p == 1:
+        _prefetch_rows(a, base, s_q, w, w, line, True)
+    elif s_q == 1:
+        _prefetch_rows(a, base, s_p, w, w, line, True)
+
+
+@njit
+def _d_major_rows(out, shift, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, dw0, dw1, line, clear):
+    """The valid rows of dx planes ``dw0 <= dw < dw1`` of block ``b = n*hm + dh`` (see
+    :func:`_backward_d_major`), row ``ph`` by row, into ``out[i - shift]`` (``i``: the dx index); zeros
+    instead of dy's values when ``clear``. Each row reads one ``[qw, pw]`` slab of dy, whose lines lie
+    about a plane apart; the first tile of a block prefetches the slab two rows ahead into L2, where
+    the later tiles find it too."""
+    hh, hw, hwsz = (hm - 1) // 2, (wm - 1) // 2, h * w
+    step = spw + sqw
+    n, dh = b // hm, b % hm
+    pa, pb = max(0, hh - dh), min(h, h + hh - dh)  # rows whose qh = ph + dh - hh is inside
+    for ph in range(pa, pb):
+        src_row = yo + n * sn + (ph + dh - hh) * sqh + ph * sph
+        if dw0 == 0 and ph + 2 < pb and not clear:
+            _prefetch_slab(dy, src_row + 2 * (sqh + sph), sqw, spw, w, line)
+        for dw in range(dw0, dw1):
+            a, e = max(0, hw - dw), min(w, w + hw - dw)  # columns whose qw = pw + dw - hw is inside
+            o = (b * wm + dw) * hwsz + ph * w - shift
+            if clear:
+                for pw in range(a, e):
+                    out[np.uint64(o + pw)] = 0
+            else:
+                s = src_row + (dw - hw) * sqw + a * step
+                for pw in range(a, e):
+                    out[np.uint64(o + pw)] = dy[np.uint64(s)]
+                    s += step
 
 
 @njit
 def _backward_d_major(dx, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, lo, hi, tile, line):
     """``dx[n, dh, dw, ph, pw]`` (dense) ``= dy[n, ph+dh-hh, pw+dw-hw, ph, pw]``, 0 where that is outside
-    the feature. Blocks ``b = n*hm + dh`` in ``[lo, hi)``; in each, ``tile`` planes ``dw`` at a time:
-    zeroed in one fill, then their valid rows written row ``ph`` by row while still in cache."""
-    hh, hw, hwsz = (hm - 1) // 2, (wm - 1) // 2, h * w
-    step = spw + sqw
+    the feature. Blocks ``b = n*hm + dh`` in ``[lo, hi)``, ``tile`` planes ``dw`` at a time: the valid
+    rows go into a zeroed staging buffer that stays in cache, which then streams out to dx whole lines
+    at a time (dx is never read), and the buffer's written rows are zeroed again for the next tile."""
+    hwsz = h * w
+    stage, lead = _stage_buffer(dx, tile * hwsz, line)
     for b in range(lo, hi):
-        n, dh = b // hm, b % hm
-        pa, pb = max(0, hh - dh), min(h, h + hh - dh)  # rows ph whose qh = ph + dh - hh is inside
         for dw0 in range(0, wm, tile):
             dw1 = min(wm, dw0 + tile)
-            # columns pw whose qw = pw + dw - hw is inside: [max(0, hw-dw), min(w, w+hw-dw))
-            if pa > 0 or pb < h or hw - dw0 > 0 or hw - dw1 + 1 < 0:
-                _fill_zero(dx, (b * wm + dw0) * hwsz, (b * wm + dw1) * hwsz)
-            for ph in range(pa, pb):
-                src_row = yo + n * sn + (ph + dh - hh) * sqh + ph * sph
-                if ph + 1 < pb:  # pairs (qw, pw) with dw = qw - pw + hw in the tile
-                    _prefetch_row(dy, src_row + sqh + sph, sqw, w, spw, 0, w, -1, hw - dw0, dw1 - dw0, line)
-                for dw in range(dw0, dw1):
-                    a, e = max(0, hw - dw), min(w, w + hw - dw)
-                    o = (b * wm + dw) * hwsz + ph * w
-                    s = src_row + (dw - hw) * sqw + a * step
-                    for pw in range(a, e):
-                        dx[np.uint64(o + pw)] = dy[np.uint64(s)]
-                        s += step
+            start, stop = (b * wm + dw0) * hwsz, (b * wm + dw1) * hwsz
+            base = start - (start + lead) % line  # stage[0] holds dx[base], both on line boundaries
+            _d_major_rows(stage, base, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, dw0, dw1, line, False)
+            _stream_out(dx, start, stop, stage, base, lead, line)
+            _d_major_rows(stage, base, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, dw0, dw1, line, True)
+    store_fence()
+
+
+@njit
+def _p_major_rows(out, shift, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, pw0, pw1, line, clear):
+    """The valid rows of dx planes ``pw0 <= pw < pw1`` of block ``b = n*h + ph`` (see
+    :func:`_backward_p_major`), row ``dh`` by row, into ``out[i - shift]`` (``i``: the dx index); zeros
+    instead of dy's values when ``clear``. Copies prefetch the next row's sources."""
+    hh, hw, msz = (hm - 1) // 2, (wm - 1) // 2, hm * wm
+    n, ph = b // h, b % h
+    da, db = max(0, hh - ph), min(hm, h + hh - ph)  # rows dh whose qh = ph + dh - hh is inside
+    for dh in range(da, db):
+        src_row = yo + n * sn + (ph + dh - hh) * sqh + ph * sph
+        if dh + 1 < db and not clear:  # pairs (qw, pw), pw in the tile, with dw = qw - pw + hw inside
+            _prefetch_row(dy, src_row + sqh, sqw, w, spw, pw0, pw1, -1, hw, wm, line, True)
+        for pw in range(pw0, pw1):
+            a, e = max(0, hw - pw), min(wm, w + hw - pw)  # columns dw whose qw = pw + dw - hw is inside
+            o = (b * w + pw) * msz + dh * wm - shift
+            if clear:
+                for dw in range(a, e):
+                    out[np.uint64(o + dw)] = 0
+            else:
+                s = src_row + pw * spw + (pw + a - hw) * sqw
+                for dw in range(a, e):
+                    out[np.uint64(o + dw)] = dy[np.uint64(s)]
+                    s += sqw
 
 
 @njit
 def _backward_p_major(dx, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, lo, hi, tile, line):
     """``dx[n, ph, pw, dh, dw]`` (dense) ``= dy[n, ph+dh-hh, pw+dw-hw, ph, pw]``, 0 where that is outside
-    the feature. Blocks ``b = n*h + ph`` in ``[lo, hi)``; in each, ``tile`` planes ``pw`` at a time:
-    zeroed in one fill, then their valid rows written row ``dh`` by row while still in cache."""
-    hh, hw, msz = (hm - 1) // 2, (wm - 1) // 2, hm * wm
+    the feature. Blocks ``b = n*h + ph`` in ``[lo, hi)``, ``tile`` planes ``pw`` at a time, staged and
+    streamed out as in :func:`_backward_d_major`."""
+    msz = hm * wm
+    stage, lead = _stage_buffer(dx, tile * msz, line)
     for b in range(lo, hi):
-        n, ph = b // h, b % h
-        da, db = max(0, hh - ph), min(hm, h + hh - ph)  # rows dh whose qh = ph + dh - hh is inside
         for pw0 in range(0, w, tile):
             pw1 = min(w, pw0 + tile)
-            # columns dw whose qw = pw + dw - hw is inside: [max(0, hw-pw), min(wm, w+hw-pw))
-            if da > 0 or db < hm or hw - pw0 > 0 or w + hw - pw1 + 1 < wm:
-                _fill_zero(dx, (b * w + pw0) * msz, (b * w + pw1) * msz)
-            for dh in range(da, db):
-                src_row = yo + n * sn + (ph + dh - hh) * sqh + ph * sph
-                if dh + 1 < db:  # pairs (qw, pw), pw in the tile, with dw = qw - pw + hw inside
-                    _prefetch_row(dy, src_row + sqh, sqw, w, spw, pw0, pw1, -1, hw, wm, line)
-                for pw in range(pw0, pw1):
-                    a, e = max(0, hw - pw), min(wm, w + hw - pw)
-                    o = (b * w + pw) * msz + dh * wm
-                    s = src_row + pw * spw + (pw + a - hw) * sqw
-                    for dw in range(a, e):
-                        dx[np.uint64(o + dw)] = dy[np.uint64(s)]
-                        s += sqw
+            start, stop = (b * w + pw0) * msz, (b * w + pw1) * msz
+            base = start - (start + lead) % line
+            _p_major_rows(stage, base, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, pw0, pw1, line, False)
+            _stream_out(dx, start, stop, stage, base, lead, line)
+            _p_major_rows(stage, base, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, pw0, pw1, line, True)
+    store_fence()
 
 
 # ------------------------------------------------------------------------------- sheared tiles (NCHW)
@@ -220,30 +319,51 @@ def _backward_p_major(dx, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, lo, hi, 
 
 
 @njit
-def _prefetch_rows(a, base, stride, rows, length, line):
-    """Prefetch ``rows`` rows of ``length`` elements at ``base + k*stride`` (one hint per cache line)."""
+def _prefetch_rows(a, base, stride, rows, length, line, into_l2=False):
+    """Prefetch ``rows`` rows of ``length`` elements at ``base + k*stride`` (one hint per cache line), into
+    L2 only when ``into_l2``."""
     for k in range(rows):
         for e in range(0, length, line):
-            prefetch(a, base + k * stride + e)
-        prefetch(a, base + k * stride + length - 1)
+            if into_l2:
+                prefetch_l2(a, base + k * stride + e)
+            else:
+                prefetch(a, base + k * stride + e)
+        if into_l2:
+            prefetch_l2(a, base + k * stride + length - 1)
+        else:
+            prefetch(a, base + k * stride + length - 1)
 
 
 @njit
 def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a,
-                buf, stream, pitch, w, b0, b1, na, nc, off, k0, sgn):
-    """One chunk ``b0 <= b < b1`` of one slab: ``buf[b - b0, off + a] = near[a, b]`` (``a < na``) from
-    ``src``, then ``far[c, b] = buf[b - b0, c + k0 + sgn*b]`` (``c < nc``) to ``dst``. ``src_rows_a``:
-    near rows are ``a`` (stride ``sstride``, b innermost) rather than ``b``; ``dst_rows_c`` likewise.
-    Each side's next rows are prefetched while the current ones move: they lie a whole plane apart, where
-    the hardware prefetchers do not follow. ``stream``: far rows are whole cache lines, so row copies
-    (and zero slabs) use streaming stores, which skip reading the destination lines first."""
+                buf, stream, cached, pitch, w, b0, b1, na, nc, off, k0, sgn):
+    """One chunk ``b0 <= b < b1`` of one slab: ``buf[b - b0, off + a] = near[a, b]`` (``a < na``) from ``src``,
+    then ``far[c, b] = buf[b - b0, c + k0 + sgn*b]`` (``c < nc``) to ``dst``. ``src_rows_a``: near rows are
+    ``a`` (stride ``sstride``, b innermost) rather than ``b``; ``dst_rows_c`` likewise. Each side's next
+    rows are prefetched while the current ones move: they lie a whole plane apart, where the hardware
+    prefetchers do not follow; the next 8 near rows of a transpose go into L2 only, as with a power-of-two
+    plane they share the L1 sets of the 8 rows being read. Near blocks or row parts holding no element the
+    far side reads (outside the band ``k0 - off <= a - sgn*b < k0 - off + nc``) are neither read nor
+    prefetched. ``stream``: far rows are whole cache lines, so row copies use whole-line streaming stores,
+    which skip reading the destination lines first. ``cached``: ``dst`` is a stage already in cache, whose
+    rows need no prefetch."""
     nb = b1 - b0
     line = 64 // dst.itemsize
     nb8, na8, nc8 = nb - nb % 8, na - na % 8, nc - nc % 8
     if src_rows_a:
         for a0 in range(0, na8, 8):
-            _prefetch_rows(src, sbase + (a0 + 8) * sstride + b0, sstride, min(8, na - a0 - 8), nb, line)
-            for i in range(0, nb8, 8):
+            # the far side reads near[a, b] only where lo <= a - sgn*b < lo + nc: the b range of rows
+            # a0..a0+7 (of the next group for the prefetch), relative to b0
+            lo = k0 - off
+            if sgn > 0:
+                ba, bb = a0 - lo - nc + 1 - 7 - b0, a0 + 7 - lo + 1 - b0
+            else:
+                ba, bb = lo - a0 - 7 - b0, lo + nc - a0 - b0
+            pa, pb = max(0, ba + 8 * sgn), min(nb, bb + 8 * sgn)
+            if pa < pb:
+                _prefetch_rows(src, sbase + (a0 + 8) * sstride + b0 + pa, sstride, min(8, na - a0 - 8), pb - pa,
+                               line, True)
+            for i in range(max(0, ba) // 8 * 8, min(nb8, bb), 8):
                 transpose8(src, sbase + a0 * sstride + b0 + i, sstride, buf, i * pitch + off + a0, pitch)
         for a in range(na8, na):
             for i in range(nb8):
@@ -252,17 +372,22 @@ def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a
             for i in range(nb8, nb):
                 buf[np.uint64(i * pitch + off + a)] = src[np.uint64(sbase + a * sstride + b0 + i)]
     else:
+        lo = k0 - off
         for i in range(nb):
-            if i + 2 < nb:
-                _prefetch_rows(src, sbase + (b0 + i + 2) * sstride, sstride, 1, na, line)
+            if i + 2 < nb:  # the band of row b0 + i + 2
+                pa = max(0, lo + sgn * (b0 + i + 2))
+                pb = min(na, lo + nc + sgn * (b0 + i + 2))
+                if pa < pb:
+                    _prefetch_rows(src, sbase + (b0 + i + 2) * sstride + pa, sstride, 1, pb - pa, line)
             s, t = sbase + (b0 + i) * sstride, i * pitch + off
-            for a in range(na):
+            for a in range(max(0, lo + sgn * (b0 + i)), min(na, lo + nc + sgn * (b0 + i))):
                 buf[np.uint64(t + a)] = src[np.uint64(s + a)]
     shift = k0 + sgn * b0
     if dst_rows_c:
         step = pitch + sgn
         for c0 in range(0, nc8, 8):
-            _prefetch_rows(dst, dbase + (c0 + 8) * dstride + b0, dstride, min(8, nc - c0 - 8), nb, line)
+            if not cached:
+                _prefetch_rows(dst, dbase + (c0 + 8) * dstride + b0, dstride, min(8, nc - c0 - 8), nb, line)
             for i in range(0, nb8, 8):
                 transpose8(buf, i * step + shift + c0, step, dst, dbase + c0 * dstride + b0 + i, dstride)
         for c in range(nc8, nc):
@@ -273,12 +398,12 @@ def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a
                 dst[np.uint64(dbase + c * dstride + b0 + i)] = buf[np.uint64(i * step + shift + c)]
     else:
         for i in range(nb):
-            if i + 2 < nb and not stream:
+            if i + 2 < nb and not stream and not cached:
                 _prefetch_rows(dst, dbase + (b0 + i + 2) * dstride, dstride, 1, nc, line)
             d, t = dbase + (b0 + i) * dstride, i * (pitch + sgn) + shift
             if stream:
-                for c in range(nc):
-                    stream_store(dst, np.uint64(d + c), buf[np.uint64(t + c)])
+                for c in range(0, nc, line):
+                    stream_line(dst, np.uint64(d + c), buf, np.uint64(t + c))
             else:
                 for c in range(nc):
                     dst[np.uint64(d + c)] = buf[np.uint64(t + c)]
@@ -304,13 +429,9 @@ def _slab_bases(forward, collect, blk, r, h, w, hm, wm):
 
 
 @njit
-def _shear_blocks(dst, src, forward, collect, stream, h, w, hm, wm, lo, hi):
-    """Blocks ``[lo, hi)`` of psamask on contiguous NCHW tensors (float views of the raw bits).
-
-    forward: block ``n*h + qh`` (COLLECT, out ``[q, p]``) or ``n*h + ph`` (DISTRIBUTE, out ``[p, q]``),
-    one slab per other row; backward: block ``n*hm + dh`` of dx, one slab per ``ph``. Slabs whose mask
-    row lies outside the window are zero-filled. Blocks are independent and each output element has
-    one writer, so the split over threads does not change the result."""
+def _shear_block(out, shift, src, forward, collect, stream, cached, h, w, hm, wm, blk, buf, stage, zero):
+    """The slabs of block ``blk`` (see :func:`_shear_blocks`) into ``out[i - shift]`` (``i``: the output
+    index); ``stage``: one far slab's rows back to back, ``zero``: one line of zeros."""
     hw, hwsz = (wm - 1) // 2, h * w
     if forward:   # near = x slab [dw, pw], far = out slab [qw, pw]
         na, nc, off = wm, w, max(0, w - 1 - hw)
@@ -320,24 +441,65 @@ def _shear_blocks(dst, src, forward, collect, stream, h, w, hm, wm, lo, hi):
         na, nc, off = w, wm, hw
         k0, sgn = 0, 1
         pitch = max(off + na, nc + w) + 8
-    buf = np.zeros(w * pitch + 16, dtype=dst.dtype)
+    line = 64 // out.itemsize
     # which index the rows of each side run over: a / c (rows a plane apart, pw innermost) or b = pw
     near_rows_a = forward or collect
     far_rows_c = (not forward) or collect
-    for blk in range(lo, hi):
-        for r in range(h):
-            valid, sbase, dbase = _slab_bases(forward, collect, blk, r, h, w, hm, wm)
-            if valid:
-                _shear_slab(dst, dbase, hwsz, far_rows_c, src, sbase, hwsz, near_rows_a,
-                            buf, stream, pitch, w, 0, w, na, nc, off, k0, sgn)
-            else:
-                rows, length = (nc, w) if far_rows_c else (w, nc)
-                for i in range(rows):
+    for r in range(h):
+        valid, sbase, dbase = _slab_bases(forward, collect, blk, r, h, w, hm, wm)
+        dbase -= shift
+        if valid and stream and far_rows_c:  # transposes into the cached stage, whole rows streamed out
+            _shear_slab(stage, 0, w, True, src, sbase, hwsz, near_rows_a,
+                        buf, False, True, pitch, w, 0, w, na, nc, off, k0, sgn)
+            for c in range(nc):
+                for j in range(0, w, line):
+                    stream_line(out, np.uint64(dbase + c * hwsz + j), stage, np.uint64(c * w + j))
+        elif valid:
+            _shear_slab(out, dbase, hwsz, far_rows_c, src, sbase, hwsz, near_rows_a,
+                        buf, stream, cached, pitch, w, 0, w, na, nc, off, k0, sgn)
+        else:
+            rows, length = (nc, w) if far_rows_c else (w, nc)
+            for i in range(rows):
+                if stream:
+                    for j in range(0, length, line):
+                        stream_line(out, np.uint64(dbase + i * hwsz + j), zero, 0)
+                else:
                     for j in range(length):
-                        if stream:
-                            stream_store(dst, np.uint64(dbase + i * hwsz + j), 0)
-                        else:
-                            dst[np.uint64(dbase + i * hwsz + j)] = 0
+                        out[np.uint64(dbase + i * hwsz + j)] = 0
+
+
+@njit
+def _shear_blocks(dst, src, forward, collect, stream, whole, h, w, hm, wm, lo, hi):
+    """Blocks ``[lo, hi)`` of psamask on contiguous NCHW tensors (float views of the raw bits).
+
+    forward: block ``n*h + qh`` (COLLECT, out ``[q, p]``) or ``n*h + ph`` (DISTRIBUTE, out ``[p, q]``),
+    one slab per other row; backward: block ``n*hm + dh`` of dx, one slab per ``ph``. Slabs whose mask
+    row lies outside the window are zero-filled. Every block covers one contiguous range of the output.
+
+    The output is never read into the cache: ``stream`` (output rows are whole cache lines): far sides
+    moved by transposes go into a per-thread stage that stays in cache, then out row by row with
+    whole-line streaming stores (transposes storing 8 partial lines at a time cannot stream), and row
+    copies and zero slabs stream directly; ``whole`` (rows are not whole lines, the block fits in the
+    core's cache): each block is built in a per-thread block stage, then streamed out in storage order.
+    Blocks are independent and each output element has one writer, so the split over threads does not
+    change the result."""
+    hwsz = h * w
+    pitch = max(2 * w, wm + w) + 8  # at least either direction's buffer pitch (see _shear_block)
+    buf = np.zeros(w * pitch + 16, dtype=dst.dtype)
+    line = 64 // dst.itemsize
+    stage = np.zeros(max(w, wm) * w + line, dtype=dst.dtype)
+    zero = np.zeros(line, dtype=dst.dtype)
+    block = (w if forward else wm) * hwsz
+    if whole:
+        bstage, lead = _stage_buffer(dst, block, line)
+        for blk in range(lo, hi):
+            start = blk * block
+            base = start - (start + lead) % line
+            _shear_block(bstage, base, src, forward, collect, False, True, h, w, hm, wm, blk, buf, stage, zero)
+            _stream_out(dst, start, start + block, bstage, base, lead, line)
+    else:
+        for blk in range(lo, hi):
+            _shear_block(dst, 0, src, forward, collect, stream, False, h, w, hm, wm, blk, buf, stage, zero)
     store_fence()
 
 
@@ -362,15 +524,15 @@ def _split(kernel, args, tail, blocks: int, elements: int) -> None:
 _FLOAT_OF_WIDTH = {4: np.float32, 8: np.float64}  # transpose8's element types, used as raw-bit carriers
 
 
-def _sheared(t: torch.Tensor, layout: str, w: int, w_mask: int, forward: bool) -> bool:
-    """Whether the sheared-tile kernel takes this call: contiguous NCHW, 4- or 8-byte elements, W >= 8;
-    for the backward also a mask that does not cover the whole width from every position. (When it
-    does, as at PSANet's training shapes, the backward's row kernel is as fast or faster, while the
-    forward's sheared tiles are faster in both cases.)"""
+def _sheared(t: torch.Tensor, layout: str, w: int, w_mask: int) -> bool:
+    """Whether the sheared-tile kernel takes this call: contiguous NCHW, 4- or 8-byte elements, W >= 8
+    and a mask that does not cover the whole width from every position. (When it does, as at PSANet's
+    training shapes, the row kernels, with their sources prefetched into L2, are faster both ways; when
+    it does not, the row kernels' strided rows share a few cache sets at power-of-two planes.)"""
     hw = (w_mask - 1) // 2
     covers = hw >= w - 1 and w_mask - 1 - hw >= w - 1
     return (layout == "NCHW" and t.is_contiguous() and t.element_size() in _FLOAT_OF_WIDTH and w >= 8
-            and (forward or not covers))
+            and not covers)
 
 
 def _flat(t: torch.Tensor) -> np.ndarray:
@@ -380,15 +542,16 @@ def _flat(t: torch.Tensor) -> np.ndarray:
 
 def _launch_sheared(out, src, is_forward, collect, h, w, hm, wm, blocks):
     stream = STREAMING and out.data_ptr() % 64 == 0 and (w * out.element_size()) % 64 == 0  # whole lines
-    _split(_shear_blocks, (_flat(out), _flat(src), is_forward, collect, stream, h, w, hm, wm), (), blocks,
-           out.numel())
+    whole = STREAMING and not stream and out.numel() // blocks * out.element_size() <= WHOLE_BLOCK_BYTES
+    _split(_shear_blocks, (_flat(out), _flat(src), is_forward, collect, stream, whole, h, w, hm, wm), (),
+           blocks, out.numel())
 
 
 def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
     """x: logical NCHW ``[N, h_mask*w_mask, H, W]`` -> logical NCHW ``[N, H*W, H, W]`` stored in ``layout``."""
     n, _, h, w = x.shape
     out = empty_nchw((n, h * w, h, w), layout, like=x)
-    if _sheared(x, layout, w, w_mask, True):
+    if _sheared(x, layout, w, w_mask):
         _launch_sheared(out, x, True, psa_type == COLLECT, h, w, h_mask, w_mask, n * h)
         return out
     sn, sc, sh, sw = x.stride()
@@ -405,7 +568,7 @@ def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: 
     """dy: logical NCHW ``[N, H*W, H, W]`` -> dx logical NCHW ``[N, h_mask*w_mask, H, W]``."""
     n, _, h, w = dy.shape
     dx = empty_nchw((n, h_mask * w_mask, h, w), layout, like=dy)
-    if _sheared(dy, layout, w, w_mask, False):
+    if _sheared(dy, layout, w, w_mask):
         _launch_sheared(dx, dy, False, psa_type == COLLECT, h, w, h_mask, w_mask, n * h_mask)
         return dx
     sn, sc, sh, sw = dy.stride()
@@ -414,11 +577,8 @@ def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: 
     else:                     # channel holds p, spatial holds q
         strides = (sn, sh, sw, w * sc, sc)
     if layout == "NCHW":
-        # at PSANet's training shapes COLLECT runs faster with tiles smaller than a block, DISTRIBUTE
-        # with whole blocks
-        tile = BACKWARD_TILE if psa_type == COLLECT else w_mask
-        _launch(_backward_d_major, tile, dx, dy, strides, h, w, h_mask, w_mask, n * h_mask)
+        _launch(_backward_d_major, BACKWARD_TILE, dx, dy, strides, h, w, h_mask, w_mask, n * h_mask)
     else:
-        tile = CONTIGUOUS_TILE if strides[2] == 1 else BACKWARD_TILE
+        tile = CONTIGUOUS_TILE if strides[2] == 1 else w
         _launch(_backward_p_major, tile, dx, dy, strides, h, w, h_mask, w_mask, n * h)
     return dx
