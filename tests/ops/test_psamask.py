@@ -449,11 +449,9 @@ def test_numba_staged_row_kernels_any_output_alignment(kernel):
 
 
 @requires_numba
-@pytest.mark.parametrize("whole_block_bytes", [0, 1 << 30])
-def test_numba_sheared_tiles_with_and_without_block_stage(whole_block_bytes, monkeypatch):
-    """Sheared-tile blocks built in a per-thread stage and streamed out, or written in place."""
+def test_numba_sheared_tiles_split_over_threads(monkeypatch):
+    """Sheared-tile blocks of odd and line-multiple widths, each call split over the threads."""
     from cvops.ops.psamask import cpu_numba
-    monkeypatch.setattr(cpu_numba, "WHOLE_BLOCK_BYTES", whole_block_bytes)
     monkeypatch.setattr(cpu_numba, "_PARALLEL_ELEMENTS", 1)
     for dtype in (torch.float32, torch.float64):
         for n, h, w, hm, wm in SHEARED_SHAPES:

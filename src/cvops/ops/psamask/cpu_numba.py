@@ -54,9 +54,6 @@ CONTIGUOUS_TILE = 8
 # planes per tile of the NCHW backward (d-major): the staging buffer and the dy slabs it reuses stay in the
 # core's cache (the NHWC one with a strided source wants whole blocks, like the forwards)
 BACKWARD_TILE = 16
-# largest block of the sheared-tile kernels built whole in a per-thread stage (see _shear_blocks): it
-# shares the core's cache with the slabs it reads
-WHOLE_BLOCK_BYTES = 1 << 19
 
 
 def supports(t: torch.Tensor) -> bool:
@@ -336,7 +333,7 @@ def _prefetch_rows(a, base, stride, rows, length, line, into_l2=False):
 
 @njit
 def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a,
-                buf, stream, cached, pitch, w, b0, b1, na, nc, off, k0, sgn):
+                buf, stream, pitch, w, b0, b1, na, nc, off, k0, sgn):
     """One chunk ``b0 <= b < b1`` of one slab: ``buf[b - b0, off + a] = near[a, b]`` (``a < na``) from ``src``,
     then ``far[c, b] = buf[b - b0, c + k0 + sgn*b]`` (``c < nc``) to ``dst``. ``src_rows_a``: near rows are
     ``a`` (stride ``sstride``, b innermost) rather than ``b``; ``dst_rows_c`` likewise. Each side's next
@@ -345,8 +342,7 @@ def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a
     plane they share the L1 sets of the 8 rows being read. Near blocks or row parts holding no element the
     far side reads (outside the band ``k0 - off <= a - sgn*b < k0 - off + nc``) are neither read nor
     prefetched. ``stream``: far rows are whole cache lines, so row copies use whole-line streaming stores,
-    which skip reading the destination lines first. ``cached``: ``dst`` is a stage already in cache, whose
-    rows need no prefetch."""
+    which skip reading the destination lines first."""
     nb = b1 - b0
     line = 64 // dst.itemsize
     nb8, na8, nc8 = nb - nb % 8, na - na % 8, nc - nc % 8
@@ -386,8 +382,7 @@ def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a
     if dst_rows_c:
         step = pitch + sgn
         for c0 in range(0, nc8, 8):
-            if not cached:
-                _prefetch_rows(dst, dbase + (c0 + 8) * dstride + b0, dstride, min(8, nc - c0 - 8), nb, line)
+            _prefetch_rows(dst, dbase + (c0 + 8) * dstride + b0, dstride, min(8, nc - c0 - 8), nb, line)
             for i in range(0, nb8, 8):
                 transpose8(buf, i * step + shift + c0, step, dst, dbase + c0 * dstride + b0 + i, dstride)
         for c in range(nc8, nc):
@@ -398,7 +393,7 @@ def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a
                 dst[np.uint64(dbase + c * dstride + b0 + i)] = buf[np.uint64(i * step + shift + c)]
     else:
         for i in range(nb):
-            if i + 2 < nb and not stream and not cached:
+            if i + 2 < nb and not stream:
                 _prefetch_rows(dst, dbase + (b0 + i + 2) * dstride, dstride, 1, nc, line)
             d, t = dbase + (b0 + i) * dstride, i * (pitch + sgn) + shift
             if stream:
@@ -429,9 +424,9 @@ def _slab_bases(forward, collect, blk, r, h, w, hm, wm):
 
 
 @njit
-def _shear_block(out, shift, src, forward, collect, stream, cached, h, w, hm, wm, blk, buf, stage, zero):
-    """The slabs of block ``blk`` (see :func:`_shear_blocks`) into ``out[i - shift]`` (``i``: the output
-    index); ``stage``: one far slab's rows back to back, ``zero``: one line of zeros."""
+def _shear_block(out, src, forward, collect, stream, h, w, hm, wm, blk, buf, stage, zero):
+    """The slabs of block ``blk`` (see :func:`_shear_blocks`) into ``out``; ``stage``: one far slab's rows
+    back to back, ``zero``: one line of zeros."""
     hw, hwsz = (wm - 1) // 2, h * w
     if forward:   # near = x slab [dw, pw], far = out slab [qw, pw]
         na, nc, off = wm, w, max(0, w - 1 - hw)
@@ -447,16 +442,15 @@ def _shear_block(out, shift, src, forward, collect, stream, cached, h, w, hm, wm
     far_rows_c = (not forward) or collect
     for r in range(h):
         valid, sbase, dbase = _slab_bases(forward, collect, blk, r, h, w, hm, wm)
-        dbase -= shift
         if valid and stream and far_rows_c:  # transposes into the cached stage, whole rows streamed out
             _shear_slab(stage, 0, w, True, src, sbase, hwsz, near_rows_a,
-                        buf, False, True, pitch, w, 0, w, na, nc, off, k0, sgn)
+                        buf, False, pitch, w, 0, w, na, nc, off, k0, sgn)
             for c in range(nc):
                 for j in range(0, w, line):
                     stream_line(out, np.uint64(dbase + c * hwsz + j), stage, np.uint64(c * w + j))
         elif valid:
             _shear_slab(out, dbase, hwsz, far_rows_c, src, sbase, hwsz, near_rows_a,
-                        buf, stream, cached, pitch, w, 0, w, na, nc, off, k0, sgn)
+                        buf, stream, pitch, w, 0, w, na, nc, off, k0, sgn)
         else:
             rows, length = (nc, w) if far_rows_c else (w, nc)
             for i in range(rows):
@@ -469,37 +463,25 @@ def _shear_block(out, shift, src, forward, collect, stream, cached, h, w, hm, wm
 
 
 @njit
-def _shear_blocks(dst, src, forward, collect, stream, whole, h, w, hm, wm, lo, hi):
+def _shear_blocks(dst, src, forward, collect, stream, h, w, hm, wm, lo, hi):
     """Blocks ``[lo, hi)`` of psamask on contiguous NCHW tensors (float views of the raw bits).
 
     forward: block ``n*h + qh`` (COLLECT, out ``[q, p]``) or ``n*h + ph`` (DISTRIBUTE, out ``[p, q]``),
     one slab per other row; backward: block ``n*hm + dh`` of dx, one slab per ``ph``. Slabs whose mask
     row lies outside the window are zero-filled. Every block covers one contiguous range of the output.
 
-    The output is never read into the cache: ``stream`` (output rows are whole cache lines): far sides
-    moved by transposes go into a per-thread stage that stays in cache, then out row by row with
+    With ``stream`` (output rows are whole cache lines) the output is never read into the cache: far
+    sides moved by transposes go into a per-thread stage that stays in cache, then out row by row with
     whole-line streaming stores (transposes storing 8 partial lines at a time cannot stream), and row
-    copies and zero slabs stream directly; ``whole`` (rows are not whole lines, the block fits in the
-    core's cache): each block is built in a per-thread block stage, then streamed out in storage order.
-    Blocks are independent and each output element has one writer, so the split over threads does not
-    change the result."""
-    hwsz = h * w
+    copies and zero slabs stream directly. Blocks are independent and each output element has one
+    writer, so the split over threads does not change the result."""
     pitch = max(2 * w, wm + w) + 8  # at least either direction's buffer pitch (see _shear_block)
     buf = np.zeros(w * pitch + 16, dtype=dst.dtype)
     line = 64 // dst.itemsize
     stage = np.zeros(max(w, wm) * w + line, dtype=dst.dtype)
     zero = np.zeros(line, dtype=dst.dtype)
-    block = (w if forward else wm) * hwsz
-    if whole:
-        bstage, lead = _stage_buffer(dst, block, line)
-        for blk in range(lo, hi):
-            start = blk * block
-            base = start - (start + lead) % line
-            _shear_block(bstage, base, src, forward, collect, False, True, h, w, hm, wm, blk, buf, stage, zero)
-            _stream_out(dst, start, start + block, bstage, base, lead, line)
-    else:
-        for blk in range(lo, hi):
-            _shear_block(dst, 0, src, forward, collect, stream, False, h, w, hm, wm, blk, buf, stage, zero)
+    for blk in range(lo, hi):
+        _shear_block(dst, src, forward, collect, stream, h, w, hm, wm, blk, buf, stage, zero)
     store_fence()
 
 
@@ -542,8 +524,7 @@ def _flat(t: torch.Tensor) -> np.ndarray:
 
 def _launch_sheared(out, src, is_forward, collect, h, w, hm, wm, blocks):
     stream = STREAMING and out.data_ptr() % 64 == 0 and (w * out.element_size()) % 64 == 0  # whole lines
-    whole = STREAMING and not stream and out.numel() // blocks * out.element_size() <= WHOLE_BLOCK_BYTES
-    _split(_shear_blocks, (_flat(out), _flat(src), is_forward, collect, stream, whole, h, w, hm, wm), (),
+    _split(_shear_blocks, (_flat(out), _flat(src), is_forward, collect, stream, h, w, hm, wm), (),
            blocks, out.numel())
 
 
