@@ -171,16 +171,17 @@ def _add8(p, q):
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _spread_window(src, s, dst, first, row_step, rows, cols, col_step, length):
-    """The adjoint of :func:`_sum_window`: ``dst[first + y*row_step + x*col_step + j] += src[s + j]`` over the window,
-    the run held in registers 8 lanes at a time; unsigned indices."""
-    for b in range(0, length, _LANES):
-        u = np.uint64(b)
-        a = _get8(src, s + u)
-        for y in range(rows):
-            at = first + np.uint64(y) * row_step + u
-            for x in range(cols):
-                d = at + np.uint64(x) * col_step
-                _put8(dst, d, _add8(_get8(dst, d), a))
+    """The adjoint of :func:`_sum_window`: ``dst[first + y*row_step + x*col_step + j] += src[s + j]`` over the window:
+    one loop over its pixels (the step to the next row taken without a branch) and the run's 8-lane blocks
+    innermost, so a window costs one loop exit however its rows and columns fall; unsigned indices."""
+    wrap = row_step - np.uint64(cols - 1) * col_step
+    at, x = first, 1
+    for _ in range(rows * cols):
+        for b in range(0, length, _LANES):
+            u = np.uint64(b)
+            _put8(dst, at + u, _add8(_get8(dst, at + u), _get8(src, s + u)))
+        at += wrap if x == cols else col_step
+        x = 1 if x == cols else x + 1
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
