@@ -165,6 +165,12 @@ def _put8(a, i, t):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _zero8(a):
+    z = a.dtype.type(0)
+    return z, z, z, z, z, z, z, z
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _add8(p, q):
     return p[0] + q[0], p[1] + q[1], p[2] + q[2], p[3] + q[3], p[4] + q[4], p[5] + q[5], p[6] + q[6], p[7] + q[7]
 
@@ -185,10 +191,11 @@ def _spread_window(src, s, dst, first, row_step, rows, cols, col_step, length):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _sum3(src, first, row_step, rows, cols, col_step, dst, d, u0, u1, u2):
+def _sum3(src, first, row_step, rows, cols, col_step, dst, d, u0, u1, u2, fresh):
     """:func:`_sum_window` of the three 8-lane blocks at offsets u0, u1, u2 at once: three independent chains of
     additions, each in the reference's order."""
-    a0, a1, a2 = _get8(dst, d + u0), _get8(dst, d + u1), _get8(dst, d + u2)
+    z = _zero8(dst)
+    a0, a1, a2 = (z, z, z) if fresh else (_get8(dst, d + u0), _get8(dst, d + u1), _get8(dst, d + u2))
     for y in range(rows):
         at = first + np.uint64(y) * row_step
         for x in range(cols):
@@ -200,7 +207,7 @@ def _sum3(src, first, row_step, rows, cols, col_step, dst, d, u0, u1, u2):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length):
+def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length, fresh):
     """``dst[d + j] += sum of src[first + y*row_step + x*col_step + j]`` over y < rows, x < cols (rows then
     columns, the reference's order), for j < length (whole 8-lane blocks): 24 lanes (:func:`_sum3`), then the
     blocks left 8 at a time, held in registers while the window's pixels are added (vector code with the SLP
@@ -209,11 +216,11 @@ def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length):
     b = 0
     while length - b >= 3 * _LANES:
         _sum3(src, first, row_step, rows, cols, col_step, dst, d, np.uint64(b), np.uint64(b + _LANES),
-              np.uint64(b + 2 * _LANES))
+              np.uint64(b + 2 * _LANES), fresh)
         b += 3 * _LANES
     for b in range(b, length, _LANES):
         u = np.uint64(b)
-        a = _get8(dst, d + u)
+        a = _zero8(dst) if fresh else _get8(dst, d + u)
         for y in range(rows):
             at = first + np.uint64(y) * row_step + u
             for x in range(cols):
@@ -296,11 +303,9 @@ def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_row
                         k = np.uint64(ph * pw_n + pw)
                         if we > ws:
                             d = (np.uint64(i * groups) + k) * u_run
-                            if edges[i, 0, ph] >= yb:  # the bin's first band: its accumulators start at 0
-                                for j in range(run):
-                                    sums[d + np.uint64(j)] = 0
                             first = k * plane + (np.uint64(hs - yb) * wc + np.uint64(ws - x0)) * u_run
-                            _sum_window(g, first, wc * u_run, he - hs, we - ws, u_run, sums, d, run)
+                            _sum_window(g, first, wc * u_run, he - hs, we - ws, u_run, sums, d, run,
+                                        edges[i, 0, ph] >= yb)  # the bin's first band: its sums start at 0
     dt, step = sums.dtype.type, np.uint64(os[1])
     for i in range(r):
         for ph in range(ph_n):
