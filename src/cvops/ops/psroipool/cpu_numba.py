@@ -396,17 +396,18 @@ def _tile(pattern, mapping, i0, i1, _unused):
 
 
 @njit(error_model="numpy")
-def _mapping_kind(mapping, pattern, channels):
-    """0: ``mapping`` (flat storage) is the forward's, ``pattern`` (one RoI's channels in the same storage order)
-    for every RoI; 1: another mapping with every entry in [0, channels); -1: some entry outside that range."""
+def _mapping_kind(mapping, pattern, channels, kinds, i0, i1):
+    """``kinds[i0]`` for RoIs [i0, i1): 0 where ``mapping`` (flat storage) is the forward's, ``pattern`` (one RoI's
+    channels in the same storage order) for every RoI; 1 for another mapping with every entry in [0, channels);
+    -1 for some entry outside that range."""
     size = pattern.shape[0]
     bad, other = False, False
-    for i in range(mapping.shape[0] // size):
+    for i in range(i0, i1):
         for j in range(size):
-            c = mapping[i * size + j]
+            c = mapping[np.uint64(i * size + j)]
             bad |= (c < 0) | (c >= channels)
             other |= c != pattern[j]
-    return -1 if bad else int(other)
+    kinds[i0] = -1 if bad else int(other)
 
 
 # ----------------------------------------------------------------------------------------------------- wrappers
@@ -500,7 +501,11 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
         m = mapping_channel.detach()
         m = m if m.is_contiguous() or m.is_contiguous(memory_format=torch.channels_last) else m.contiguous()
         pattern = _pattern(od, ph_n, pw_n, "NCHW" if m.is_contiguous() else "NHWC")  # _dense's storage order
-        kind = _mapping_kind(_dense(m)[0], pattern, c)
+        kinds = np.zeros(max(r, 1), np.int64)
+        flat = _dense(m)[0]
+        parts = even_parts(r, torch.get_num_threads() if use_parallel(r * groups * od, PARALLEL_WORK) else 1)
+        run_parts(lambda lo, hi: _mapping_kind(flat, pattern, c, kinds, lo, hi), parts)
+        kind = -1 if kinds.min() < 0 else int(kinds.max())
         if kind < 0:
             checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)  # raises, naming the value
         canonical = kind == 0
