@@ -413,7 +413,7 @@ def _mapping_kind(mapping, pattern, channels, kinds, i0, i1):
 # ----------------------------------------------------------------------------------------------------- wrappers
 _COMPILED: set = set()  # (kernel, argument types) compiled with the SLP vectoriser
 _SCRATCH = threading.local()
-PARALLEL_WORK = 2e6  # elements read or summed from which a call goes to the threads (jit.use_parallel)
+PARALLEL_WORK = 1e6  # elements read or summed from which a call goes to the threads (jit.use_parallel)
 BACKWARD_PARTS = 2  # per thread (a forward has one per thread: each also regroups the rows its bins reach)
 
 
