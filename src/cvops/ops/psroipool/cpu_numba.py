@@ -5,9 +5,10 @@ One method per direction, whose cost follows the RoIs' work:
 * forward: each image is walked in bands of rows that its RoIs' bins cover (and only over the columns they
   cover). A band is regrouped into a small scratch ``[k, y, x, 0:od]`` so that the ``od`` channels one bin
   reads (input channel ``ctop*K + k``, K = PH*PW) sit side by side as one run and the bin's pixels close
-  together; every bin then adds its pixels' runs, rows then columns, into its accumulators (8 lanes held in
-  registers), and the last pass divides by the bin area. The regrouping is made of 8 x 8 register transposes
-  (``_core.jit_access.transpose``) of each pixel's channels (NHWC) or of each plane's rows (NCHW).
+  together; every bin then adds its pixels' runs, rows then columns, into its accumulators (24 lanes held in
+  registers, three chains of additions side by side), and the last pass divides by the bin area. The
+  regrouping is made of 8 x 8 register transposes (``_core.jit_access.transpose``) of each pixel's channels
+  (NHWC) or of each plane's rows (NCHW).
   That is the reference's summation order, so the output has the reference's bits, NaN/inf included.
   mapping_channel, the same for every RoI, is one RoI's pattern tiled R times.
 * backward: the adjoint, band by band over every row of the used images: each bin adds ``top_grad / area``
@@ -19,7 +20,8 @@ One method per direction, whose cost follows the RoIs' work:
 Threads: calls with enough work are split over torch's thread count (the shared pool of ``_core.parallel``).
 The forward splits the bins by the row they start on (each bin is summed by one thread, which regroups the
 rows its bins reach), the backward splits the rows of the gradient (each pixel is written by one thread, its
-bins still added RoI by RoI): no atomics, and the same bits on any thread count.
+bins still added RoI by RoI) and its look at mapping_channel the RoIs: no atomics, the same bits on any thread
+count.
 
 Bin edges come from :func:`_edges`, the one place that knows the two conventions (R-FCN, torchvision), in the
 accumulation dtype (float32; float64 for float64 input).
