@@ -277,6 +277,34 @@ def test_any_mapping_backward_at_network_scale_vs_reference(case, cpu_path):
     assert bit_equal(cvops.psroi_pool_backward(g, rois, mapping, scale, od, shape, "NHWC"), actual)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_mapping_checked_in_every_roi_range(threads, cpu_path):
+    # 2000 RoIs x 49 bins x 21 channels: enough work for the numba path to check mapping_channel on the threads,
+    # each thread a range of RoIs; only the last RoI's mapping differs from the forward's, so a range not looked
+    # at would send that RoI's values to the forward's channels
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 8, 9, 49 * 21, generator=gen)
+    corner = torch.rand(2000, 2, generator=gen) * 90
+    rois = torch.cat((torch.zeros(2000, 1), corner, corner + 1 + torch.rand(2000, 2, generator=gen) * 60), 1)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _, mapping = cvops.psroi_pool(x, rois, 7, 7, 0.0625, 7, 21, "NHWC")
+        mapping[-1] = mapping[-1].flip(-1)
+        g = torch.zeros(mapping.shape)
+        g[-1] = torch.randn(g[-1].shape, generator=gen)
+        actual = cvops.psroi_pool_backward(g, rois, mapping, 0.0625, 21, tuple(x.shape), "NHWC")
+        bad = mapping.clone()
+        bad[-1, 0, 0, 0] = 49 * 21
+        with pytest.raises(BadParamError, match="mapping_channel"):
+            cvops.psroi_pool_backward(g, rois, bad, 0.0625, 21, tuple(x.shape), "NHWC")
+    finally:
+        torch.set_num_threads(previous)
+    expected = cvops.psroi_pool_backward(g[-1:], rois[-1:], mapping[-1:], 0.0625, 21, tuple(x.shape), "NHWC",
+                                         backend="reference")
+    assert_close(actual, expected)
+
+
 def _quick(case):
     """Network cases small enough for every CI run; the rest (2000 RoIs, COCO) are marked slow."""
     return case if case["random_rois"]["num"] <= 300 and case["output_dim"] <= 21 else \

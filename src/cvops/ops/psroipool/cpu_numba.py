@@ -5,9 +5,10 @@ One method per direction, whose cost follows the RoIs' work:
 * forward: each image is walked in bands of rows that its RoIs' bins cover (and only over the columns they
   cover). A band is regrouped into a small scratch ``[k, y, x, 0:od]`` so that the ``od`` channels one bin
   reads (input channel ``ctop*K + k``, K = PH*PW) sit side by side as one run and the bin's pixels close
-  together; every bin then adds its pixels' runs, rows then columns, into its accumulators (8 lanes held in
-  registers), and the last pass divides by the bin area. The regrouping is made of 8 x 8 register transposes
-  (``_core.jit_access.transpose``) of each pixel's channels (NHWC) or of each plane's rows (NCHW).
+  together; every bin then adds its pixels' runs, rows then columns, into its accumulators (24 lanes held in
+  registers, three chains of additions side by side), and the last pass divides by the bin area. The
+  regrouping is made of 8 x 8 register transposes (``_core.jit_access.transpose``) of each pixel's channels
+  (NHWC) or of each plane's rows (NCHW).
   That is the reference's summation order, so the output has the reference's bits, NaN/inf included.
   mapping_channel, the same for every RoI, is one RoI's pattern tiled R times.
 * backward: the adjoint, band by band over every row of the used images: each bin adds ``top_grad / area``
@@ -19,7 +20,8 @@ One method per direction, whose cost follows the RoIs' work:
 Threads: calls with enough work are split over torch's thread count (the shared pool of ``_core.parallel``).
 The forward splits the bins by the row they start on (each bin is summed by one thread, which regroups the
 rows its bins reach), the backward splits the rows of the gradient (each pixel is written by one thread, its
-bins still added RoI by RoI): no atomics, and the same bits on any thread count.
+bins still added RoI by RoI) and its look at mapping_channel the RoIs: no atomics, the same bits on any thread
+count.
 
 Bin edges come from :func:`_edges`, the one place that knows the two conventions (R-FCN, torchvision), in the
 accumulation dtype (float32; float64 for float64 input).
@@ -165,33 +167,62 @@ def _put8(a, i, t):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _zero8(a):
+    z = a.dtype.type(0)
+    return z, z, z, z, z, z, z, z
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _add8(p, q):
     return p[0] + q[0], p[1] + q[1], p[2] + q[2], p[3] + q[3], p[4] + q[4], p[5] + q[5], p[6] + q[6], p[7] + q[7]
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _spread_window(src, s, dst, first, row_step, rows, cols, col_step, length):
-    """The adjoint of :func:`_sum_window`: ``dst[first + y*row_step + x*col_step + j] += src[s + j]`` over the window,
-    the run held in registers 8 lanes at a time; unsigned indices."""
-    for b in range(0, length, _LANES):
-        u = np.uint64(b)
-        a = _get8(src, s + u)
-        for y in range(rows):
-            at = first + np.uint64(y) * row_step + u
-            for x in range(cols):
-                d = at + np.uint64(x) * col_step
-                _put8(dst, d, _add8(_get8(dst, d), a))
+    """The adjoint of :func:`_sum_window`: ``dst[first + y*row_step + x*col_step + j] += src[s + j]`` over the window:
+    one loop over its pixels (the step to the next row taken without a branch) and the run's 8-lane blocks
+    innermost, so a window costs one loop exit however its rows and columns fall; unsigned indices."""
+    wrap = row_step - np.uint64(cols - 1) * col_step
+    at, x = first, 1
+    for _ in range(rows * cols):
+        for b in range(0, length, _LANES):
+            u = np.uint64(b)
+            _put8(dst, at + u, _add8(_get8(dst, at + u), _get8(src, s + u)))
+        at += wrap if x == cols else col_step
+        x = 1 if x == cols else x + 1
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length):
+def _sum3(src, first, row_step, rows, cols, col_step, dst, d, u0, u1, u2, fresh):
+    """:func:`_sum_window` of the three 8-lane blocks at offsets u0, u1, u2 at once: three independent chains of
+    additions, each in the reference's order."""
+    z = _zero8(dst)
+    a0, a1, a2 = (z, z, z) if fresh else (_get8(dst, d + u0), _get8(dst, d + u1), _get8(dst, d + u2))
+    for y in range(rows):
+        at = first + np.uint64(y) * row_step
+        for x in range(cols):
+            p = at + np.uint64(x) * col_step
+            a0, a1, a2 = _add8(a0, _get8(src, p + u0)), _add8(a1, _get8(src, p + u1)), _add8(a2, _get8(src, p + u2))
+    _put8(dst, d + u0, a0)
+    _put8(dst, d + u1, a1)
+    _put8(dst, d + u2, a2)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length, fresh):
     """``dst[d + j] += sum of src[first + y*row_step + x*col_step + j]`` over y < rows, x < cols (rows then
-    columns, the reference's order), for j < length (whole 8-lane blocks): 8 lanes at a time held in registers
-    while the window's pixels are added (vector code with the SLP vectoriser, see :func:`_split`); unsigned
-    indices."""
-    for b in range(0, length, _LANES):
+    columns, the reference's order), for j < length (whole 8-lane blocks): 24 lanes (:func:`_sum3`), then the
+    blocks left 8 at a time, held in registers while the window's pixels are added (vector code with the SLP
+    vectoriser, see :func:`_split`; one chain of additions per block is bound by the adder's latency, so three
+    run side by side); unsigned indices."""
+    b = 0
+    while length - b >= 3 * _LANES:
+        _sum3(src, first, row_step, rows, cols, col_step, dst, d, np.uint64(b), np.uint64(b + _LANES),
+              np.uint64(b + 2 * _LANES), fresh)
+        b += 3 * _LANES
+    for b in range(b, length, _LANES):
         u = np.uint64(b)
-        a = _get8(dst, d + u)
+        a = _zero8(dst) if fresh else _get8(dst, d + u)
         for y in range(rows):
             at = first + np.uint64(y) * row_step + u
             for x in range(cols):
@@ -274,11 +305,9 @@ def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_row
                         k = np.uint64(ph * pw_n + pw)
                         if we > ws:
                             d = (np.uint64(i * groups) + k) * u_run
-                            if edges[i, 0, ph] >= yb:  # the bin's first band: its accumulators start at 0
-                                for j in range(run):
-                                    sums[d + np.uint64(j)] = 0
                             first = k * plane + (np.uint64(hs - yb) * wc + np.uint64(ws - x0)) * u_run
-                            _sum_window(g, first, wc * u_run, he - hs, we - ws, u_run, sums, d, run)
+                            _sum_window(g, first, wc * u_run, he - hs, we - ws, u_run, sums, d, run,
+                                        edges[i, 0, ph] >= yb)  # the bin's first band: its sums start at 0
     dt, step = sums.dtype.type, np.uint64(os[1])
     for i in range(r):
         for ph in range(ph_n):
@@ -369,23 +398,24 @@ def _tile(pattern, mapping, i0, i1, _unused):
 
 
 @njit(error_model="numpy")
-def _mapping_kind(mapping, pattern, channels):
-    """0: ``mapping`` (flat storage) is the forward's, ``pattern`` (one RoI's channels in the same storage order)
-    for every RoI; 1: another mapping with every entry in [0, channels); -1: some entry outside that range."""
+def _mapping_kind(mapping, pattern, channels, kinds, i0, i1):
+    """``kinds[i0]`` for RoIs [i0, i1): 0 where ``mapping`` (flat storage) is the forward's, ``pattern`` (one RoI's
+    channels in the same storage order) for every RoI; 1 for another mapping with every entry in [0, channels);
+    -1 for some entry outside that range."""
     size = pattern.shape[0]
     bad, other = False, False
-    for i in range(mapping.shape[0] // size):
+    for i in range(i0, i1):
         for j in range(size):
-            c = mapping[i * size + j]
+            c = mapping[np.uint64(i * size + j)]
             bad |= (c < 0) | (c >= channels)
             other |= c != pattern[j]
-    return -1 if bad else int(other)
+    kinds[i0] = -1 if bad else int(other)
 
 
 # ----------------------------------------------------------------------------------------------------- wrappers
 _COMPILED: set = set()  # (kernel, argument types) compiled with the SLP vectoriser
 _SCRATCH = threading.local()
-PARALLEL_WORK = 2e6  # elements read or summed from which a call goes to the threads (jit.use_parallel)
+PARALLEL_WORK = 1e6  # elements read or summed from which a call goes to the threads (jit.use_parallel)
 BACKWARD_PARTS = 2  # per thread (a forward has one per thread: each also regroups the rows its bins reach)
 
 
@@ -473,7 +503,11 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
         m = mapping_channel.detach()
         m = m if m.is_contiguous() or m.is_contiguous(memory_format=torch.channels_last) else m.contiguous()
         pattern = _pattern(od, ph_n, pw_n, "NCHW" if m.is_contiguous() else "NHWC")  # _dense's storage order
-        kind = _mapping_kind(_dense(m)[0], pattern, c)
+        kinds = np.zeros(max(r, 1), np.int64)
+        flat = _dense(m)[0]
+        parts = even_parts(r, torch.get_num_threads() if use_parallel(r * groups * od, PARALLEL_WORK) else 1)
+        run_parts(lambda lo, hi: _mapping_kind(flat, pattern, c, kinds, lo, hi), parts)
+        kind = -1 if kinds.min() < 0 else int(kinds.max())
         if kind < 0:
             checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)  # raises, naming the value
         canonical = kind == 0
