@@ -47,6 +47,9 @@ _LANES = 8  # transpose8's block
 # that where it has to share its core, e.g. with torch's OpenMP workers, which spin for milliseconds after
 # every parallel torch op (the convolutions before an upsampler, the inputs of a benchmark)
 _PARALLEL_WORK = 2e7
+# the NCHW forward also transposes every feature row in and every output row out, so splitting it pays
+# from half that many multiply-adds (the 13x21 upsampler's NCHW forward; its NHWC one stays serial)
+_PARALLEL_WORK_NCHW_FORWARD = 1e7
 _CHUNKS_PER_THREAD = 8
 # input rows per span at least: each span regroups the r rows beyond its ends again (NCHW features,
 # and grad_output's block rows in the backward). The forward's spans shrink towards the end (guided):
@@ -455,13 +458,13 @@ def _strided(t: torch.Tensor, acc: torch.dtype):
     return numpy_alias(flat), t.stride()
 
 
-def _split(kernel, args, rows, work, min_rows=1, guided=False):
-    """``kernel(*args, lo, hi)`` over the rows ``[0, rows)``: on the calling thread for small calls, else in
+def _split(kernel, args, rows, work, min_rows=1, guided=False, threshold=_PARALLEL_WORK):
+    """``kernel(*args, lo, hi)`` over the rows ``[0, rows)``: on the calling thread below ``threshold``, else in
     chunks that the caller and the shared worker threads claim one by one (``_core.parallel.run_parts``):
     even ones of at least ``min_rows`` rows, or guided ones down to ``min_rows``. The kernels release
     the GIL."""
     threads = torch.get_num_threads()
-    if threads < 2 or rows < 2 or work < _PARALLEL_WORK:
+    if threads < 2 or rows < 2 or work < threshold:
         kernel(*args, 0, rows)
         return
     if guided:
@@ -482,7 +485,8 @@ def forward(features, masks, kernel_size, group_size, scale_factor, layout="NCHW
     shape = (n, c, h * s, w * s) if nchw else (n, h * s, w * s, c)
     out = new_empty(shape, acc, features.device)
     _split(_forward, (x, m, numpy_alias(out.view(-1)), n, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx, nchw),
-           n * h, n * c * h * w * s * s * k * k, min_rows=_FORWARD_ROWS, guided=True)
+           n * h, n * c * h * w * s * s * k * k, min_rows=_FORWARD_ROWS, guided=True,
+           threshold=_PARALLEL_WORK_NCHW_FORWARD if nchw else _PARALLEL_WORK)
     out = out.to(features.dtype)
     return out if nchw else out.permute(0, 3, 1, 2)
 
