@@ -516,13 +516,15 @@ def _routes(monkeypatch, route):
     monkeypatch.setattr(routes, route.upper() + "_FIXED_NS", -1e18)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype, blas", [(torch.float64, False), (torch.float32, False), (torch.float32, True)])
 @pytest.mark.parametrize("pad", [(1, 1), (2, 0), (0, 1)])
-def test_masked_conv2d_inference_routes_agree(pad, dtype, monkeypatch):
+def test_masked_conv2d_inference_routes_agree(pad, dtype, blas, monkeypatch):
     """Every inference route gives the custom-op (autograd) route's values (within the accumulating
     tolerance) and exact zeros off the mask, even with inf/NaN in the feature; outputs larger or
-    smaller than the mask; points on the border."""
+    smaller than the mask; points on the border. With either product (oneDNN or BLAS) for float32."""
     from cvops.ops.masked_im2col import route as routes
+    asked = []
+    monkeypatch.setattr(routes, "_blas_faster", lambda *_: asked.append(blas) or blas)
     torch.manual_seed(5)
     x = torch.randn(1, 6, 9, 11, dtype=dtype)
     x[0, 1, 0, 0] = float("inf")
@@ -550,6 +552,7 @@ def test_masked_conv2d_inference_routes_agree(pad, dtype, monkeypatch):
         rows, cols = min(got.shape[2], 9), min(got.shape[3], 11)
         keep[:rows, :cols] = mask[0, :rows, :cols] > 0
         assert bool((got[:, :, ~keep] == 0).all()) and not torch.signbit(got[:, :, ~keep]).any(), route
+    assert bool(asked) == (dtype == torch.float32)  # the masked route's float32 product took the chosen one
 
 
 def test_masked_conv2d_empty_mask_gives_zeros():

@@ -187,9 +187,9 @@ def masked_conv2d(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional
     out_channels, _, kernel_h, kernel_w = weight.shape
     out_h = features.shape[2] + 2 * pad_h - kernel_h + 1
     out_w = features.shape[3] + 2 * pad_w - kernel_w + 1
-    require(out_h > 0 and out_w > 0, op,
-            f"output size ({out_h}, {out_w}) must be positive: kernel {kernel_h}x{kernel_w} is larger than the "
-            f"padded input {features.shape[2] + 2 * pad_h}x{features.shape[3] + 2 * pad_w}")
+    if out_h <= 0 or out_w <= 0:  # the message built only on failure: this runs on every call
+        require(False, op, f"output size ({out_h}, {out_w}) must be positive: kernel {kernel_h}x{kernel_w} is larger "
+                f"than the padded input {features.shape[2] + 2 * pad_h}x{features.shape[3] + 2 * pad_w}")
     chosen = route.plan(features, mask, weight, bias, out_h, out_w, backend)
     if chosen is not None:
         return route.run(chosen, features, weight, bias, (pad_h, pad_w))

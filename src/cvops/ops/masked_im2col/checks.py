@@ -68,29 +68,38 @@ _MASK_DTYPES = FLOAT_DTYPES + INDEX_DTYPES + (torch.bool, torch.uint8, torch.int
 
 def check_masked_conv2d(op: str, input, mask, weight, bias, stride, dilation, groups) -> None:
     """MaskedConv2d with a mask: mmcv's asserts as errors, plus what mmcv silently ignores. Every
-    tensor's type, rank and size is checked before any of them is used."""
+    tensor's type, rank and size is checked before any of them is used. Messages are built only on
+    failure: these checks run on every call, and formatting them all is a sizeable part of a small
+    feature map's call."""
     check_tensor(op, "input", input, dim=4, dtypes=FLOAT_DTYPES)
-    require(input.shape[0] == 1, op, f"input batch (dim 0) must be 1 when a mask is given, got {input.shape[0]}")
+    if input.shape[0] != 1:
+        require(False, op, f"input batch (dim 0) must be 1 when a mask is given, got {input.shape[0]}")
     check_tensor(op, "weight", weight, dim=4, dtypes=FLOAT_DTYPES)
-    require(weight.shape[0] >= 1, op, f"weight out_channels (dim 0) must be >= 1, got {weight.shape[0]}")
-    require(weight.shape[2] >= 1 and weight.shape[3] >= 1, op,
-            f"weight kernel size (dims 2, 3) must be >= 1, got {tuple(weight.shape[2:])}")
+    if weight.shape[0] < 1:
+        require(False, op, f"weight out_channels (dim 0) must be >= 1, got {weight.shape[0]}")
+    if weight.shape[2] < 1 or weight.shape[3] < 1:
+        require(False, op, f"weight kernel size (dims 2, 3) must be >= 1, got {tuple(weight.shape[2:])}")
     if bias is not None:
         check_tensor(op, "bias", bias, dim=1)
-        require(bias.shape[0] == weight.shape[0], op,
-                f"bias must have out_channels ({weight.shape[0]}) elements, got {bias.shape[0]}")
+        if bias.shape[0] != weight.shape[0]:
+            require(False, op, f"bias must have out_channels ({weight.shape[0]}) elements, got {bias.shape[0]}")
     check_tensor(op, "mask", mask, dim=3, dtypes=_MASK_DTYPES)
     groups = check_int(op, "groups", groups)
-    require(mask.shape[0] == 1, op, f"mask batch (dim 0) must be 1, got {mask.shape[0]}")
-    require(tuple(mask.shape[1:]) == tuple(input.shape[2:]), op,
-            f"mask spatial size {tuple(mask.shape[1:])} must equal input's {tuple(input.shape[2:])}")
+    if mask.shape[0] != 1:
+        require(False, op, f"mask batch (dim 0) must be 1, got {mask.shape[0]}")
+    if mask.shape[1:] != input.shape[2:]:
+        require(False, op, f"mask spatial size {tuple(mask.shape[1:])} must equal input's {tuple(input.shape[2:])}")
     # stride != 1 is a ValueError in mmcv too ("Stride could not only be 1 ...")
-    require(tuple(stride) == (1, 1), op, f"stride must be 1 when a mask is given, got {tuple(stride)}")
-    require(tuple(dilation) == (1, 1), op, f"dilation must be 1 when a mask is given, got {tuple(dilation)}")
-    require(groups == 1, op, f"groups must be 1 when a mask is given, got {groups}")
-    require(input.shape[1] == weight.shape[1], op,
-            f"input channels ({input.shape[1]}) must equal weight in_channels ({weight.shape[1]})")
-    require(input.dtype == weight.dtype, op, f"input dtype {input.dtype} must equal weight dtype {weight.dtype}")
-    if bias is not None:
-        require(bias.dtype == weight.dtype, op, f"bias dtype {bias.dtype} must equal weight dtype {weight.dtype}")
+    if tuple(stride) != (1, 1):
+        require(False, op, f"stride must be 1 when a mask is given, got {tuple(stride)}")
+    if tuple(dilation) != (1, 1):
+        require(False, op, f"dilation must be 1 when a mask is given, got {tuple(dilation)}")
+    if groups != 1:
+        require(False, op, f"groups must be 1 when a mask is given, got {groups}")
+    if input.shape[1] != weight.shape[1]:
+        require(False, op, f"input channels ({input.shape[1]}) must equal weight in_channels ({weight.shape[1]})")
+    if input.dtype != weight.dtype:
+        require(False, op, f"input dtype {input.dtype} must equal weight dtype {weight.dtype}")
+    if bias is not None and bias.dtype != weight.dtype:
+        require(False, op, f"bias dtype {bias.dtype} must equal weight dtype {weight.dtype}")
     check_same_device(op, input=input, mask=mask, weight=weight, **({} if bias is None else {"bias": bias}))

@@ -152,7 +152,8 @@ def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, p
                  kernel_h, kernel_w, pad_h, pad_w)
     out = numpy_alias(as_bits(data_col))
     streaming = data_col.numel() * data_col.element_size() >= STREAM_MIN_BYTES
-    if use_parallel(channels * taps * mask_cnt, threshold=2e5):
+    # two threads already gain from about 1e5 gathered values (a fifth of the time saved at twice that)
+    if use_parallel(channels * taps * mask_cnt, threshold=1e5):
         match_torch_threads()
         # channels handed out in small chunks: a worker the OS deschedules holds up only its chunk
         with _chunksize(max(1, channels // 32)):

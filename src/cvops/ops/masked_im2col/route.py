@@ -194,9 +194,25 @@ def _onednn_matmul_usable(weight_2d: Tensor, data_col: Tensor, bias: Optional[Te
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
+# On more than one thread oneDNN's product time steps up just past 64 points (data_col's M: it hands
+# out the points in blocks) and BLAS's catches up again near 100; in between, with many output channels,
+# BLAS is the faster (with few, oneDNN stays far ahead).
+BLAS_POINTS = (65, 100)
+BLAS_MIN_OUT = 16
+
+
+def _blas_faster(weight_2d: Tensor, data_col: Tensor) -> bool:
+    return (BLAS_POINTS[0] <= data_col.shape[1] < BLAS_POINTS[1] and weight_2d.shape[0] >= BLAS_MIN_OUT
+            and torch.get_num_threads() > 1)
+
+
 def project(weight_2d: Tensor, data_col: Tensor, bias: Optional[Tensor]) -> Tensor:
-    """``bias[:, None] + weight_2d @ data_col`` (mmcv's addmm); ``[O, C*kh*kw] x [C*kh*kw, M] -> [O, M]``."""
+    """``bias[:, None] + weight_2d @ data_col`` (mmcv's addmm); ``[O, C*kh*kw] x [C*kh*kw, M] -> [O, M]``
+    (a transposed view where BLAS runs it)."""
     if _onednn_matmul_usable(weight_2d, data_col, bias):
+        if _blas_faster(weight_2d, data_col):
+            # through linear (the points as rows): over this range no slower than addmm
+            return torch.nn.functional.linear(data_col.t(), weight_2d, bias).t()
         try:  # "weight" = data_col^T, a free view: the product comes out as [O, M]
             out = torch.ops.mkldnn._linear_pointwise(weight_2d.contiguous(), data_col.t(), None, "none", [], "")
             return out if bias is None else out.add_(bias[:, None])
