@@ -270,6 +270,14 @@ def test_gradcheck_float64(layout):
     assert torch.autograd.gradcheck(lambda a, b: cvops.carafe(a, b, 3, 2, 2, layout), (x, m))
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gradgradcheck_float64(layout):
+    """Second derivatives: the backward op's own gradient (grad_output, features and masks)."""
+    x, m, _ = inputs(1, 4, 3, 3, 3, 2, 2, layout, torch.float64)
+    x.requires_grad_(); m.requires_grad_()
+    assert torch.autograd.gradgradcheck(lambda a, b: cvops.carafe(a, b, 3, 2, 2, layout), (x, m))
+
+
 def test_gradcheck_mmcv_shape():
     # mmcv's own gradcheck: feat (2, 64, 3, 3), CARAFE(5, 4, 2), double
     x, m, _ = inputs(2, 64, 3, 3, 5, 4, 2, "NCHW", torch.float64)

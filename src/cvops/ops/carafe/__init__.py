@@ -56,8 +56,28 @@ def _backward_fake(grad_output, features, masks, *_):
             torch.empty_like(masks, memory_format=torch.contiguous_format))
 
 
+def _backward_grad(s, grad_grad_input, grad_grad_mask):
+    """The backward is linear in grad_output, grad_input is linear in masks and grad_mask in features, so its
+    adjoint is made of the two ops: w.r.t. grad_output ``carafe(gg_input, masks) + carafe(features, gg_mask)``,
+    w.r.t. features the grad_input of ``carafe_backward(grad_output, ., gg_mask)``, w.r.t. masks the grad_mask of
+    ``carafe_backward(grad_output, gg_input, .)``."""
+    args = (s.kernel_size, s.group_size, s.scale_factor, s.layout, s.backend)
+    want_grad_output, want_features, want_masks = s.needs_input_grad[:3]
+    gg_input = grad_grad_input if grad_grad_input is not None else torch.zeros_like(s.features)
+    gg_mask = grad_grad_mask if grad_grad_mask is not None else torch.zeros_like(s.masks)
+    grad_output = features = masks = None
+    if want_grad_output:
+        grad_output = _forward_op(gg_input, s.masks, *args) + _forward_op(s.features, gg_mask, *args)
+    if want_features:
+        features = _backward_op(s.grad_output, s.features, gg_mask, *args)[0]
+    if want_masks:
+        masks = _backward_op(s.grad_output, gg_input, s.masks, *args)[1]
+    return grad_output, features, masks
+
+
 _forward_op = custom_op("carafe_forward", _forward, _forward_fake, backward=_forward_grad, save=("features", "masks"))
-_backward_op = custom_op("carafe_backward", _backward, _backward_fake)
+_backward_op = custom_op("carafe_backward", _backward, _backward_fake, backward=_backward_grad,
+                         save=("grad_output", "features", "masks"))
 
 
 def _nchw_view(t, layout: str):
