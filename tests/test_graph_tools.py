@@ -140,6 +140,9 @@ def _captured_op_calls():
         cvops.masked_col2im(leaf(2, 3), hi, wi, 5, 5).sum().backward()
         sites = torch.tensor([[0, 1, 1, 1], [0, 2, 3, 1], [0, 3, 3, 3]], dtype=torch.int32)
         cvops.get_indice_pairs(sites, 1, [5, 5, 5], 3, 1, 1, subm=True)
+        # forward only: the sparse conv's backward op has no gradient of its own (as in spconv)
+        conv = cvops.sparse.SubMConv3d(2, 3, 3, indice_key="k").double()
+        conv(cvops.sparse.SparseConvTensor(leaf(3, 2), sites, [5, 5, 5], 1))
     return calls
 
 
@@ -150,7 +153,7 @@ def test_every_custom_op_passes_torch_library_opcheck():
     assert {name.split(".")[1] for name in calls} >= {
         "psamask_forward", "psamask_backward", "carafe_forward", "carafe_backward", "psroi_pool_forward",
         "psroi_pool_backward", "masked_im2col", "masked_im2col_backward", "masked_col2im", "masked_col2im_backward",
-        "get_indice_pairs"}
+        "get_indice_pairs", "sparse_indice_conv"}
     for name, (func, args, kwargs) in calls.items():
         result = torch.library.opcheck(func, args, kwargs)
         assert all(v == "SUCCESS" for v in result.values()), (name, result)
