@@ -320,15 +320,7 @@ def _prefetch_rows(a, base, stride, rows, length, line, into_l2=False):
     """Prefetch ``rows`` rows of ``length`` elements at ``base + k*stride`` (one hint per cache line), into
     L2 only when ``into_l2``."""
     for k in range(rows):
-        for e in range(0, length, line):
-            if into_l2:
-                prefetch_l2(a, base + k * stride + e)
-            else:
-                prefetch(a, base + k * stride + e)
-        if into_l2:
-            prefetch_l2(a, base + k * stride + length - 1)
-        else:
-            prefetch(a, base + k * stride + length - 1)
+        _prefetch_span(a, base + k * stride, length, 1, line, into_l2)
 
 
 @njit
