@@ -8,6 +8,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Ops wait for their numba kernels (compile on the calling thread), so which CPU path ran never depends on
+# a background worker's progress; tests/test_jit_background.py covers the background mode.
+os.environ.setdefault("CVOPS_NUMBA", "1")
+
 import pytest  # noqa: E402
 
 from cvops._core.dispatch import triton_available  # noqa: E402

@@ -7,8 +7,11 @@ torch cannot reach the goal. Such an op keeps its torch path and adds a fused lo
 * the environment does not say ``CVOPS_NUMBA=0`` (read on every call, so tests and users can switch).
 
 Nothing here imports numba at ``import cvops`` time: an op imports its kernel module (which decorates with
-:func:`njit`) only after :func:`numba_enabled` said yes. Kernels are compiled on first call per signature
-and cached on disk (``cache=True``) and release the GIL. Pure-IO kernels compile without fastmath (results
+:func:`njit`) only after :func:`numba_mode` said it may. By default (:func:`numba_mode` "background") the
+ops' kernel modules are imported, and their kernels compiled per signature, by a worker thread
+(:mod:`.jit_background`) while the calls that find them not ready run the torch path; ``CVOPS_NUMBA=1``
+makes each call compile what it needs on its own thread. Kernels are cached on disk (``cache=True``)
+and release the GIL. Pure-IO kernels compile without fastmath (results
 match the loop references bit for bit); accumulating kernels may allow reassociation and contraction
 (:data:`REASSOCIATE`) so LLVM vectorises their sums: the order is fixed at compile time, so results are
 still the same on every run, and no-NaN/no-inf assumptions are never made.
@@ -17,8 +20,9 @@ Where the cache lives: numba's own rule, which suits a pip install. It writes ne
 source (``__pycache__``) when that folder is writable, otherwise in the user's cache folder
 (``~/.cache/numba`` on Linux), and ``NUMBA_CACHE_DIR`` moves it anywhere. Each kernel compiles once
 per argument types (dtype, array layout), never per value: sizes, strides and flags are plain
-integer arguments. Importing numba and loading cached kernels still costs a fixed part of a second at
-a process's first numba call, and compiling the kernels an op needs costs seconds once per machine.
+integer arguments. Importing numba and loading cached kernels costs a fixed part of a second in each
+process, and compiling the kernels an op needs costs seconds once per machine: the worker keeps both off
+the calling thread.
 
 Parallel kernels (``prange``) use numba's thread pool; :func:`match_torch_threads` gives it torch's
 thread count first, so ``OMP_NUM_THREADS`` / ``torch.set_num_threads`` bound both paths alike, and
@@ -27,11 +31,14 @@ thread count first, so ``OMP_NUM_THREADS`` / ``torch.set_num_threads`` bound bot
 from __future__ import annotations
 
 import importlib
-
+import importlib.util
 import os
 import types
 from functools import lru_cache
 from typing import Callable, Optional
+
+from . import jit_background as _jit_background
+from .jit_background import KernelNotReady  # noqa: F401  (re-exported for the ops' fallbacks)
 
 ENV_SWITCH = "CVOPS_NUMBA"
 # fastmath flags for accumulating kernels: sums may be reordered (vectorised) and a*b+c fused; NaN and inf
@@ -49,28 +56,60 @@ def numba_available() -> bool:
     return True
 
 
+def numba_mode() -> str:
+    """How CPU ops use numba, from ``CVOPS_NUMBA`` (read on every call: tests flip it):
+
+    * ``"background"`` (unset or ``auto``): kernels load and compile on a worker thread
+      (:mod:`.jit_background`); until an op's kernels are ready its calls run the torch path;
+    * ``"wait"`` (``1``, or any other value, and whenever ``torch.use_deterministic_algorithms(True)``
+      is in force): a call loads or compiles the kernels it needs on the calling thread, so which path
+      computed a result never depends on timing;
+    * ``"off"`` (``0``, or numba not installed): the torch path only.
+    """
+    import torch
+
+    return _mode_of(os.environ.get(ENV_SWITCH), torch.are_deterministic_algorithms_enabled())
+
+
+@lru_cache(maxsize=16)
+def _mode_of(switch: Optional[str], deterministic: bool) -> str:
+    value = (switch or "auto").strip()
+    if value in ("0", "false", "False", "no", "off"):
+        return "off"
+    if value == "auto" and not deterministic:
+        return "background" if importlib.util.find_spec("numba") is not None else "off"  # no import here
+    return "wait" if numba_available() else "off"
+
+
 def numba_enabled() -> bool:
-    """numba is installed and not switched off with ``CVOPS_NUMBA=0`` (read on every call: tests flip it)."""
-    return _enabled_by(os.environ.get(ENV_SWITCH))
+    """numba imports and is not switched off with ``CVOPS_NUMBA=0`` (for callers that import their kernel
+    module on their own thread: this imports numba)."""
+    return numba_mode() != "off" and numba_available()
 
 
-def numba_kernels(package: str, *tensors):
+def numba_kernels(package: str, *tensors, background: bool = False):
     """The op's compiled loops (``<package>.cpu_numba``) when numba is enabled and they take these
-    tensors (``cpu_numba.supports``); None selects the op's torch code. Every op decides here."""
-    if not numba_enabled():
+    tensors (``cpu_numba.supports``); None selects the op's torch code. Every op decides here.
+
+    ``background=True`` is for callers that fall back to torch on :class:`KernelNotReady`: in the
+    background mode they get None until the worker has imported the module, and its kernels raise
+    KernelNotReady until the worker has compiled them. Other callers import and compile on their thread."""
+    mode = numba_mode()
+    if mode == "off":
         return None
-    module = _kernels_module(package)
+    if background and mode == "background":
+        module = _jit_background.loaded(package)
+        if module is None or module is _jit_background.UNAVAILABLE:
+            return None
+    else:
+        module = _kernels_module(package)
+        _jit_background.compile_on_call(module)
     return module if module.supports(*tensors) else None
 
 
 @lru_cache(maxsize=None)
 def _kernels_module(package: str):
     return importlib.import_module(f"{package}.cpu_numba")  # imported on first use (it imports numba)
-
-
-@lru_cache(maxsize=16)
-def _enabled_by(switch: Optional[str]) -> bool:
-    return (switch is None or switch.strip() not in ("0", "false", "False", "no", "off")) and numba_available()
 
 
 def njit(fn: Optional[Callable] = None, *, parallel: bool = False, error_model: str = "python",

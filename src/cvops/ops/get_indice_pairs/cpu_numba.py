@@ -62,6 +62,11 @@ def _subm_map(coords, sorted_keys, order, rank, shape, strides, kernel, pad, dil
 _serial, _parallel = njit_variants(_subm_map)
 
 
+def supports(indices: torch.Tensor) -> bool:
+    """The loop reads CPU memory only."""
+    return indices.device.type == "cpu"
+
+
 def subm_pairs(indices: torch.Tensor, sorted_keys: torch.Tensor, order: torch.Tensor, geo, strides):
     """``(indice_pairs [K, 2, L] int32, indice_num [K] int32)`` of a subm map on CPU ``indices`` whose
     linear keys, sorted and free of duplicates, are ``sorted_keys`` (``order``: their rows)."""

@@ -12,9 +12,11 @@ code is the fallback and gives the same bits.
 """
 from __future__ import annotations
 
+from contextlib import suppress
+
 import torch
 
-from ..._core.jit import numba_kernels
+from ..._core.jit import KernelNotReady, numba_kernels
 from ..._core.memory import new_empty, new_zeros
 
 
@@ -33,9 +35,10 @@ def tap_positions(mask_h_idx, mask_w_idx, height, width, kernel_h, kernel_w, pad
 
 def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w):
     """``feature [1, C, H, W]`` -> ``data_col [C*kh*kw, M]`` (see the module docstring)."""
-    fused = numba_kernels(__package__, feature, mask_h_idx, mask_w_idx)
+    fused = numba_kernels(__package__, feature, mask_h_idx, mask_w_idx, background=True)
     if fused is not None:
-        return fused.im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w)
+        with suppress(KernelNotReady):
+            return fused.im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w)
     _, channels, height, width = feature.shape
     mask_cnt = mask_h_idx.shape[0]
     taps = kernel_h * kernel_w

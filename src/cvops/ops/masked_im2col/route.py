@@ -23,13 +23,14 @@ dtypes :func:`plan` returns None and ``masked_conv2d`` takes the custom ops.
 from __future__ import annotations
 
 import weakref
+from contextlib import suppress
 from types import ModuleType
 from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
-from ..._core.jit import numba_kernels
+from ..._core.jit import KernelNotReady, numba_kernels
 from . import cpu
 
 # Cost model in nanoseconds, per route: a fixed part (the whole call's, argument checks included), then
@@ -79,7 +80,7 @@ def plan(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor],
     else:
         keep = _output_keep(mask, out_h, out_w)
     flat = keep.view(-1).nonzero().view(-1)  # row-major: distinct, inside the output
-    fused = numba_kernels(cpu.__package__, features)
+    fused = numba_kernels(cpu.__package__, features, background=True)
     points = flat.shape[0]
     if points == 0:
         return Plan("masked", keep, flat, fused)  # nothing to compute: a zero map
@@ -112,7 +113,10 @@ def run(chosen: Plan, features: Tensor, weight: Tensor, bias: Optional[Tensor], 
         out = torch.nn.functional.conv2d(features, weight, bias, padding=padding)
         return out.masked_fill_(chosen.keep.logical_not_(), 0)  # a fill: a NaN off the points does not leak
     if chosen.route == "direct":
-        return chosen.fused.masked_conv2d_direct(features, chosen.points, chosen.keep.shape, weight, bias, padding)
+        with suppress(KernelNotReady):
+            return chosen.fused.masked_conv2d_direct(features, chosen.points, chosen.keep.shape, weight, bias,
+                                                     padding)
+        return masked(features, chosen, weight, bias, padding)  # the same points, without the direct kernel
     if chosen.route == "taps":
         return taps(features, chosen, weight, bias, padding)
     return masked(features, chosen, weight, bias, padding)
@@ -170,8 +174,9 @@ def taps(features: Tensor, chosen: Plan, weight: Tensor, bias: Optional[Tensor],
     plane = features.reshape(channels, height * width)
     products = tap_weight.mm(plane) if height * width < SMALL_MAP else project(tap_weight, plane, None)
     if chosen.fused is not None:
-        return chosen.fused.tap_sum(products, chosen.points, chosen.keep.shape, bias, (kernel_h, kernel_w),
-                                    padding, height, width)
+        with suppress(KernelNotReady):
+            return chosen.fused.tap_sum(products, chosen.points, chosen.keep.shape, bias, (kernel_h, kernel_w),
+                                        padding, height, width)
     out_h, out_w = chosen.keep.shape
     pad_h, pad_w = padding
     shifted = torch.nn.functional.pad(products.view(-1, height, width), (pad_w, pad_w, pad_h, pad_h))

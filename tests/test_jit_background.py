@@ -1,0 +1,130 @@
+"""The background mode of the numba kernels (``_core.jit_background``): the first calls of a process run
+the torch path while a worker imports and compiles, later calls run the compiled kernels, the results
+agree, and forks and mode switches stay safe. Fresh processes with an empty numba cache, since the rest
+of the suite runs in the waiting mode (tests/conftest.py)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from cvops._core import jit, jit_background
+from tests.conftest import requires_numba
+
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+
+# A subm kernel map (get_indice_pairs: the op whose kernels compile fastest), pure IO: both paths give
+# the same bits. `compiled()` counts the compiled versions of the op's kernels.
+_PRELUDE = """
+import os, sys, time
+import torch, cvops
+from cvops._core import jit_background
+g = torch.Generator().manual_seed(0)
+flat = torch.randperm(8 * 40 * 30, generator=g)[:500]
+idx = torch.stack([torch.zeros_like(flat), flat // 1200, flat // 30 % 40, flat % 30], 1).int()
+
+def call():
+    return cvops.get_indice_pairs(idx, 1, [8, 40, 30], 3, 1, 1, subm=True)
+
+def compiled():
+    module = jit_background._modules.get("cvops.ops.get_indice_pairs")  # set once the worker imported it
+    return 0 if module is None else sum(len(d.overloads) for d in (module._serial, module._parallel))
+
+def until_ready():
+    while True:
+        jit_background.wait_idle()
+        asked = jit_background.jobs_submitted()
+        out = call()
+        if jit_background.jobs_submitted() == asked:
+            return out
+
+def same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+"""
+
+
+def _run(body: str, tmp_path, **env) -> str:
+    environ = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), PYTHONPATH=SRC, **env)
+    environ.pop("CVOPS_NUMBA", None)
+    environ.update(env)
+    done = subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(body)], env=environ,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@requires_numba
+def test_first_call_runs_torch_path_then_kernels_take_over(tmp_path):
+    out = _run("""
+        first = call()
+        assert compiled() == 0, "the first call waited for numba"
+        later = until_ready()
+        assert compiled() > 0, "the kernels never became ready"
+        assert same(first, later) and same(later, call())
+        os.environ["CVOPS_NUMBA"] = "0"
+        assert same(first, call())  # and the torch path alone agrees
+        print("ok")
+        """, tmp_path)
+    assert out.strip() == "ok"
+
+
+@requires_numba
+def test_waiting_mode_compiles_on_the_calling_thread_after_a_background_import(tmp_path):
+    # the worker imported the module with compilation deferred; CVOPS_NUMBA=1 hands it back to numba
+    _run("""
+        call()
+        jit_background.wait_idle()
+        assert compiled() == 0
+        os.environ["CVOPS_NUMBA"] = "1"
+        call()
+        assert compiled() > 0 and jit_background.jobs_submitted() == 1  # the import only
+        """, tmp_path)
+
+
+@requires_numba
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_fork_waits_for_the_worker_and_the_child_runs_the_op(tmp_path):
+    _run("""
+        first = call()                      # the worker is importing numba now
+        pid = os.fork()
+        if pid == 0:                        # a held compiler or import lock would hang the child here
+            ok = not jit_background._worker.jobs and same(until_ready(), first)
+            os._exit(0 if ok else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert same(until_ready(), first)
+        """, tmp_path)
+
+
+def test_mode_follows_the_switch_and_deterministic_algorithms(monkeypatch):
+    monkeypatch.setenv("CVOPS_NUMBA", "0")
+    assert jit.numba_mode() == "off" and jit.numba_kernels("cvops.ops.psamask", torch.zeros(1)) is None
+    if not jit.numba_available():
+        return
+    monkeypatch.setenv("CVOPS_NUMBA", "1")
+    assert jit.numba_mode() == "wait"
+    monkeypatch.delenv("CVOPS_NUMBA")
+    assert jit.numba_mode() == "background"
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert jit.numba_mode() == "wait"
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def test_a_failed_background_compile_hands_the_kernels_back():
+    class Dispatcher:  # what _compile touches of a numba dispatcher
+        def compile(self, types):
+            raise RuntimeError("typing failed")
+
+    kernel, callee = Dispatcher(), Dispatcher()
+    group = [kernel, callee]
+    for d in group:
+        d._compile_for_args = object()
+    jit_background._compile(kernel, group, ())
+    assert group == [] and all("_compile_for_args" not in vars(d) for d in (kernel, callee))
