@@ -118,13 +118,43 @@ def test_mode_follows_the_switch_and_deterministic_algorithms(monkeypatch):
 
 
 def test_a_failed_background_compile_hands_the_kernels_back():
-    class Dispatcher:  # what _compile touches of a numba dispatcher
-        def compile(self, types):
-            raise RuntimeError("typing failed")
+    class Dispatcher:  # what a failed compilation touches of a numba dispatcher
+        pass
 
     kernel, callee = Dispatcher(), Dispatcher()
     group = [kernel, callee]
     for d in group:
         d._compile_for_args = object()
-    jit_background._compile(kernel, group, ())
+
+    def compile_now():
+        raise RuntimeError("typing failed")
+
+    jit_background._compile(group, compile_now)
     assert group == [] and all("_compile_for_args" not in vars(d) for d in (kernel, callee))
+
+
+@requires_numba
+def test_no_kernel_compiles_on_the_calling_thread(tmp_path):
+    # psamask compiles its kernels explicitly (LLVM's loop vectoriser off): those go to the worker too
+    _run("""
+        import threading
+        from numba.core.dispatcher import Dispatcher
+        threads = set()
+        plain_compile = Dispatcher.compile
+        def compile(self, sig):
+            threads.add(threading.current_thread().name)
+            return plain_compile(self, sig)
+        Dispatcher.compile = compile
+        x = torch.randn(1, 12, 10, 9 * 9, generator=g)  # NHWC: the row kernels, compiled explicitly
+        first = cvops.psamask(x, "distribute", (9, 9), "NHWC")
+        while True:
+            jit_background.wait_idle()
+            asked = jit_background.jobs_submitted()
+            later = cvops.psamask(x, "distribute", (9, 9), "NHWC")
+            if jit_background.jobs_submitted() == asked:
+                break
+        assert threads == {"cvops-numba"}, threads
+        module = jit_background._modules["cvops.ops.psamask"]
+        assert any(d.overloads for d in module.__cvops_dispatchers__)
+        assert torch.equal(first, later)
+        """, tmp_path)

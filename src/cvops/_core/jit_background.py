@@ -196,16 +196,30 @@ def _not_ready(dispatcher, group: list, *args, **kwargs):
     types = tuple(dispatcher.typeof_pyval(a) for a in args)
     if kwargs:
         _, types = dispatcher.fold_argument_types(types, {k: dispatcher.typeof_pyval(v) for k, v in kwargs.items()})
-    _worker.submit(("compile", id(dispatcher), types), functools.partial(_compile, dispatcher, group, types))
+    _queue(dispatcher, group, types, functools.partial(dispatcher.compile, types))
+
+
+def compile_elsewhere(dispatcher, types: tuple, compile_now: Callable[[], None]) -> None:
+    """For kernels compiled explicitly before their call (with LLVM settings of their own, see
+    ``jit_intrinsics``): where ``dispatcher``'s compilation is deferred and this is not the worker, queue
+    ``compile_now`` for the worker and raise :class:`KernelNotReady`; otherwise return, and the caller
+    compiles."""
+    deferred = vars(dispatcher).get("_compile_for_args")
+    if deferred is not None and threading.current_thread() is not _worker.thread:
+        _queue(dispatcher, deferred.args[1], types, compile_now)
+
+
+def _queue(dispatcher, group: list, types: tuple, compile_now: Callable[[], None]):
+    _worker.submit(("compile", id(dispatcher), types), functools.partial(_compile, group, compile_now))
     raise KernelNotReady(f"{dispatcher.py_func.__qualname__}{types}")
 
 
-def _compile(dispatcher, group: list, types: tuple) -> None:
-    """Compile (or load from numba's cache) one signature; the dispatcher's ``compile`` takes numba's
-    compiler lock and compiles the callees it needs."""
+def _compile(group: list, compile_now: Callable[[], None]) -> None:
+    """Compile (or load from numba's cache) one signature; numba's ``compile`` takes its compiler lock and
+    compiles the callees the kernel needs."""
     if not group:
         return  # handed back meanwhile: the calling thread compiles
     try:
-        dispatcher.compile(types)
+        compile_now()
     except Exception:
         _hand_back(group)  # the calling thread compiles it again and raises the error where it belongs

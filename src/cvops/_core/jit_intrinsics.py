@@ -15,6 +15,7 @@ each destination line into the cache first with :func:`stream_store` or, a whole
 """
 from __future__ import annotations
 
+import functools
 import platform
 import threading
 
@@ -23,6 +24,8 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from .jit_background import compile_elsewhere
 
 _compile_lock = threading.Lock()
 # Non-temporal stores are emitted on x86-64 only; elsewhere stream_store is a plain store.
@@ -66,7 +69,11 @@ def _compile_with(dispatcher, signature, **settings) -> None:
     """Compile (or load from numba's cache) ``dispatcher`` for ``signature`` with numba.config ``settings``
     (e.g. ``LOOP_VECTORIZE=0``) in force. numba has no per-function switch for these; it reads them when
     it builds each compilation's pass manager, so they are set for that moment only. Another kernel
-    compiled by another thread at the same moment gets them too (slower at worst, never wrong)."""
+    compiled by another thread at the same moment gets them too (slower at worst, never wrong). A kernel
+    whose compilation is deferred (``jit_background``) goes to the worker instead: KernelNotReady."""
+    if any(tuple(s) == tuple(signature) for s in dispatcher.signatures):
+        return
+    compile_elsewhere(dispatcher, tuple(signature), functools.partial(_compile_with, dispatcher, signature, **settings))
     with _compile_lock:
         if any(tuple(s) == tuple(signature) for s in dispatcher.signatures):
             return
