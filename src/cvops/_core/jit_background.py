@@ -57,7 +57,7 @@ class _Worker:
                 return
             self.jobs[key] = job
             self.submitted += 1
-            if self.thread is None:
+            if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._serve, name="cvops-numba", daemon=True)
                 self.thread.start()
             self.cond.notify_all()
@@ -79,6 +79,8 @@ class _Worker:
             gc.disable()
             try:
                 job()
+            except Exception:
+                pass  # each job records its own failure (see _import, _compile); the worker goes on
             finally:
                 sys.setswitchinterval(interval)
                 if collecting:
@@ -204,7 +206,7 @@ def compile_elsewhere(dispatcher, types: tuple, compile_now: Callable[[], None])
     ``jit_intrinsics``): where ``dispatcher``'s compilation is deferred and this is not the worker, queue
     ``compile_now`` for the worker and raise :class:`KernelNotReady`; otherwise return, and the caller
     compiles."""
-    deferred = vars(dispatcher).get("_compile_for_args")
+    deferred = vars(dispatcher).get("_compile_for_args")  # the partial of _defer_compilation: (dispatcher, group)
     if deferred is not None and threading.current_thread() is not _worker.thread:
         _queue(dispatcher, deferred.args[1], types, compile_now)
 
