@@ -38,9 +38,8 @@ loops with the channel loop innermost; this module is the fallback.
 """
 from __future__ import annotations
 
-from contextlib import suppress
-
 import threading
+from contextlib import suppress
 
 import torch
 
