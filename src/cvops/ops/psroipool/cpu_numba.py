@@ -403,13 +403,15 @@ def _mapping_kind(mapping, pattern, channels, kinds, i0, i1):
     channels in the same storage order) for every RoI; 1 for another mapping with every entry in [0, channels);
     -1 for some entry outside that range."""
     size = pattern.shape[0]
-    bad, other = False, False
+    limit = np.uint32(channels)
+    bad, other = np.int32(0), np.int32(0)  # integer OR reductions: vector code (boolean ones are not)
     for i in range(i0, i1):
+        base = np.uint64(i * size)
         for j in range(size):
-            c = mapping[np.uint64(i * size + j)]
-            bad |= (c < 0) | (c >= channels)
-            other |= c != pattern[j]
-    kinds[i0] = -1 if bad else int(other)
+            c = mapping[base + np.uint64(j)]
+            bad |= np.int32(np.uint32(c) >= limit)  # a negative c wraps past the limit
+            other |= c ^ pattern[j]
+    kinds[i0] = -1 if bad else int(other != 0)
 
 
 # ----------------------------------------------------------------------------------------------------- wrappers
