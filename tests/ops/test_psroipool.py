@@ -454,6 +454,7 @@ def test_non_square_pooled_accepts_any_group_size():
     (dict(mapping_channel=torch.zeros(1, 1, 3, 3)), "mapping_channel dtype"),
     (dict(mapping_channel=torch.full((1, 1, 3, 3), 9, dtype=torch.int32)), r"mapping_channel holds 9"),
     (dict(mapping_channel=torch.full((1, 1, 3, 3), -1, dtype=torch.int32)), r"mapping_channel holds -1"),
+    (dict(mapping_channel=torch.full((1, 1, 3, 3), 2**32 + 3, dtype=torch.int64)), r"mapping_channel holds 4294967299"),
     (dict(input_shape=(1, 8, 5, 5)), r"input channels \(8\) must equal"),
     (dict(input_shape=(1, 9, 5)), "input_shape must be 4"),
     (dict(output_dim=2), r"top_grad channels \(1\) must equal output_dim \(2\)"),

@@ -15,9 +15,8 @@ faster at PSANet scale; this module is the fallback.
 """
 from __future__ import annotations
 
-from contextlib import suppress
-
 import itertools
+from contextlib import suppress
 from typing import NamedTuple
 
 import torch

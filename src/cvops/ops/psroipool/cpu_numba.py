@@ -398,18 +398,19 @@ def _tile(pattern, mapping, i0, i1, _unused):
 
 
 @njit(error_model="numpy")
-def _mapping_kind(mapping, pattern, channels, kinds, i0, i1):
+def _mapping_kind(mapping, pattern, limit, kinds, i0, i1):
     """``kinds[i0]`` for RoIs [i0, i1): 0 where ``mapping`` (flat storage) is the forward's, ``pattern`` (one RoI's
     channels in the same storage order) for every RoI; 1 for another mapping with every entry in [0, channels);
-    -1 for some entry outside that range."""
+    -1 for some entry outside that range. ``limit``: ``[channels]`` in the unsigned type of ``mapping``'s width,
+    so that one unsigned compare finds negative entries too."""
     size = pattern.shape[0]
-    limit = np.uint32(channels)
-    bad, other = np.int32(0), np.int32(0)  # integer OR reductions: vector code (boolean ones are not)
+    unsigned, channels = limit.dtype.type, limit[0]
+    bad, other = 0, 0  # integer OR reductions: vector code (boolean ones are not)
     for i in range(i0, i1):
         base = np.uint64(i * size)
         for j in range(size):
             c = mapping[base + np.uint64(j)]
-            bad |= np.int32(np.uint32(c) >= limit)  # a negative c wraps past the limit
+            bad |= unsigned(c) >= channels
             other |= c ^ pattern[j]
     kinds[i0] = -1 if bad else int(other != 0)
 
@@ -508,7 +509,8 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
         kinds = np.zeros(max(r, 1), np.int64)
         flat = _dense(m)[0]
         parts = even_parts(r, torch.get_num_threads() if use_parallel(r * groups * od, PARALLEL_WORK) else 1)
-        run_parts(lambda lo, hi: _mapping_kind(flat, pattern, c, kinds, lo, hi), parts)
+        limit = np.array([c], np.uint32 if flat.itemsize == 4 else np.uint64)
+        run_parts(lambda lo, hi: _mapping_kind(flat, pattern, limit, kinds, lo, hi), parts)
         kind = -1 if kinds.min() < 0 else int(kinds.max())
         if kind < 0:
             checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)  # raises, naming the value
