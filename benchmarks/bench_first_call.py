@@ -84,12 +84,7 @@ call()
 t4 = time.perf_counter()
 loaded = set(sys.modules) - before
 from cvops._core import jit_background
-while True:  # until a call asks for nothing more (each call queues what it found missing)
-    jit_background.wait_idle()
-    asked = jit_background.jobs_submitted()
-    call()
-    if jit_background.jobs_submitted() == asked:
-        break
+jit_background.run_until_ready(call)
 t5 = time.perf_counter()
 print(json.dumps({{"import_s": t1 - t0, "first_s": t3 - t2, "second_s": t4 - t3, "ready_s": t5 - t2,
                   "imported": [m for m in ("torch._dynamo", "triton", "numba") if m in loaded]}}))

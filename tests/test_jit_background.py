@@ -34,14 +34,6 @@ def compiled():
     module = jit_background._modules.get("cvops.ops.get_indice_pairs")  # set once the worker imported it
     return 0 if module is None else sum(len(d.overloads) for d in (module._serial, module._parallel))
 
-def until_ready():
-    while True:
-        jit_background.wait_idle()
-        asked = jit_background.jobs_submitted()
-        out = call()
-        if jit_background.jobs_submitted() == asked:
-            return out
-
 def same(a, b):
     return all(torch.equal(x, y) for x, y in zip(a, b))
 """
@@ -62,7 +54,7 @@ def test_first_call_runs_torch_path_then_kernels_take_over(tmp_path):
     out = _run("""
         first = call()
         assert compiled() == 0, "the first call waited for numba"
-        later = until_ready()
+        later = jit_background.run_until_ready(call)
         assert compiled() > 0, "the kernels never became ready"
         assert same(first, later) and same(later, call())
         os.environ["CVOPS_NUMBA"] = "0"
@@ -92,11 +84,11 @@ def test_fork_waits_for_the_worker_and_the_child_runs_the_op(tmp_path):
         first = call()                      # the worker is importing numba now
         pid = os.fork()
         if pid == 0:                        # a held compiler or import lock would hang the child here
-            ok = not jit_background._worker.jobs and same(until_ready(), first)
+            ok = not jit_background._worker.jobs and same(jit_background.run_until_ready(call), first)
             os._exit(0 if ok else 3)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        assert same(until_ready(), first)
+        assert same(jit_background.run_until_ready(call), first)
         """, tmp_path)
 
 
@@ -147,12 +139,7 @@ def test_no_kernel_compiles_on_the_calling_thread(tmp_path):
         Dispatcher.compile = compile
         x = torch.randn(1, 12, 10, 9 * 9, generator=g)  # NHWC: the row kernels, compiled explicitly
         first = cvops.psamask(x, "distribute", (9, 9), "NHWC")
-        while True:
-            jit_background.wait_idle()
-            asked = jit_background.jobs_submitted()
-            later = cvops.psamask(x, "distribute", (9, 9), "NHWC")
-            if jit_background.jobs_submitted() == asked:
-                break
+        later = jit_background.run_until_ready(lambda: cvops.psamask(x, "distribute", (9, 9), "NHWC"))
         assert threads == {"cvops-numba"}, threads
         module = jit_background._modules["cvops.ops.psamask"]
         assert any(d.overloads for d in module.__cvops_dispatchers__)

@@ -138,6 +138,17 @@ def jobs_submitted() -> int:
     return _worker.submitted
 
 
+def run_until_ready(call: Callable[[], object]):
+    """``call()`` after the worker is idle, again until a call queues nothing; returns that call's result,
+    computed with every kernel it uses compiled (benchmarks, tests)."""
+    while True:
+        wait_idle()
+        asked = _worker.submitted
+        result = call()
+        if _worker.submitted == asked:
+            return result
+
+
 def loaded(package: str):
     """``<package>.cpu_numba`` once the worker has imported it (:data:`UNAVAILABLE` if that failed),
     else None, queueing the import."""
