@@ -57,6 +57,16 @@ idx = torch.stack([torch.zeros_like(flat), flat // (160 * 140), flat // 140 % 16
 def call():
     cvops.get_indice_pairs(idx, 1, [41, 160, 140], 3, 1, 1, subm=True)
 """,
+    "sparse_conv": """
+import cvops.spconv as spconv
+g = torch.Generator().manual_seed(0)
+flat = torch.randperm(41 * 160 * 140, generator=g)[:4000]
+idx = torch.stack([torch.zeros_like(flat), flat // (160 * 140), flat // 140 % 160, flat % 140], 1).int()
+feats = torch.randn(4000, 16, generator=g, requires_grad=True)
+net = spconv.SparseSequential(spconv.SubMConv3d(16, 16, 3, indice_key="s1"), spconv.SparseConv3d(16, 32, 3, 2, 1))
+def call():
+    net(spconv.SparseConvTensor(feats, idx, [41, 160, 140], 1)).features.sum().backward()
+""",
 }
 
 # The floor under every numba op: numba's import and the first call of a one-loop kernel from its disk cache.

@@ -145,3 +145,29 @@ def test_no_kernel_compiles_on_the_calling_thread(tmp_path):
         assert any(d.overloads for d in module.__cvops_dispatchers__)
         assert torch.equal(first, later)
         """, tmp_path)
+
+
+@requires_numba
+def test_sparse_conv_runs_torch_loops_until_its_row_kernels_are_ready(tmp_path):
+    # a kernel not ready mid-call restarts the convolution on the torch loops, which add the same values in
+    # the same order: the first call's bits are the later calls' bits, forward and backward
+    _run("""
+        import cvops.spconv as spconv
+        torch.manual_seed(0)
+        net = spconv.SparseSequential(spconv.SubMConv3d(4, 8, 3, indice_key="s1"), spconv.SparseConv3d(8, 8, 3, 2, 1))
+        feats = torch.randn(len(idx), 4, generator=g)
+
+        def conv():
+            net.zero_grad()
+            f = feats.clone().requires_grad_()
+            y = net(spconv.SparseConvTensor(f, idx, [8, 40, 30], 1)).features
+            y.sum().backward()
+            return y.detach(), f.grad, net[0].weight.grad.clone(), net[1].weight.grad.clone()
+
+        first = conv()
+        assert "cvops.sparse" not in jit_background._modules or not any(
+            d.overloads for d in jit_background._modules["cvops.sparse"].__cvops_dispatchers__)
+        later = jit_background.run_until_ready(conv)
+        assert any(d.overloads for d in jit_background._modules["cvops.sparse"].__cvops_dispatchers__)
+        assert same(first, later)
+        """, tmp_path)

@@ -89,7 +89,8 @@ def numba_enabled() -> bool:
 
 def numba_kernels(package: str, *tensors, background: bool = False):
     """The op's compiled loops (``<package>.cpu_numba``) when numba is enabled and they take these
-    tensors (``cpu_numba.supports``); None selects the op's torch code. Every op decides here.
+    tensors (``cpu_numba.supports``; no tensors: the module itself); None selects the op's torch code.
+    Every op decides here.
 
     ``background=True`` is for callers that fall back to torch on :class:`KernelNotReady`: in the
     background mode they get None until the worker has imported the module, and its kernels raise
@@ -104,7 +105,7 @@ def numba_kernels(package: str, *tensors, background: bool = False):
     else:
         module = _kernels_module(package)
         _jit_background.compile_on_call(module)
-    return module if module.supports(*tensors) else None
+    return module if not tensors or module.supports(*tensors) else None
 
 
 @lru_cache(maxsize=None)

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import wait
+from contextlib import suppress
 
 import numpy as np
 import torch
 
-from .._core.jit import numba_enabled, numba_kernels
+from .._core.jit import KernelNotReady, numba_kernels
 from .._core.memory import new_empty
 from .._core.parallel import pool, single_threaded
 from .kmap import sort_pairs_by_column
@@ -54,16 +55,17 @@ def _chunk_rows(channels: int, itemsize: int) -> int:
     return max(1, CHUNK_BYTES // max(1, channels * itemsize))
 
 
-def _row_kernels(*tensors):
-    """The compiled row loops (``cpu_numba``, chosen by ``_core.jit.numba_kernels``) when numba is enabled and
-    they take every one of ``tensors``; None selects the torch loops."""
-    kernels = numba_kernels(__package__, tensors[0])
+def _row_kernels(compiled: bool, *tensors):
+    """The compiled row loops (``cpu_numba``, chosen by ``_core.jit.numba_kernels``) when ``compiled``, numba
+    is enabled and they take every one of ``tensors``; None selects the torch loops. Their calls raise
+    KernelNotReady while a background worker compiles them (see :func:`forward`)."""
+    kernels = numba_kernels(__package__, tensors[0], background=True) if compiled else None
     return kernels if kernels is not None and all(kernels.supports(t) for t in tensors[1:]) else None
 
 
-def _gather(src: torch.Tensor, pairs: torch.Tensor, col: int):
+def _gather(src: torch.Tensor, pairs: torch.Tensor, col: int, compiled: bool):
     """``gather(chunks, out)``: ``out[pos + i] = src[pairs[k, col, c0 + i]]`` for every chunk of a round."""
-    kernels = _row_kernels(src)
+    kernels = _row_kernels(compiled, src)
     if kernels is not None:
         return lambda chunks, out: kernels.gather_chunks(out, src, pairs, col, chunks)
 
@@ -73,9 +75,9 @@ def _gather(src: torch.Tensor, pairs: torch.Tensor, col: int):
     return each
 
 
-def _scatter(out: torch.Tensor, pairs: torch.Tensor, col: int):
+def _scatter(out: torch.Tensor, pairs: torch.Tensor, col: int, compiled: bool):
     """``scatter(chunks, rows)``: ``out[pairs[k, col, c0 + i]] += rows[pos + i]``, chunk by chunk in order."""
-    kernels = _row_kernels(out)
+    kernels = _row_kernels(compiled, out)
     if kernels is not None:
         return lambda chunks, rows: kernels.scatter_add_chunks(out, pairs, col, chunks, rows)
 
@@ -85,14 +87,14 @@ def _scatter(out: torch.Tensor, pairs: torch.Tensor, col: int):
     return each
 
 
-def _scatter_gather(out: torch.Tensor, src: torch.Tensor, pairs: torch.Tensor, col: int):
+def _scatter_gather(out: torch.Tensor, src: torch.Tensor, pairs: torch.Tensor, col: int, compiled: bool):
     """``scatter_gather(chunks, rows, taken)``: the scatter of :func:`_scatter` into ``out`` and the gather
     of :func:`_gather` from ``src`` on the same rows, one numba pass when enabled."""
-    kernels = _row_kernels(out, src)
+    kernels = _row_kernels(compiled, out, src)
     if kernels is not None:
         return lambda chunks, rows, taken: kernels.scatter_add_gather_chunks(out, pairs, col, chunks, rows,
                                                                               taken, src)
-    scatter, gather = _scatter(out, pairs, col), _gather(src, pairs, col)
+    scatter, gather = _scatter(out, pairs, col, compiled), _gather(src, pairs, col, compiled)
 
     def separate(chunks, rows, taken):
         scatter(chunks, rows)
@@ -106,10 +108,12 @@ def _segments(pairs: torch.Tensor, counts: list[int], col: int, block_rows: int,
     K = pairs.shape[0]
     num = torch.tensor(counts, dtype=torch.int64)
     for attempt in range(2):
-        if numba_enabled() and pairs.device.type == "cpu":
-            from . import cpu_numba
-            bounds, ascending = cpu_numba.block_bounds(pairs, num, col, block_rows, n_blocks)
-        else:
+        bounds = None
+        fused = numba_kernels(__package__, background=True) if pairs.device.type == "cpu" else None
+        if fused is not None:
+            with suppress(KernelNotReady):
+                bounds, ascending = fused.block_bounds(pairs, num, col, block_rows, n_blocks)
+        if bounds is None:
             starts = torch.arange(n_blocks + 1, dtype=torch.int64, device=pairs.device) * block_rows
             rows, ascending = [], True
             for k in range(K):
@@ -195,6 +199,16 @@ def _rounds(todo, bounds, b: int, chunk: int):
 
 
 def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, identity_offset: int):
+    """``[num_out, C_out]``: the sparse convolution of ``features`` over the map. While a background worker
+    compiles the row loops (``_core.jit_background``), the call runs again on the torch loops, which add the
+    same values in the same order."""
+    with suppress(KernelNotReady):
+        return _forward(features, weight, pairs, indice_num, num_out, inverse, identity_offset, True)
+    return _forward(features, weight, pairs, indice_num, num_out, inverse, identity_offset, False)
+
+
+def _forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, identity_offset: int,
+             compiled: bool):
     ct = _compute_dtype(features.dtype)
     f, w = features.detach().to(ct), weight.detach().to(ct)
     c_in, c_out = w.shape[1], w.shape[2]
@@ -207,7 +221,7 @@ def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, id
     n_blocks = -(-num_out // block)
     pairs, bounds = _segments(pairs, counts, dst_col, block, n_blocks)
     chunk = _chunk_rows(max(c_in, c_out), itemsize)
-    scatter, gather = _scatter(out, pairs, dst_col), _gather(f, pairs, src_col)
+    scatter, gather = _scatter(out, pairs, dst_col, compiled), _gather(f, pairs, src_col, compiled)
 
     def body(b, bufs):
         rows, prods = bufs
@@ -228,6 +242,14 @@ def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, id
 
 
 def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, identity_offset: int):
+    """``(grad_features, grad_weight)``; as :func:`forward`, on the torch loops while the row loops compile."""
+    with suppress(KernelNotReady):
+        return _backward(grad_out, features, weight, pairs, indice_num, inverse, identity_offset, True)
+    return _backward(grad_out, features, weight, pairs, indice_num, inverse, identity_offset, False)
+
+
+def _backward(grad_out, features, weight, pairs, indice_num, inverse: bool, identity_offset: int,
+              compiled: bool):
     ct = _compute_dtype(features.dtype)
     g, f, w = grad_out.detach().to(ct), features.detach().to(ct), weight.detach().to(ct)
     K, c_in, c_out = w.shape
@@ -243,7 +265,8 @@ def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, ident
     # the input gradient scatters into the source rows: blocks of source rows
     pairs, bounds = _segments(pairs, counts, src_col, block, n_blocks)
     chunk = _chunk_rows(max(c_in, c_out), itemsize)
-    gather_g, scatter_gather_f = _gather(g, pairs, dst_col), _scatter_gather(grad_features, f, pairs, src_col)
+    gather_g = _gather(g, pairs, dst_col, compiled)
+    scatter_gather_f = _scatter_gather(grad_features, f, pairs, src_col, compiled)
     # per-block weight-gradient partials, added to grad_weight in block order as blocks finish
     added = threading.Condition()
     finished: dict[int, torch.Tensor] = {}
