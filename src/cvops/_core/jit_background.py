@@ -19,7 +19,9 @@ done here, on one daemon thread, and calls that find their kernels not ready run
 The torch path and the numba kernels compute the same values (bit for bit for the pure-IO ops, within
 the accumulating-op tolerance for the others), so only a result's last bits can depend on when the
 worker finished. Before a fork the parent waits for the worker to be idle (a child must not inherit a
-held compiler lock), and at exit for its current job (LLVM must not be torn down under it).
+held compiler lock), and at exit for its current job (LLVM must not be torn down under it). During a job
+the worker lowers the GIL switch interval and turns the cyclic garbage collector off, and restores both
+after it (the collector only if it was on when the job began).
 """
 from __future__ import annotations
 
@@ -63,6 +65,14 @@ class _Worker:
             self.cond.notify_all()
 
     def _serve(self) -> None:
+        try:
+            self._run_jobs()
+        finally:  # whatever ended the thread, nobody may wait for jobs it will not run
+            with self.cond:
+                self.jobs.clear()
+                self.cond.notify_all()
+
+    def _run_jobs(self) -> None:
         while True:
             with self.cond:
                 while not self.jobs and not self.closing:
