@@ -20,9 +20,9 @@ Where the cache lives: numba's own rule, which suits a pip install. It writes ne
 source (``__pycache__``) when that folder is writable, otherwise in the user's cache folder
 (``~/.cache/numba`` on Linux), and ``NUMBA_CACHE_DIR`` moves it anywhere. Each kernel compiles once
 per argument types (dtype, array layout), never per value: sizes, strides and flags are plain
-integer arguments. Importing numba and loading cached kernels costs a fixed part of a second in each
-process, and compiling the kernels an op needs costs seconds once per machine: the worker keeps both off
-the calling thread.
+integer arguments. Importing numba and loading cached kernels is a fixed cost in each process, and
+compiling the kernels an op needs a larger one once per machine: the worker keeps both off the calling
+thread.
 
 Parallel kernels (``prange``) use numba's thread pool; :func:`match_torch_threads` gives it torch's
 thread count first, so ``OMP_NUM_THREADS`` / ``torch.set_num_threads`` bound both paths alike, and

@@ -1,8 +1,8 @@
 """Loading and compiling an op's numba kernels on a worker thread, so that no call waits for numba.
 
-A process's first numba call pays numba's import and the loading of each kernel from numba's disk cache
-(about half a second together), and on an empty cache the compilation of every kernel it runs (seconds
-per op). In the default mode (``CVOPS_NUMBA`` unset, see :func:`cvops._core.jit.numba_mode`) that work is
+A process's first numba call pays numba's import and the loading of each kernel from numba's disk cache,
+and on an empty cache the compilation of every kernel it runs, which takes far longer than the call's own
+work. In the default mode (``CVOPS_NUMBA`` unset, see :func:`cvops._core.jit.numba_mode`) that work is
 done here, on one daemon thread, and calls that find their kernels not ready run the op's torch path:
 
 * :func:`loaded` returns an op's kernel module once the worker has imported it, and queues the import
@@ -82,9 +82,9 @@ class _Worker:
                 key, job = next(iter(self.jobs.items()))
             interval, collecting = sys.getswitchinterval(), gc.isenabled()
             # numba's import and front end are Python holding the GIL: the calls running beside them, which
-            # release it in every torch call, would wait up to a switch interval (5 ms) to get it back each
-            # time, and all of a full collection (~0.1 s with torch and numba loaded), which the import's
-            # allocations set off. The collection runs after the job instead.
+            # release it in every torch call, would wait up to a switch interval (5 ms by default) to get it
+            # back each time, and all of a full collection over torch's and numba's objects, which the
+            # import's allocations set off. The collection runs after the job instead.
             sys.setswitchinterval(min(interval, _SWITCH_INTERVAL_S))
             gc.disable()
             try:
