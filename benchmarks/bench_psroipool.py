@@ -1,6 +1,6 @@
 """psroipool forward and backward on the cases of ``cases/psroipool.json`` (default: R-FCN ResNet-101 at 600x1000,
 cls/bbox branches and the COCO cls branch, 128/300/2000 RoIs), plus one small RoI on the cls map (the fixed cost of
-a call). Times are the minimum of repeated runs.
+a call). Times are medians of repeated calls (``harness.time_fn``), as in every other benchmark.
 
     python benchmarks/bench_psroipool.py [--tag network] [--backend cpu] [--no-check]
 
@@ -10,29 +10,14 @@ No anchor on CPU: torchvision's ps_roi_pool has no CPU build here (and a differe
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
 import cvops
-from harness import BACKEND, NO_CHECK, BenchRow, MachineLimits, bench_main, synchronize, tensor_bytes
+from harness import BACKEND, NO_CHECK, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
 from tests.support.cases import load_cases
 from cvops._core.metrics import diff1, diff2
 from tests.support.inputs.psroipool import case_input, case_rois
 from cvops.ops.psroipool.cpu import bin_edges
-
-
-def time_min(fn, device, repeats: int = 15) -> float:
-    """Minimum wall time of ``fn()`` over ``repeats`` runs after one warm-up (the machine may be shared)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def theory_flops(rois, case) -> float:
@@ -71,14 +56,15 @@ def run(limits: MachineLimits, tag: str = "network", backend: str | None = None,
             ref, _ = cvops.psroi_pool(x.cpu(), rois[pick].cpu(), ph, pw, scale, group, od, "NHWC",
                                       backend="reference")
             verdict = _verdict(out[pick].cpu(), ref)
-        seconds = time_min(fwd, device)
+        seconds = time_fn(fwd, device, repeats=15)
         rows.append(BenchRow("psroipool", case["name"], "forward", name, seconds,
                              tensor_bytes(x, rois, out, mapping), flops=flops, check=verdict))
 
         if case is cases[0]:  # one small RoI on the first case's map: the fixed cost of a call
             one = torch.tensor([[0.0, 100, 100, 200, 200]], device=device)
-            rows.append(BenchRow("psroipool", f"{case['name']}_1roi", "forward", name, time_min(
-                lambda: cvops.psroi_pool(x, one, ph, pw, scale, group, od, "NHWC", backend=backend), device, 50),
+            rows.append(BenchRow("psroipool", f"{case['name']}_1roi", "forward", name, time_fn(
+                lambda: cvops.psroi_pool(x, one, ph, pw, scale, group, od, "NHWC", backend=backend), device,
+                repeats=50),
                 tensor_bytes(one) + 2 * od * ph * pw * 4))  # IO: what one RoI needs (rois + outputs)
         bottom_shape = tuple(case.get("bottom_shape", case["input_shape"]))
         grad = torch.randn(out.shape, device=device)
@@ -93,7 +79,7 @@ def run(limits: MachineLimits, tag: str = "network", backend: str | None = None,
             mine = cvops.psroi_pool_backward(grad[pick], rois[pick], mapping[pick], scale, od, bottom_shape, "NHWC",
                                              backend=backend)
             verdict = _verdict(mine.cpu(), ref)
-        seconds = time_min(bwd, device)
+        seconds = time_fn(bwd, device, repeats=15)
         rows.append(BenchRow("psroipool", case["name"], "backward", name, seconds,
                              tensor_bytes(grad, rois, mapping, bottom), flops=flops, check=verdict))
     return rows
