@@ -2,6 +2,7 @@
 (transposed conv, max / avg pool, global pools), indice_key rules, SparseConvTensor API, checkpoints."""
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 
@@ -247,3 +248,49 @@ def test_transposed_conv_and_max_pool_match_spconv():
         yc.sin().sum().backward()
         torch.testing.assert_close(yc, yr, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(fc.grad, fr.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture
+def spconv_modules():
+    """Restores ``sys.modules``' spconv entries (the real spconv may be installed: the benchmarks' anchor)."""
+    import sys
+    saved = {k: v for k, v in sys.modules.items() if k == "spconv" or k.startswith("spconv.")}
+    yield
+    for key in [k for k in sys.modules if k == "spconv" or k.startswith("spconv.")]:
+        del sys.modules[key]
+    sys.modules.update(saved)
+
+
+def test_install_as_spconv_serves_code_that_imports_spconv(spconv_modules):
+    """Code that imports spconv itself (OpenPCDet's spconv_utils, mmdet3d's version check and layer imports)
+    gets cvops.spconv's modules and classes after install_as_spconv, and runs on them."""
+    spconv.install_as_spconv()
+    top = importlib.import_module("spconv")  # OpenPCDet's pcdet/utils/spconv_utils.py, from here on
+    if float(top.__version__[2:]) >= 2.2:
+        top.constants.SPCONV_USE_DIRECT_TABLE = False
+    try:
+        import spconv.pytorch as imported
+    except ImportError:
+        pytest.fail("import spconv.pytorch failed after install_as_spconv")
+    assert imported is spconv and top.pytorch is spconv
+    assert hasattr(top, "__version__") and top.__version__ >= "2.0.0"  # mmdet3d's IS_SPCONV2_AVAILABLE test
+    from spconv.pytorch import SparseConvTensor, SparseModule, SparseSequential, SubMConv3d
+    from spconv.pytorch.conv import SparseConvolution
+    assert SubMConv3d is spconv.SubMConv3d and SparseConvolution is spconv.conv.SparseConvolution
+    with pytest.raises(ImportError):
+        importlib.import_module("spconv.utils")  # spconv's voxel generators are not part of cvops
+
+    class Block(SparseModule):
+        def __init__(self):
+            super().__init__()
+            self.net = SparseSequential(SubMConv3d(4, 8, 3, indice_key="s"), torch.nn.ReLU())
+
+        def forward(self, x):
+            return self.net(x)
+
+    x = random_sparse(2, (6, 7, 8), 40, 4, dtype=torch.float32, seed=3)
+    block = Block()
+    assert isinstance(block.net[0], SparseConvolution)  # OpenPCDet's find_all_spconv_keys
+    y = block(SparseConvTensor(x.features, x.indices, x.spatial_shape, x.batch_size))
+    direct = block.net[0](_sp(x))
+    assert torch.equal(y.features, torch.relu(direct.features)) and torch.equal(y.indices, x.indices)

@@ -6,6 +6,9 @@ plain ``load_state_dict`` (weights ``[out, *kernel, in]``). The layers are :mod:
 package only lays them out under spconv's module paths (``cvops.spconv.conv.SparseConvolution``,
 ``cvops.spconv.pool``, ``cvops.spconv.functional``, ...). docs/SPARSE.md lists what differs on purpose.
 """
+import sys
+import types
+
 from . import conv, core, functional, modules, ops, pool, tables  # noqa: F401  (spconv's module paths)
 from .conv import *  # noqa: F401,F403
 from .conv import SparseConvolution
@@ -18,9 +21,41 @@ from .pool import (SparseAvgPool1d, SparseAvgPool2d, SparseAvgPool3d, SparseGlob
                    SparseMaxPool1d, SparseMaxPool2d, SparseMaxPool3d, SparseMaxPool4d)
 from .tables import AddTable, ConcatTable, JoinTable
 
-__all__ = ["AddTable", "ConcatTable", "ConvAlgo", "Identity", "JoinTable", "RemoveGrid", "SparseAvgPool1d",
-           "SparseAvgPool2d", "SparseAvgPool3d", "SparseBatchNorm", "SparseConvTensor", "SparseConvolution",
-           "SparseGlobalAvgPool", "SparseGlobalMaxPool", "SparseIdentity", "SparseMaxPool1d", "SparseMaxPool2d",
-           "SparseMaxPool3d", "SparseMaxPool4d", "SparseModule", "SparseReLU", "SparseSequential", "ToDense",
-           "assign_name_for_sparse_modules", "conv", "core", "functional", "modules", "ops", "pool", "tables",
-           *conv.__all__]
+__all__ = ["AddTable", "ConcatTable", "ConvAlgo", "Identity", "JoinTable", "RemoveGrid", "SPCONV_VERSION",
+           "SparseAvgPool1d", "SparseAvgPool2d", "SparseAvgPool3d", "SparseBatchNorm", "SparseConvTensor",
+           "SparseConvolution", "SparseGlobalAvgPool", "SparseGlobalMaxPool", "SparseIdentity", "SparseMaxPool1d",
+           "SparseMaxPool2d", "SparseMaxPool3d", "SparseMaxPool4d", "SparseModule", "SparseReLU", "SparseSequential",
+           "ToDense", "assign_name_for_sparse_modules", "conv", "core", "functional", "install_as_spconv", "modules",
+           "ops", "pool", "tables", *conv.__all__]
+
+# The spconv release whose names, signatures and numerics this package follows (the anchor of its tests);
+# install_as_spconv gives it to the ``spconv`` package it registers, for code that checks spconv's version.
+SPCONV_VERSION = "2.3.8"
+_SUBMODULES = ("conv", "core", "functional", "identity", "modules", "ops", "pool", "tables")
+
+
+def install_as_spconv() -> None:
+    """Make ``import spconv.pytorch`` (and ``import spconv``, ``from spconv.pytorch.conv import ...``) give this
+    package, for code that imports spconv itself and is not yours to edit, such as OpenPCDet's ``spconv_utils``
+    (which also reads ``spconv.__version__``, as mmdet3d does).
+
+    Registers in ``sys.modules`` a package ``spconv`` (``__version__`` = :data:`SPCONV_VERSION`, ``pytorch`` =
+    this package, ``constants``: the switches spconv's own kernels read, which code may set, as OpenPCDet sets
+    ``SPCONV_USE_DIRECT_TABLE``, and cvops never reads: it computes one way), ``spconv.pytorch`` and its
+    submodules, in place of any spconv modules imported before, so that no import mixes the two. Call it
+    before importing such code: a module that already imported the real spconv keeps it. spconv's voxel
+    generators (``spconv.utils``) are not part of cvops, so importing them fails."""
+    for key in [k for k in sys.modules if k == "spconv" or k.startswith("spconv.")]:
+        del sys.modules[key]
+
+    top = types.ModuleType("spconv", "cvops.spconv registered as spconv (cvops.spconv.install_as_spconv)")
+    top.__path__ = []  # a package: its submodules come from sys.modules
+    top.__version__ = SPCONV_VERSION
+    top.pytorch = sys.modules[__name__]
+    top.constants = types.ModuleType("spconv.constants", "spconv's kernel switches; cvops reads none of them")
+    top.constants.SPCONV_USE_DIRECT_TABLE = True  # spconv's default
+    sys.modules["spconv"] = top
+    sys.modules["spconv.constants"] = top.constants
+    sys.modules["spconv.pytorch"] = top.pytorch
+    for name in _SUBMODULES:
+        sys.modules[f"spconv.pytorch.{name}"] = sys.modules[f"{__name__}.{name}"]
