@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -253,7 +254,6 @@ def test_transposed_conv_and_max_pool_match_spconv():
 @pytest.fixture
 def spconv_modules():
     """Restores ``sys.modules``' spconv entries (the real spconv may be installed: the benchmarks' anchor)."""
-    import sys
     saved = {k: v for k, v in sys.modules.items() if k == "spconv" or k.startswith("spconv.")}
     yield
     for key in [k for k in sys.modules if k == "spconv" or k.startswith("spconv.")]:
