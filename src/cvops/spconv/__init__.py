@@ -31,7 +31,6 @@ __all__ = ["AddTable", "ConcatTable", "ConvAlgo", "Identity", "JoinTable", "Remo
 # The spconv release whose names, signatures and numerics this package follows (the anchor of its tests);
 # install_as_spconv gives it to the ``spconv`` package it registers, for code that checks spconv's version.
 SPCONV_VERSION = "2.3.8"
-_SUBMODULES = ("conv", "core", "functional", "identity", "modules", "ops", "pool", "tables")
 
 
 def install_as_spconv() -> None:
@@ -57,5 +56,7 @@ def install_as_spconv() -> None:
     sys.modules["spconv"] = top
     sys.modules["spconv.constants"] = top.constants
     sys.modules["spconv.pytorch"] = top.pytorch
-    for name in _SUBMODULES:
-        sys.modules[f"spconv.pytorch.{name}"] = sys.modules[f"{__name__}.{name}"]
+    prefix = __name__ + "."
+    for key, module in list(sys.modules.items()):  # this package's submodules, all imported above
+        if key.startswith(prefix):
+            sys.modules["spconv.pytorch." + key[len(prefix):]] = module
