@@ -10,6 +10,8 @@ import ast
 import importlib.util
 import inspect
 import os
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -43,7 +45,10 @@ EXPECTED = {
 
 
 def _ours(name: str) -> dict:
-    obj = getattr(mm, name)
+    return _table(getattr(mm, name))
+
+
+def _table(obj) -> dict:
     methods = {"call": obj} if not inspect.isclass(obj) else {m: getattr(obj, m) for m in ("__init__", "forward")}
     table = {}
     for method, fn in methods.items():
@@ -97,7 +102,7 @@ def test_signatures_match_installed_mmcv():
     if ops_dir is None or not (ops_dir / "carafe.py").exists():
         pytest.skip("mmcv's Python files are not installed (pip install --no-deps mmcv-lite)")
     peer = _peer_table(ops_dir)
-    assert set(EXPECTED) <= set(peer)  # (mmcv also defines psa_mask, which mmcv.ops does not export)
+    assert set(EXPECTED) <= set(peer)
     for name in EXPECTED:
         assert _ours(name) == peer[name], name
     exported = ast.parse((ops_dir / "__init__.py").read_text())
@@ -105,6 +110,8 @@ def test_signatures_match_installed_mmcv():
              if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__all__"
              for n in node.value.elts}
     assert set(EXPECTED) <= names  # every name here is an mmcv.ops export
+    from cvops.mmcv.psa_mask import psa_mask  # mmcv.ops.psa_mask's function, not exported by mmcv.ops
+    assert _table(psa_mask) == peer["psa_mask"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,3 +253,45 @@ def test_masked_conv2d_function_and_no_mask_fallback():
 def test_same_objects_as_native_modules():
     assert mm.CARAFEPack is cvops.nn.CARAFEPack and mm.MaskedConv2d is cvops.nn.MaskedConv2d
     assert issubclass(mm.PSAMask, cvops.nn.PSAMask)
+
+
+MODULE_PATHS = {"carafe": ["CARAFE", "CARAFENaive", "CARAFEPack", "carafe", "carafe_naive"],
+                "masked_conv": ["MaskedConv2d", "masked_conv2d"], "psa_mask": ["PSAMask", "psa_mask"]}
+
+
+@pytest.mark.parametrize("module", sorted(MODULE_PATHS))
+def test_names_sit_at_mmcv_module_paths(module):
+    """mmcv.ops.<module> paths (mmdet's CARAFE-FPN imports ``from mmcv.ops.carafe import CARAFEPack``): each
+    name is there, and the top-level name is the same object where mmcv.ops exports it too."""
+    ours = importlib.import_module(f"cvops.mmcv.{module}")
+    assert sorted(ours.__all__) == sorted(MODULE_PATHS[module])
+    for name in MODULE_PATHS[module]:
+        if name in mm.__all__:
+            assert getattr(ours, name) is getattr(mm, name)
+
+
+def test_psa_mask_function_is_the_module_s():
+    """mmcv's ``psa_mask(input, psa_type_enum, mask_size)``, as PSAMask calls it, with its gradient."""
+    from cvops.mmcv.psa_mask import psa_mask
+    x = torch.randn(2, 9, 4, 5, dtype=torch.float64, requires_grad=True)
+    for name, enum in (("collect", 0), ("distribute", 1)):
+        assert torch.equal(psa_mask(x, enum, 3), mm.PSAMask(name, (3, 3))(x))
+    torch.autograd.gradcheck(lambda t: psa_mask(t, 1, (3, 3)), (x,))
+
+
+def test_module_paths_import_where_cvops_mmcv_stands_in_for_mmcv_ops(monkeypatch):
+    """With ``sys.modules["mmcv.ops"] = cvops.mmcv`` (how code that imports mmcv.ops is pointed here), mmdet's
+    ``from mmcv.ops.carafe import CARAFEPack`` and the other module paths import and give cvops's classes."""
+    stub = types.ModuleType("mmcv")
+    stub.__path__ = []
+    monkeypatch.setitem(sys.modules, "mmcv", stub)
+    monkeypatch.setitem(sys.modules, "mmcv.ops", mm)
+    for module in MODULE_PATHS:
+        monkeypatch.delitem(sys.modules, f"mmcv.ops.{module}", raising=False)
+    try:
+        assert importlib.import_module("mmcv.ops.carafe").CARAFEPack is mm.CARAFEPack
+        assert importlib.import_module("mmcv.ops.masked_conv").MaskedConv2d is mm.MaskedConv2d
+        assert importlib.import_module("mmcv.ops.psa_mask").psa_mask(torch.randn(1, 4, 3, 3), 0, 2).shape == (1, 9, 3, 3)
+    finally:
+        for module in MODULE_PATHS:
+            sys.modules.pop(f"mmcv.ops.{module}", None)
