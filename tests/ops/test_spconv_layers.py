@@ -294,3 +294,26 @@ def test_install_as_spconv_serves_code_that_imports_spconv(spconv_modules):
     y = block(SparseConvTensor(x.features, x.indices, x.spatial_shape, x.batch_size))
     direct = block.net[0](_sp(x))
     assert torch.equal(y.features, torch.relu(direct.features)) and torch.equal(y.indices, x.indices)
+
+
+def test_patches_of_sparse_module_reach_every_conv_layer(monkeypatch):
+    """mmdet3d's register_spconv2 sets ``_version = 2`` and its own ``_load_from_state_dict`` on spconv.pytorch's
+    SparseModule (to load mmcv-layout checkpoints): every conv layer it registers inherits both from SparseModule
+    and overrides neither, so the patches reach them."""
+    loaded = []
+
+    def recording_load(self, state_dict, prefix, *args):
+        loaded.append(type(self).__name__)
+        torch.nn.Module._load_from_state_dict(self, state_dict, prefix, *args)
+
+    monkeypatch.setattr(spconv.SparseModule, "_version", 2, raising=False)
+    monkeypatch.setattr(spconv.SparseModule, "_load_from_state_dict", recording_load)
+    names = [f"{kind}{n}d" for kind in ("SparseConv", "SubMConv") for n in (2, 3, 4)]
+    names += [f"{kind}{n}d" for kind in ("SparseInverseConv", "SparseConvTranspose") for n in (2, 3)]
+    for name in names:
+        cls = getattr(spconv, name)
+        layer = cls(2, 3, 3, indice_key="k") if "Inverse" in name else cls(2, 3, 3)
+        state = layer.state_dict()
+        assert state._metadata[""]["version"] == 2, name
+        layer.load_state_dict(state)
+        assert loaded[-1] == name
