@@ -22,6 +22,13 @@ import subprocess
 import sys
 import tempfile
 
+# 4,000 sites of one KITTI-like grid [41, 160, 140] (batch 0), for the sparse snippets
+_SITES = """
+g = torch.Generator().manual_seed(0)
+flat = torch.randperm(41 * 160 * 140, generator=g)[:4000]
+idx = torch.stack([torch.zeros_like(flat), flat // (160 * 140), flat // 140 % 160, flat % 140], 1).int()
+"""
+
 # One snippet per op: builds inputs, then `call()` runs the op's first forward (+ backward).
 SNIPPETS = {
     "carafe": """
@@ -50,18 +57,12 @@ def call():
     with torch.no_grad():
         conv(x, mask)
 """,
-    "get_indice_pairs": """
-g = torch.Generator().manual_seed(0)
-flat = torch.randperm(41 * 160 * 140, generator=g)[:4000]
-idx = torch.stack([torch.zeros_like(flat), flat // (160 * 140), flat // 140 % 160, flat % 140], 1).int()
+    "get_indice_pairs": _SITES + """
 def call():
     cvops.get_indice_pairs(idx, 1, [41, 160, 140], 3, 1, 1, subm=True)
 """,
-    "sparse_conv": """
+    "sparse_conv": _SITES + """
 import cvops.spconv as spconv
-g = torch.Generator().manual_seed(0)
-flat = torch.randperm(41 * 160 * 140, generator=g)[:4000]
-idx = torch.stack([torch.zeros_like(flat), flat // (160 * 140), flat // 140 % 160, flat % 140], 1).int()
 feats = torch.randn(4000, 16, generator=g, requires_grad=True)
 net = spconv.SparseSequential(spconv.SubMConv3d(16, 16, 3, indice_key="s1"), spconv.SparseConv3d(16, 32, 3, 2, 1))
 def call():
