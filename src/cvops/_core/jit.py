@@ -116,7 +116,8 @@ def _kernels_module(package: str):
 def njit(fn: Optional[Callable] = None, *, parallel: bool = False, error_model: str = "python",
          fastmath=False):
     """``numba.njit(cache=True, nogil=True, parallel=parallel, fastmath=fastmath)`` as a decorator, with or
-    without arguments. Imports numba, so use it only in modules imported after :func:`numba_enabled`.
+    without arguments. Imports numba, so use it only in kernel modules (the ops' ``cpu_numba``, which
+    :func:`numba_kernels` imports when numba is on).
     ``fastmath`` is False (exact) or :data:`REASSOCIATE` (accumulating kernels only).
 
     ``error_model="numpy"``: divisions follow IEEE (x/0 gives inf/NaN) instead of raising

@@ -1,6 +1,7 @@
 """Low-level helpers for numba kernels: a cache prefetch hint, streaming (non-temporal) stores, an 8 x 8
 register transpose, and compiling a kernel with LLVM's loop vectoriser off or its SLP vectoriser on. Imports
-numba, so import it only from kernel modules (after ``jit.numba_enabled()``).
+numba, so import it only from kernel modules (the ops' ``cpu_numba``, which ``jit.numba_kernels`` imports
+when numba is on).
 
 Why these exist: gather/scatter kernels whose inner loop reads with a large stride (a new cache line
 per element) are latency-bound; the hardware prefetchers do not follow dozens of such streams, so the
