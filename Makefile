@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 BENCH  := $(VENV)/.installed-bench
 
-.PHONY: demo test bench bench-gpu clean gpu-report
+.PHONY: demo test bench bench-gpu clean gpu-report gpu-check
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -44,3 +44,8 @@ bench-gpu: $(BENCH)
 # memory and occupancy per kernel (tools/gpu_report.py --tests records the triton op tests' launches instead).
 gpu-report: $(STAMP)
 	$(PY) tools/gpu_report.py
+
+# On a GPU machine, with its own python3 (torch + triton, no venv, no install): correctness and speed of every
+# Triton kernel, results in gpu-check-out/ (tools/gpu_check.py --help).
+gpu-check:
+	PYTHONPATH=src python3 tools/gpu_check.py --out gpu-check-out
