@@ -1,5 +1,6 @@
-"""cvops.sparse's CPU paths (sparse/cpu.py, sparse/cpu_numba.py): the numba row loops give the bits of the torch
-path, the destination-row blocks give the same bits on any thread count, and a failing block reaches the caller."""
+"""cvops.sparse's CPU paths (sparse/cpu.py, sparse/cpu_numba.py): the compiled layer agrees with the torch loops
+to rounding (another BLAS), each path gives the same bits on any thread count, and a failing block reaches the
+caller."""
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,9 @@ from tests.ops._sparse_kmap import MAP_CASES, map_case
 
 @pytest.mark.parametrize("case", list(MAP_CASES))
 @pytest.mark.parametrize("threads", [1, 2])
-def test_numba_gather_scatter_match_torch_bitwise(case, threads, monkeypatch):
-    """The numba row gather and scatter (cpu_numba) give the bits of index_select / index_add_, on 1 and 2 threads."""
+def test_compiled_layer_matches_torch_loops(case, threads, monkeypatch):
+    """The compiled layer (cpu_numba, one call per direction) agrees with the torch loops within 1e-6 relative,
+    forward and both gradients, on 1 and 2 threads."""
     from cvops._core import jit
     if not jit.numba_available():
         pytest.skip("numba not installed")
@@ -27,13 +29,14 @@ def test_numba_gather_scatter_match_torch_bitwise(case, threads, monkeypatch):
         gf, gw = torch.autograd.grad(out, (f, w), torch.linspace(-1, 1, out.numel()).reshape(out.shape))
         results.append((out.detach(), gf, gw))
     for a, b in zip(*results):
-        assert bit_equal(a, b)
+        assert float((a - b).abs().max()) <= 1e-6 * max(1.0, float(b.abs().max()))
 
 
 @pytest.mark.parametrize("case", list(MAP_CASES))
 def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
     """The cpu backend's destination-row blocks (here a few rows each, chunks of 3 pairs) run on any
-    thread: 1 and 2 torch threads, numba on and off, give the same bits, and match the reference."""
+    thread: on 1 and 2 torch threads each path (numba on, numba off) gives the same bits, and both match
+    the reference."""
     from cvops._core import jit
     from cvops.sparse import cpu
     monkeypatch.setattr(cpu, "BLOCK_ROWS", (7, 7))
@@ -43,7 +46,7 @@ def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
     grad = torch.linspace(-1, 1, num_out * weight.shape[2]).reshape(num_out, -1)
     switches = ("0", "1") if jit.numba_available() else ("0",)
     threads = torch.get_num_threads()
-    results = []
+    results = {switch: [] for switch in switches}
     try:
         for n_threads in (1, 2):
             torch.set_num_threads(n_threads)
@@ -52,16 +55,18 @@ def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
                 f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
                 out = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident,
                                          backend="cpu")
-                results.append((out.detach(), *torch.autograd.grad(out, (f, w), grad)))
+                results[switch].append((out.detach(), *torch.autograd.grad(out, (f, w), grad)))
     finally:
         torch.set_num_threads(threads)
-    for other in results[1:]:
-        for a, b in zip(results[0], other):
+    for one_thread, two_threads in results.values():
+        for a, b in zip(one_thread, two_threads):
             assert bit_equal(a, b)
     f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
     ref = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident, backend="reference")
-    for a, b in zip(results[0], (ref.detach(), *torch.autograd.grad(ref, (f, w), grad))):
-        assert diff1(a, b) < 1e-6 and diff2(a, b) < 1e-6
+    expected = (ref.detach(), *torch.autograd.grad(ref, (f, w), grad))
+    for runs in results.values():
+        for a, b in zip(runs[0], expected):
+            assert diff1(a, b) < 1e-6 and diff2(a, b) < 1e-6
 
 
 @pytest.mark.parametrize("col", [0, 1])

@@ -48,25 +48,25 @@ def test_indice_conv_out_of_range_pair_rejected(cpu_path):
         sparse.indice_conv(x.features, torch.zeros(27, 2, 3), bad, num, int(pairs[:, 1].max()) + 1)
 
 
-@pytest.mark.parametrize("which", ["gather", "scatter", "scatter_gather"])
-def test_numba_row_kernels_are_bounds_safe(which):
-    # the compiled loops check every row index themselves: an out-of-range row raises, never reads/writes
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("col", [0, 1])
+def test_compiled_layer_is_bounds_safe(direction, col):
+    # the compiled layer checks every row index itself (and that a destination row lies in its block): an
+    # out-of-range row in either column raises, never reads or writes
     pytest.importorskip("numba")
     from cvops.sparse import cpu_numba
-    src = torch.randn(8, 4)
-    out = torch.zeros(8, 4)
-    rows = torch.randn(3, 4)
-    chunks = np.array([[0, 0, 3, 0]], dtype=np.int64)   # offset 0, pairs 0:3, buffer rows 0:3
-    for index in (torch.tensor([0, 1, 1 << 28], dtype=torch.int32), torch.tensor([0, -3, 2], dtype=torch.int32)):
-        pairs = torch.stack([index, index])[None].contiguous()
+    f, w, g = torch.randn(8, 4), torch.randn(1, 4, 4), torch.randn(8, 4)
+    bounds = torch.tensor([[0, 3]], dtype=torch.int64)  # one offset, one block, pairs 0:3
+    for bad in (1 << 28, -3):
+        pairs = torch.tensor([[[0, 1, 2], [0, 1, 2]]], dtype=torch.int32)
+        pairs[0, col, 2] = bad
+        out, grad_f, grad_w = torch.zeros(8, 4), torch.zeros(8, 4), torch.zeros(1, 4, 4)
         with pytest.raises(BadParamError, match="row index"):
-            if which == "gather":
-                cpu_numba.gather_chunks(torch.empty(3, 4), src, pairs, 0, chunks)
-            elif which == "scatter":
-                cpu_numba.scatter_add_chunks(out, pairs, 1, chunks, rows)
+            if direction == "forward":
+                cpu_numba.conv_forward(out, f, w, pairs, bounds, np.array([0]), -1, 0, 1, 8, 4)
             else:
-                cpu_numba.scatter_add_gather_chunks(out, pairs, 0, chunks, rows, torch.empty(3, 4), src)
-    assert torch.equal(out[3:], torch.zeros(5, 4))  # rows no index reached stay untouched
+                cpu_numba.conv_backward(grad_f, grad_w, g, f, w, pairs, bounds, np.array([0]), -1, 0, 1, 8, 4)
+        assert torch.equal(out[3:], torch.zeros(5, 4)) and torch.equal(grad_f[3:], torch.zeros(5, 4))
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])

@@ -1,6 +1,8 @@
-"""Vectorised torch backend of the sparse convolution (device-agnostic torch code).
+"""CPU backend of the sparse convolution: gather-GEMM-scatter in blocks of destination rows.
 
-Gather-GEMM-scatter, one GEMM per kernel offset, in blocks of destination rows:
+With numba on, each direction is one compiled call (``cpu_numba.conv_forward`` / ``conv_backward``); the torch
+loops below are the same algorithm for ``CVOPS_NUMBA=0``, for devices numba does not serve and for calls made
+while a background worker compiles the kernels:
 
     for each block of destination rows [r0, r1)  (the blocks run in parallel, one per core)
         for each round: the block's pairs, offsets ascending, cut into runs of at most CHUNK_BYTES rows
@@ -12,16 +14,15 @@ Each offset's pairs are sorted by destination row (the layers pass maps in that 
 sorted here), so a block's pairs of one offset are one contiguous segment. Working block by block keeps
 the block's output rows and the gathered rows / products in cache between the gather, the GEMM and the
 scatter, instead of streaming offset-sized workspaces through memory three times; and the blocks need
-no barrier between offsets, because no two blocks write the same row. A round costs two or three
-compiled row loops (cpu_numba's chunk kernels) whatever the number of offsets in it, so the Python and
-dispatch cost does not grow with the kernel volume.
+no barrier between offsets, because no two blocks write the same row.
 
 Determinism and thread count: the blocks and the rounds within a block have fixed sizes (they depend
-on the channels and the dtype, never on the number of threads), each block runs single-threaded (one
-MKL call per chunk), and within one offset every destination row occurs at most once. So every output
-element receives the same additions in the same order (identity offset first, then ascending k)
-whichever thread runs its block: the bits do not depend on the thread count. The weight gradient is a
-per-block partial, the partials summed in block order.
+on the channels and the dtype, never on the number of threads), each block runs single-threaded,
+and within one offset every destination row occurs at most once. So every output element receives the
+same additions in the same order (identity offset first, then ascending k) whichever thread runs its
+block: the bits do not depend on the thread count. The weight gradient is a per-block partial, the
+partials summed in block order. The compiled and torch paths differ only in their BLAS (SciPy's and
+torch's), so they agree to rounding.
 
 The subm identity offset (the pairs ``(i, i)`` for every row) is one dense matmul per block that
 initialises the block. Half types are computed in float32 and rounded once at the end.
@@ -55,56 +56,22 @@ def _chunk_rows(channels: int, itemsize: int) -> int:
     return max(1, CHUNK_BYTES // max(1, channels * itemsize))
 
 
-def _row_kernels(compiled: bool, *tensors):
-    """The compiled row loops (``cpu_numba``, chosen by ``_core.jit.numba_kernels``) when ``compiled``, numba
-    is enabled and they take every one of ``tensors``; None selects the torch loops. Their calls raise
-    KernelNotReady while a background worker compiles them (see :func:`forward`)."""
-    kernels = numba_kernels(__package__, tensors[0], background=True) if compiled else None
-    return kernels if kernels is not None and all(kernels.supports(t) for t in tensors[1:]) else None
+def _gather(src: torch.Tensor, pairs: torch.Tensor, col: int, chunks, out: torch.Tensor) -> None:
+    """``out[pos + i] = src[pairs[k, col, c0 + i]]`` for every chunk ``(k, c0, c1, pos)`` of a round."""
+    for k, c0, c1, pos in chunks:
+        torch.index_select(src, 0, pairs[k, col, c0:c1], out=out[pos:pos + c1 - c0])
 
 
-def _gather(src: torch.Tensor, pairs: torch.Tensor, col: int, compiled: bool):
-    """``gather(chunks, out)``: ``out[pos + i] = src[pairs[k, col, c0 + i]]`` for every chunk of a round."""
-    kernels = _row_kernels(compiled, src)
-    if kernels is not None:
-        return lambda chunks, out: kernels.gather_chunks(out, src, pairs, col, chunks)
-
-    def each(chunks, out):
-        for k, c0, c1, pos in chunks.tolist():
-            torch.index_select(src, 0, pairs[k, col, c0:c1], out=out[pos:pos + c1 - c0])
-    return each
-
-
-def _scatter(out: torch.Tensor, pairs: torch.Tensor, col: int, compiled: bool):
-    """``scatter(chunks, rows)``: ``out[pairs[k, col, c0 + i]] += rows[pos + i]``, chunk by chunk in order."""
-    kernels = _row_kernels(compiled, out)
-    if kernels is not None:
-        return lambda chunks, rows: kernels.scatter_add_chunks(out, pairs, col, chunks, rows)
-
-    def each(chunks, rows):
-        for k, c0, c1, pos in chunks.tolist():
-            out.index_add_(0, pairs[k, col, c0:c1].long(), rows[pos:pos + c1 - c0])
-    return each
-
-
-def _scatter_gather(out: torch.Tensor, src: torch.Tensor, pairs: torch.Tensor, col: int, compiled: bool):
-    """``scatter_gather(chunks, rows, taken)``: the scatter of :func:`_scatter` into ``out`` and the gather
-    of :func:`_gather` from ``src`` on the same rows, one numba pass when enabled."""
-    kernels = _row_kernels(compiled, out, src)
-    if kernels is not None:
-        return lambda chunks, rows, taken: kernels.scatter_add_gather_chunks(out, pairs, col, chunks, rows,
-                                                                              taken, src)
-    scatter, gather = _scatter(out, pairs, col, compiled), _gather(src, pairs, col, compiled)
-
-    def separate(chunks, rows, taken):
-        scatter(chunks, rows)
-        gather(chunks, taken)
-    return separate
+def _scatter(out: torch.Tensor, pairs: torch.Tensor, col: int, chunks, rows: torch.Tensor) -> None:
+    """``out[pairs[k, col, c0 + i]] += rows[pos + i]``, chunk by chunk in order."""
+    for k, c0, c1, pos in chunks:
+        out.index_add_(0, pairs[k, col, c0:c1].long(), rows[pos:pos + c1 - c0])
 
 
 def _segments(pairs: torch.Tensor, counts: list[int], col: int, block_rows: int, n_blocks: int):
     """``(pairs, bounds)``: the map with each offset ascending in ``pairs[k, col]`` (sorted here if it is not)
-    and ``bounds[k][b]``, the first pair of offset ``k`` in destination block ``b`` (``bounds[k][-1] = n_k``)."""
+    and ``bounds[k, b]`` (int64 on the CPU), the first pair of offset ``k`` in block ``b``
+    (``bounds[k, -1] = n_k``)."""
     K = pairs.shape[0]
     num = torch.tensor(counts, dtype=torch.int64)
     for attempt in range(2):
@@ -123,7 +90,7 @@ def _segments(pairs: torch.Tensor, counts: list[int], col: int, block_rows: int,
                 rows[-1][-1] = counts[k]
             bounds = torch.stack(rows).cpu() if rows else torch.zeros((0, n_blocks + 1), dtype=torch.int64)
         if ascending:
-            return pairs, bounds.tolist()
+            return pairs, bounds
         pairs = sort_pairs_by_column(pairs, num.to(pairs.device), col)
     raise AssertionError("sorted pairs must be ascending")
 
@@ -181,36 +148,34 @@ def _row_buffers(todo, chunk: int, dtype, device, *widths: int):
 
 def _rounds(todo, bounds, b: int, chunk: int):
     """The pairs of block ``b`` (offsets in ``todo`` order, each one's pairs whose blocking row lies in the
-    block) in rounds of at most ``chunk`` pairs: each round an int64 array of chunks ``(k, c0, c1, pos)``,
+    block) in rounds of at most ``chunk`` pairs: each round a list of chunks ``(k, c0, c1, pos)``,
     the pairs ``c0:c1`` of offset ``k`` at rows ``pos:pos + c1 - c0`` of the round's work buffers."""
     round_, used = [], 0
     for k, _ in todo:
         start, end = bounds[k][b], bounds[k][b + 1]
         while start < end:
             if used == chunk:
-                yield np.array(round_, dtype=np.int64)
+                yield round_
                 round_, used = [], 0
             stop = min(end, start + chunk - used)
             round_.append((k, start, stop, used))
             used += stop - start
             start = stop
     if round_:
-        yield np.array(round_, dtype=np.int64)
+        yield round_
+
+
+def _compiled(*tensors):
+    """The compiled layer (``cpu_numba``) when numba is on and takes these tensors, else None (torch loops).
+    Its calls raise KernelNotReady while a background worker compiles it; the caller then runs the torch
+    loops, which agree to rounding (another BLAS)."""
+    return numba_kernels(__package__, *tensors, background=True) if tensors[0].device.type == "cpu" else None
 
 
 def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, identity_offset: int):
-    """``[num_out, C_out]``: the sparse convolution of ``features`` over the map. While a background worker
-    compiles the row loops (``_core.jit_background``), the call runs again on the torch loops, which add the
-    same values in the same order."""
-    with suppress(KernelNotReady):
-        return _forward(features, weight, pairs, indice_num, num_out, inverse, identity_offset, True)
-    return _forward(features, weight, pairs, indice_num, num_out, inverse, identity_offset, False)
-
-
-def _forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, identity_offset: int,
-             compiled: bool):
+    """``[num_out, C_out]``: the sparse convolution of ``features`` over the map."""
     ct = _compute_dtype(features.dtype)
-    f, w = features.detach().to(ct), weight.detach().to(ct)
+    f, w = features.detach().to(ct).contiguous(), weight.detach().to(ct).contiguous()
     c_in, c_out = w.shape[1], w.shape[2]
     src_col, dst_col = (1, 0) if inverse else (0, 1)
     counts = [int(c) for c in indice_num.tolist()]
@@ -221,7 +186,13 @@ def _forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, i
     n_blocks = -(-num_out // block)
     pairs, bounds = _segments(pairs, counts, dst_col, block, n_blocks)
     chunk = _chunk_rows(max(c_in, c_out), itemsize)
-    scatter, gather = _scatter(out, pairs, dst_col, compiled), _gather(f, pairs, src_col, compiled)
+    kernels = _compiled(out, f, w)
+    if kernels is not None:
+        with suppress(KernelNotReady):
+            kernels.conv_forward(out, f, w, pairs.contiguous(), bounds, np.array([k for k, _ in todo], np.int64),
+                                 identity_offset, src_col, dst_col, block, chunk)
+            return out.to(features.dtype)
+    bounds = bounds.tolist()
 
     def body(b, bufs):
         rows, prods = bufs
@@ -231,27 +202,20 @@ def _forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, i
         else:
             out[r0:r1].zero_()
         for chunks in _rounds(todo, bounds, b, chunk):
-            gather(chunks, rows)
-            for k, c0, c1, pos in chunks.tolist():
+            _gather(f, pairs, src_col, chunks, rows)
+            for k, c0, c1, pos in chunks:
                 end = pos + c1 - c0
                 torch.mm(rows[pos:end], w[k], out=prods[pos:end])
-            scatter(chunks, prods)
+            _scatter(out, pairs, dst_col, chunks, prods)
 
     _run_blocks(n_blocks, body, lambda: _row_buffers(todo, chunk, ct, f.device, c_in, c_out))
     return out.to(features.dtype)
 
 
 def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, identity_offset: int):
-    """``(grad_features, grad_weight)``; as :func:`forward`, on the torch loops while the row loops compile."""
-    with suppress(KernelNotReady):
-        return _backward(grad_out, features, weight, pairs, indice_num, inverse, identity_offset, True)
-    return _backward(grad_out, features, weight, pairs, indice_num, inverse, identity_offset, False)
-
-
-def _backward(grad_out, features, weight, pairs, indice_num, inverse: bool, identity_offset: int,
-              compiled: bool):
+    """``(grad_features, grad_weight)`` of :func:`forward`."""
     ct = _compute_dtype(features.dtype)
-    g, f, w = grad_out.detach().to(ct), features.detach().to(ct), weight.detach().to(ct)
+    g, f, w = (t.detach().to(ct).contiguous() for t in (grad_out, features, weight))
     K, c_in, c_out = w.shape
     n_rows = f.shape[0]
     src_col, dst_col = (1, 0) if inverse else (0, 1)
@@ -265,8 +229,14 @@ def _backward(grad_out, features, weight, pairs, indice_num, inverse: bool, iden
     # the input gradient scatters into the source rows: blocks of source rows
     pairs, bounds = _segments(pairs, counts, src_col, block, n_blocks)
     chunk = _chunk_rows(max(c_in, c_out), itemsize)
-    gather_g = _gather(g, pairs, dst_col, compiled)
-    scatter_gather_f = _scatter_gather(grad_features, f, pairs, src_col, compiled)
+    kernels = _compiled(grad_features, g, f, w)
+    if kernels is not None:
+        with suppress(KernelNotReady):
+            kernels.conv_backward(grad_features, grad_weight, g, f, w, pairs.contiguous(), bounds,
+                                  np.array([k for k, _ in todo], np.int64), identity_offset, src_col, dst_col,
+                                  block, chunk)
+            return grad_features.to(features.dtype), grad_weight.to(weight.dtype)
+    bounds = bounds.tolist()
     # per-block weight-gradient partials, added to grad_weight in block order as blocks finish
     added = threading.Condition()
     finished: dict[int, torch.Tensor] = {}
@@ -310,13 +280,13 @@ def _backward(grad_out, features, weight, pairs, indice_num, inverse: bool, iden
             grad_features[r0:r1].zero_()
         done = {identity_offset}
         for chunks in _rounds(todo, bounds, b, chunk):
-            gather_g(chunks, g_rows)
-            chunk_list = chunks.tolist()
-            for k, c0, c1, pos in chunk_list:
+            _gather(g, pairs, dst_col, chunks, g_rows)
+            for k, c0, c1, pos in chunks:
                 end = pos + c1 - c0
                 torch.mm(g_rows[pos:end], w[k].t(), out=prods[pos:end])
-            scatter_gather_f(chunks, prods, f_rows)
-            for k, c0, c1, pos in chunk_list:
+            _scatter(grad_features, pairs, src_col, chunks, prods)
+            _gather(f, pairs, src_col, chunks, f_rows)
+            for k, c0, c1, pos in chunks:
                 end = pos + c1 - c0
                 if k in done:
                     partial[k].addmm_(f_rows[pos:end].t(), g_rows[pos:end])

@@ -1,24 +1,33 @@
-"""Row gather and row scatter-add as numba loops: the CPU fast paths of ``cpu.py`` when numba is installed.
+"""The sparse convolution's CPU layer as compiled code: one call per direction (when numba is installed).
 
-Why: ``Tensor.index_add_`` on CPU walks the index serially and pays a tensor-iterator step per row, about
-twice the cost of the matching ``index_select``; at network scale it was a fifth of the encoder's time.
-Here ``out[index[i]] += rows[i]`` is one tight loop per row. One call moves the rows of a whole round of
-``cpu.py`` (a list of chunks, each a run of one offset's pairs), parallel over the rows of a chunk when
-torch uses several threads (``cpu.py`` calls them from its single-threaded block workers, so there they
-run serially).
+Why: the torch path (``cpu.py``) runs a Python loop over blocks and kernel offsets, with a ``torch.mm`` and an
+index kernel per piece, about 14,000 matrix products and as many dispatches per training step of a detection
+backbone, all holding the GIL. Here a whole layer's forward (and its backward) is one compiled call that
+releases the GIL: blocks of destination rows in parallel (``prange``), and inside a block, offset after
+offset, a gather of the offset's rows into a work buffer, one matrix product (``np.dot``, which numba hands to
+SciPy's BLAS, held to one thread per call by threadpoolctl so the blocks are the parallelism) and a
+scatter-add into the block's own output rows. The block keeps its output rows and work buffers in cache
+between the three steps.
+
+Determinism: a block's work depends only on its rows (fixed block sizes, independent of the thread count),
+every output row belongs to one block, and inside a block the offsets run in ascending order (the identity
+offset first), so the bits are the same on any thread count. The weight gradient is a partial per block,
+added in block order. The matrix products are SciPy's BLAS, not torch's, so the results agree with the torch
+path to rounding (within 1e-6 relative), not bit for bit.
+
+Every loop checks each row index against the array it indexes (and that a destination row lies in its
+block); a bad index is counted and skipped, never read or written, and the wrapper raises.
 
 Also here: the per-offset block bounds of a sorted map (binary search, plus a branch-free sortedness pass)
 and the stable per-offset sort of a map by one column, both without the int64 copy the torch versions make.
-
-Determinism: chunks run in list order and the destination rows of one chunk (one offset) are unique, so
-every output element receives its additions in the same order as the torch path (``index_add_`` offset
-after offset): the bits are the same whatever the thread count.
 """
 from __future__ import annotations
 
-import torch
 import numpy as np
+import scipy.linalg.cython_blas  # noqa: F401  (numba's np.dot calls it; loaded before threadpoolctl looks)
+import torch
 from numba import prange
+from threadpoolctl import ThreadpoolController
 
 from .._core import jit
 from .._core.bits import numpy_alias
@@ -26,130 +35,143 @@ from .._core.jit import match_torch_threads, njit_variants
 from .._core.validate import require
 
 SUPPORTED = (torch.float32, torch.float64)
+_BLAS = ThreadpoolController()
 
 
-def supports(out: torch.Tensor) -> bool:
-    return out.device.type == "cpu" and out.dtype in SUPPORTED and out.is_contiguous()
+def supports(*tensors: torch.Tensor) -> bool:
+    return all(t.device.type == "cpu" and t.dtype in SUPPORTED and t.is_contiguous() for t in tensors)
 
-
-# Every loop checks each row index against the array it indexes and skips (and counts) a row out of
-# range, so no index, whatever its origin, reads or writes outside an array; the wrappers raise on a
-# non-zero count. The check is one compare per row, beside a loop over the row's channels.
 
 def _raise_if_bad(bad: int, index: torch.Tensor, rows: int) -> None:
     if bad:
         lo, hi = (int(v) for v in torch.aminmax(index))
-        require(False, "indice_conv", f"{bad} row index(es) outside [0, {rows}) (indices in [{lo}, {hi}])")
+        require(False, "indice_conv", f"{bad} row index(es) outside [0, {rows}) or outside their block "
+                                      f"(indices in [{lo}, {hi}])")
 
 
-# The chunk-list kernels below serve one round of ``cpu.py``: ``chunks[q] = (k, c0, c1, pos)`` names the
-# pairs ``c0:c1`` of offset ``k``, whose rows sit at ``pos:pos + c1 - c0`` of the work buffers. One call
-# moves the rows of every chunk of the round, so the Python and dispatch cost is paid per round, not per
-# offset. Chunks run in list order (ascending offset) and the rows of one chunk in parallel at most, so
-# every output element receives its additions in the same order as the per-offset loop.
-
-def _gather_chunks(out, src, pairs, col, chunks):
-    c = src.shape[1]
-    limit = src.shape[0]
+def _conv_forward(out, f, w, pairs, bounds, todo, identity, src_col, dst_col, block, chunk):
+    n_blocks = bounds.shape[1] - 1
+    n_out, n_src = out.shape[0], f.shape[0]
+    c_in, c_out = f.shape[1], w.shape[2]
     bad = 0
-    for q in range(chunks.shape[0]):
-        k, c0, c1, pos = chunks[q, 0], chunks[q, 1], chunks[q, 2], chunks[q, 3]
-        for i in prange(c1 - c0):
-            row = pairs[k, col, c0 + i]
-            if row < 0 or row >= limit:
-                bad += 1
-                continue
-            for j in range(c):
-                out[pos + i, j] = src[row, j]
+    for b in prange(n_blocks):
+        r0 = b * block
+        r1 = min(n_out, r0 + block)
+        rows = np.empty((chunk, c_in), f.dtype)
+        prods = np.empty((chunk, c_out), f.dtype)
+        if identity >= 0:
+            np.dot(f[r0:r1], w[identity], out[r0:r1])
+        else:
+            out[r0:r1] = 0
+        for t in range(todo.shape[0]):
+            k = todo[t]
+            start, end = bounds[k, b], bounds[k, b + 1]
+            while start < end:
+                n = min(end - start, chunk)
+                for i in range(n):
+                    s = pairs[k, src_col, start + i]
+                    if s < 0 or s >= n_src:
+                        bad += 1
+                        s = -1
+                    for j in range(c_in):
+                        rows[i, j] = f[s, j] if s >= 0 else 0
+                np.dot(rows[:n], w[k], prods[:n])
+                for i in range(n):
+                    d = pairs[k, dst_col, start + i]
+                    if d < r0 or d >= r1:
+                        bad += 1
+                        continue
+                    for j in range(c_out):
+                        out[d, j] += prods[i, j]
+                start += n
     return bad
 
 
-def _scatter_add_chunks(out, pairs, col, chunks, rows):
-    c = rows.shape[1]
-    limit = out.shape[0]
+def _conv_backward(grad_f, partials, grad_w, g, f, w_t, pairs, bounds, todo, identity, src_col, dst_col, block,
+                   chunk):
+    n_blocks = bounds.shape[1] - 1
+    n_rows, n_g = f.shape[0], g.shape[0]
+    c_in, c_out = f.shape[1], w_t.shape[1]
     bad = 0
-    for q in range(chunks.shape[0]):
-        k, c0, c1, pos = chunks[q, 0], chunks[q, 1], chunks[q, 2], chunks[q, 3]
-        for i in prange(c1 - c0):
-            dst = pairs[k, col, c0 + i]
-            if dst < 0 or dst >= limit:
-                bad += 1
-                continue
-            for j in range(c):
-                out[dst, j] += rows[pos + i, j]
+    for b in prange(n_blocks):
+        r0 = b * block
+        r1 = min(n_rows, r0 + block)
+        part = partials[b]
+        part[:] = 0
+        g_rows = np.empty((chunk, c_out), f.dtype)
+        f_rows = np.empty((chunk, c_in), f.dtype)
+        prods = np.empty((chunk, c_in), f.dtype)
+        if identity >= 0:
+            np.dot(g[r0:r1], w_t[identity], grad_f[r0:r1])
+            np.dot(f[r0:r1].T, g[r0:r1], part[identity])
+        else:
+            grad_f[r0:r1] = 0
+        for t in range(todo.shape[0]):
+            k = todo[t]
+            start, end = bounds[k, b], bounds[k, b + 1]
+            while start < end:
+                n = min(end - start, chunk)
+                for i in range(n):
+                    d = pairs[k, dst_col, start + i]
+                    s = pairs[k, src_col, start + i]
+                    if d < 0 or d >= n_g or s < r0 or s >= r1:
+                        bad += 1
+                        d = -1
+                    for j in range(c_out):
+                        g_rows[i, j] = g[d, j] if d >= 0 else 0
+                    for j in range(c_in):
+                        f_rows[i, j] = f[s, j] if d >= 0 else 0
+                np.dot(g_rows[:n], w_t[k], prods[:n])
+                for i in range(n):
+                    s = pairs[k, src_col, start + i]
+                    if s >= r0 and s < r1:
+                        for j in range(c_in):
+                            grad_f[s, j] += prods[i, j]
+                part[k] += np.dot(f_rows[:n].T, g_rows[:n])
+                start += n
+    for b in range(n_blocks):  # block order: the same sum on any thread count
+        grad_w += partials[b]
     return bad
 
 
-def _scatter_add_gather_chunks(out, pairs, col, chunks, rows, taken, src):
-    c = rows.shape[1]
-    c_src = src.shape[1]
-    limit = min(out.shape[0], src.shape[0])
-    bad = 0
-    for q in range(chunks.shape[0]):
-        k, c0, c1, pos = chunks[q, 0], chunks[q, 1], chunks[q, 2], chunks[q, 3]
-        for i in prange(c1 - c0):
-            row = pairs[k, col, c0 + i]
-            if row < 0 or row >= limit:
-                bad += 1
-                continue
-            for j in range(c):
-                out[row, j] += rows[pos + i, j]
-            for j in range(c_src):
-                taken[pos + i, j] = src[row, j]
-    return bad
+_forward_variants = njit_variants(_conv_forward)
+_backward_variants = njit_variants(_conv_backward)
 
 
-_gather_chunks_variants = njit_variants(_gather_chunks)
-_scatter_chunks_variants = njit_variants(_scatter_add_chunks)
-_fused_chunks_variants = njit_variants(_scatter_add_gather_chunks)
-
-
-def _chunk_kernel(variants, work: int):
+def _variant(variants, work: float):
     if jit.use_parallel(work):
         match_torch_threads()
         return variants[1]
     return variants[0]
 
 
-def _chunk_rows_used(chunks) -> int:
-    return int(chunks[-1, 3] + chunks[-1, 2] - chunks[-1, 1]) if len(chunks) else 0
+def conv_forward(out, f, w, pairs, bounds, todo, identity: int, src_col: int, dst_col: int, block: int,
+                 chunk: int) -> None:
+    """``out`` = the sparse convolution over the map, blocks of ``block`` destination rows. ``bounds[k, b]``:
+    the first pair of offset ``k`` in block ``b`` (pairs sorted by ``dst_col``); ``todo``: the offsets with
+    pairs, ascending, the identity offset (initialising each block, or -1) excepted."""
+    work = 2.0 * float(bounds[:, -1].sum()) * f.shape[1] * w.shape[2]
+    kernel = _variant(_forward_variants, work)
+    with _BLAS.limit(limits=1, user_api="blas"):
+        bad = kernel(numpy_alias(out), numpy_alias(f), numpy_alias(w), numpy_alias(pairs), numpy_alias(bounds),
+                     todo, identity, src_col, dst_col, block, chunk)
+    _raise_if_bad(bad, pairs, max(out.shape[0], f.shape[0]))
 
 
-def gather_chunks(out: torch.Tensor, src: torch.Tensor, pairs: torch.Tensor, col: int, chunks) -> None:
-    """``out[pos + i] = src[pairs[k, col, c0 + i]]`` for every chunk ``(k, c0, c1, pos)`` (int64 numpy)."""
-    n = _chunk_rows_used(chunks)
-    if n == 0:
-        return
-    require(out.shape[0] >= n and out.shape[1] == src.shape[1], "indice_conv", "gather_chunks: buffer shapes do not match")
-    kernel = _chunk_kernel(_gather_chunks_variants, n * out.shape[1])
-    bad = kernel(numpy_alias(out), numpy_alias(src), numpy_alias(pairs), col, chunks)
-    _raise_if_bad(bad, pairs, src.shape[0])
-
-
-def scatter_add_chunks(out: torch.Tensor, pairs: torch.Tensor, col: int, chunks, rows: torch.Tensor) -> None:
-    """``out[pairs[k, col, c0 + i]] += rows[pos + i]`` for every chunk, in chunk order."""
-    n = _chunk_rows_used(chunks)
-    if n == 0:
-        return
-    require(rows.shape[0] >= n and out.shape[1] == rows.shape[1], "indice_conv",
-            "scatter_add_chunks: buffer shapes do not match")
-    kernel = _chunk_kernel(_scatter_chunks_variants, n * out.shape[1])
-    bad = kernel(numpy_alias(out), numpy_alias(pairs), col, chunks, numpy_alias(rows))
-    _raise_if_bad(bad, pairs, out.shape[0])
-
-
-def scatter_add_gather_chunks(out: torch.Tensor, pairs: torch.Tensor, col: int, chunks, rows: torch.Tensor,
-                              taken: torch.Tensor, src: torch.Tensor) -> None:
-    """:func:`scatter_add_chunks` into ``out`` and ``taken[pos + i] = src[same row]``, one pass."""
-    n = _chunk_rows_used(chunks)
-    if n == 0:
-        return
-    require(rows.shape[0] >= n and taken.shape[0] >= n and out.shape[1] == rows.shape[1] and
-            taken.shape[1] == src.shape[1], "indice_conv", "scatter_add_gather_chunks: buffer shapes do not match")
-    kernel = _chunk_kernel(_fused_chunks_variants, n * (out.shape[1] + src.shape[1]))
-    bad = kernel(numpy_alias(out), numpy_alias(pairs), col, chunks, numpy_alias(rows), numpy_alias(taken),
-                 numpy_alias(src))
-    _raise_if_bad(bad, pairs, min(out.shape[0], src.shape[0]))
+def conv_backward(grad_f, grad_w, g, f, w, pairs, bounds, todo, identity: int, src_col: int, dst_col: int,
+                  block: int, chunk: int) -> None:
+    """``grad_f`` and ``grad_w`` (zeroed by the caller) of :func:`conv_forward`, blocks of ``block`` source rows
+    (pairs sorted by ``src_col``)."""
+    n_blocks = bounds.shape[1] - 1
+    partials = torch.empty((n_blocks, *w.shape), dtype=w.dtype)
+    work = 4.0 * float(bounds[:, -1].sum()) * f.shape[1] * w.shape[2]
+    kernel = _variant(_backward_variants, work)
+    with _BLAS.limit(limits=1, user_api="blas"):
+        # w transposed once ([K, C_out, C_in] contiguous): the products g_rows @ w[k].T read it row-major
+        bad = kernel(numpy_alias(grad_f), numpy_alias(partials), numpy_alias(grad_w), numpy_alias(g),
+                     numpy_alias(f), numpy_alias(w.transpose(1, 2).contiguous()), numpy_alias(pairs), numpy_alias(bounds), todo, identity,
+                     src_col, dst_col, block, chunk)
+    _raise_if_bad(bad, pairs, max(g.shape[0], f.shape[0]))
 
 
 def _block_bounds(pairs, counts, col, block_rows, bounds, ascending):
