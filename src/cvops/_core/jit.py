@@ -131,6 +131,13 @@ def njit(fn: Optional[Callable] = None, *, parallel: bool = False, error_model: 
     return wrap(fn) if fn is not None else wrap
 
 
+def inline(fn: Callable) -> Callable:
+    """A helper of a kernel module's kernels, inlined into each caller's numba IR (never compiled on its own;
+    it takes the caller's fastmath flags)."""
+    import numba
+    return numba.njit(inline="always")(fn)
+
+
 def njit_variants(fn: Callable, *, error_model: str = "python", fastmath=False):
     """``(serial, parallel)`` compilations of one kernel written with ``prange``.
 

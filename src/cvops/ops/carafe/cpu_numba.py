@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..._core.bits import numpy_alias
-from ..._core.jit import REASSOCIATE, njit
+from ..._core.jit import REASSOCIATE, inline, njit
 from ..._core.jit_intrinsics import transpose8
 from ..._core.memory import new_empty
 from ..._core.parallel import even_parts, guided_parts, run_parts
@@ -58,18 +58,12 @@ _FORWARD_ROWS = 2
 _BACKWARD_ROWS = 12
 
 
-def _inline(fn):
-    """A helper of the kernels, inlined into each caller's numba IR: it is never compiled on its own."""
-    import numba
-    return numba.njit(inline="always")(fn)
-
-
 def supports(*tensors: torch.Tensor) -> bool:
     return all(t.device.type == "cpu" and t.dtype.is_floating_point for t in tensors)
 
 
 # ------------------------------------------------------------------------------------------- kernels
-@_inline
+@inline
 def _planes_transpose(planes, p_at, plane, cl, c_at, channels, count, to_planes):
     """``planes[p_at + c*plane + p]`` (an NCHW run of positions) and ``cl[c_at + p*C + c]`` (channels-last)
     for ``p < count``, ``c < C``: copied into ``planes`` (``to_planes``) or into ``cl``, through 8 x 8
@@ -97,7 +91,7 @@ def _planes_transpose(planes, p_at, plane, cl, c_at, channels, count, to_planes)
                 transpose8(planes, p_at + c0 * plane + p0, plane, cl, c_at + p0 * channels + c0, channels)
 
 
-@_inline
+@inline
 def _store_rows(buf, count, channels, out, out_at, plane, nchw):
     """Channels-last ``buf [count, C]`` -> ``count`` consecutive positions of the output from ``out_at``:
     NHWC ``out[out_at + p*C + c]``, NCHW ``out[out_at + c*plane + p]``."""
@@ -110,14 +104,14 @@ def _store_rows(buf, count, channels, out, out_at, plane, nchw):
         out[base + i] = buf[i]
 
 
-@_inline
+@inline
 def _rows_channels_last(src, src_at, plane, dst, dst_at, channels, count):
     """``dst[dst_at + p*C + c] = src[src_at + c*plane + p]`` for ``p < count``, ``c < C``: positions of
     an NCHW plane regrouped channels-last."""
     _planes_transpose(src, src_at, plane, dst, dst_at, channels, count, False)
 
 
-@_inline
+@inline
 def _ring_rows(x, ring, n, c, h, w, k, iy0, iy1):
     """Feature rows ``[iy0, iy1)`` of image ``n`` (contiguous NCHW ``x``) regrouped channels-last into
     ``ring`` slot ``iy % k``: the ``k`` rows a window reads are always in distinct slots."""
@@ -125,7 +119,7 @@ def _ring_rows(x, ring, n, c, h, w, k, iy0, iy1):
         _rows_channels_last(x, (n * c * h + iy) * w, h * w, ring, (iy % k) * w * c, c, w)
 
 
-@_inline
+@inline
 def _phases(s, quads, c, row, m_sy, m_sx, o_sy, o_sx):
     """Offsets of the sub-pixel phases ``p = py*s + px`` of a block, padded to whole quads: in the
     channels-last block row (``row`` elements a row; -1 for padding), in the mask and in a second
@@ -140,7 +134,7 @@ def _phases(s, quads, c, row, m_sy, m_sx, o_sy, o_sx):
     return ph, ph_m, ph_o
 
 
-@_inline
+@inline
 def _quad_weights(wq, m, m_at, m_sc, ph, ph_m, q, kx0, kx1):
     """``wq[4*kx + e] = mask`` of phase ``4*q + e`` at tap ``kx`` (0 for padded phases)."""
     u = np.uint64
@@ -150,7 +144,7 @@ def _quad_weights(wq, m, m_at, m_sc, ph, ph_m, q, kx0, kx1):
             wq[4 * kx + e] = m[u(m_at + kx * m_sc + ph_m[p])] if ph[p] >= 0 else 0
 
 
-@_inline
+@inline
 def _gather_taps(acc, a0, a1, a2, a3, src, src_at, src_step, m, m_at, m_sc, o0, o1, o2, o3, t0, t1, count):
     """``acc[a_j + i] += sum_t m[m_at + t*m_sc + o_j] * src[src_at + t*src_step + i]`` for
     ``t0 <= t < t1``, ``i < count``: four sub-pixel phases of one block (mask offsets ``o_j``)
@@ -208,7 +202,7 @@ def _gather_taps(acc, a0, a1, a2, a3, src, src_at, src_step, m, m_at, m_sc, o0, 
         t += 1
 
 
-@_inline
+@inline
 def _scatter_taps(acc, acc_at, acc_step, count, src, s0, s1, s2, s3, wq, t0, t1):
     """``acc[acc_at + t*acc_step + i] += sum_j wq[4*t + j] * src[s_j + i]`` for ``t0 <= t < t1``,
     ``i < count``: four sub-pixel phases of one block spread over its taps, two taps a pass (each
@@ -237,7 +231,7 @@ def _scatter_taps(acc, acc_at, acc_step, count, src, s0, s1, s2, s3, wq, t0, t1)
             t += 1
 
 
-@_inline
+@inline
 def _dots_4x5(out, src, s0, s1, s2, s3, x, x_at, x_step, t0, t1, count):
     """``out[4*t + j]`` = the dot product of the phase vector ``src[s_j:][:count]`` with the tap
     vector ``x[x_at + (t0 + t)*x_step:][:count]`` for ``t < 5``: 20 products from 9 loads per lane
