@@ -3,7 +3,8 @@
 Why: the torch path (``cpu.py``) runs a Python loop over blocks and kernel offsets, with a ``torch.mm`` and an
 index kernel per piece, about 14,000 matrix products and as many dispatches per training step of a detection
 backbone, all holding the GIL. Here a whole layer's forward (and its backward) is one compiled call that
-releases the GIL: blocks of destination rows in parallel (``prange``), and inside a block, offset after
+releases the GIL: blocks of destination rows in parallel (ranges of blocks claimed by the calling thread
+and cvops's workers, ``_core.parallel.run_parts``), and inside a block, offset after
 offset, a gather of the offset's rows into a work buffer, one matrix product (``np.dot``, which numba hands to
 SciPy's BLAS, held to one thread per call by threadpoolctl so the blocks are the parallelism) and a
 scatter-add into the block's own output rows. The block keeps its output rows and work buffers in cache
@@ -31,7 +32,8 @@ from threadpoolctl import ThreadpoolController
 
 from .._core import jit
 from .._core.bits import numpy_alias
-from .._core.jit import REASSOCIATE, inline, match_torch_threads, njit_variants
+from .._core.jit import REASSOCIATE, inline, match_torch_threads, njit, njit_variants
+from .._core.parallel import guided_parts, run_parts
 from .._core.validate import require
 
 SUPPORTED = (torch.float32, torch.float64)
@@ -49,12 +51,12 @@ def _raise_if_bad(bad: int, index: torch.Tensor, rows: int) -> None:
                                       f"(indices in [{lo}, {hi}])")
 
 
-def _conv_forward(out, f, w, pairs, bounds, todo, identity, src_col, dst_col, block, chunk):
-    n_blocks = bounds.shape[1] - 1
+@njit
+def _conv_forward(out, f, w, pairs, bounds, todo, identity, src_col, dst_col, block, chunk, b_lo, b_hi):
     n_out, n_src = out.shape[0], f.shape[0]
     c_in, c_out = f.shape[1], w.shape[2]
     bad = 0
-    for b in prange(n_blocks):
+    for b in range(b_lo, b_hi):
         r0 = b * block
         r1 = min(n_out, r0 + block)
         rows = np.empty((chunk, c_in), f.dtype)
@@ -108,13 +110,13 @@ def _add_outer_products(acc, a, b, n):
         i += 1
 
 
-def _conv_backward(grad_f, partials, grad_w, g, f, w_t, pairs, bounds, todo, identity, src_col, dst_col, block,
-                   chunk):
-    n_blocks = bounds.shape[1] - 1
+@njit(fastmath=REASSOCIATE)
+def _conv_backward(grad_f, partials, g, f, w_t, pairs, bounds, todo, identity, src_col, dst_col, block, chunk,
+                   b_lo, b_hi):
     n_rows, n_g = f.shape[0], g.shape[0]
     c_in, c_out = f.shape[1], w_t.shape[1]
     bad = 0
-    for b in prange(n_blocks):
+    for b in range(b_lo, b_hi):
         r0 = b * block
         r1 = min(n_rows, r0 + block)
         part = partials[b]
@@ -150,20 +152,24 @@ def _conv_backward(grad_f, partials, grad_w, g, f, w_t, pairs, bounds, todo, ide
                             grad_f[s, j] += prods[i, j]
                 _add_outer_products(part[k], f_rows, g_rows, n)
                 start += n
-    for b in range(n_blocks):  # block order: the same sum on any thread count
-        grad_w += partials[b]
     return bad
 
 
-_forward_variants = njit_variants(_conv_forward)
-_backward_variants = njit_variants(_conv_backward, fastmath=REASSOCIATE)
+@njit
+def _sum_in_order(partials, total):
+    for b in range(partials.shape[0]):  # block order: the same sum on any thread count
+        total += partials[b]
 
 
-def _variant(variants, work: float):
-    if jit.use_parallel(work):
-        match_torch_threads()
-        return variants[1]
-    return variants[0]
+def _run_blocks(kernel, n_blocks: int, work: float, *args) -> int:
+    """``kernel(*args, b_lo, b_hi)`` over every block, in ranges shared by the calling thread and the pool
+    when the work is worth waking it; the kernels' bad-index counts summed."""
+    threads = torch.get_num_threads()
+    parts = guided_parts(n_blocks, threads, 1) if jit.use_parallel(work) else [(0, n_blocks)]
+    bad = []
+    with _BLAS.limit(limits=1, user_api="blas"):
+        run_parts(lambda lo, hi: bad.append(kernel(*args, lo, hi)), parts)
+    return sum(bad)
 
 
 def conv_forward(out, f, w, pairs, bounds, todo, identity: int, src_col: int, dst_col: int, block: int,
@@ -171,11 +177,9 @@ def conv_forward(out, f, w, pairs, bounds, todo, identity: int, src_col: int, ds
     """``out`` = the sparse convolution over the map, blocks of ``block`` destination rows. ``bounds[k, b]``:
     the first pair of offset ``k`` in block ``b`` (pairs sorted by ``dst_col``); ``todo``: the offsets with
     pairs, ascending, the identity offset (initialising each block, or -1) excepted."""
-    work = 2.0 * float(bounds[:, -1].sum()) * f.shape[1] * w.shape[2]
-    kernel = _variant(_forward_variants, work)
-    with _BLAS.limit(limits=1, user_api="blas"):
-        bad = kernel(numpy_alias(out), numpy_alias(f), numpy_alias(w), numpy_alias(pairs), numpy_alias(bounds),
-                     todo, identity, src_col, dst_col, block, chunk)
+    work = 2.0 * (float(bounds[:, -1].sum()) + (out.shape[0] if identity >= 0 else 0)) * f.shape[1] * w.shape[2]
+    bad = _run_blocks(_conv_forward, bounds.shape[1] - 1, work, numpy_alias(out), numpy_alias(f), numpy_alias(w),
+                      numpy_alias(pairs), numpy_alias(bounds), todo, identity, src_col, dst_col, block, chunk)
     _raise_if_bad(bad, pairs, max(out.shape[0], f.shape[0]))
 
 
@@ -185,13 +189,13 @@ def conv_backward(grad_f, grad_w, g, f, w, pairs, bounds, todo, identity: int, s
     (pairs sorted by ``src_col``)."""
     n_blocks = bounds.shape[1] - 1
     partials = torch.empty((n_blocks, *w.shape), dtype=w.dtype)
-    work = 4.0 * float(bounds[:, -1].sum()) * f.shape[1] * w.shape[2]
-    kernel = _variant(_backward_variants, work)
-    with _BLAS.limit(limits=1, user_api="blas"):
-        # w transposed once ([K, C_out, C_in] contiguous): the products g_rows @ w[k].T read it row-major
-        bad = kernel(numpy_alias(grad_f), numpy_alias(partials), numpy_alias(grad_w), numpy_alias(g),
-                     numpy_alias(f), numpy_alias(w.transpose(1, 2).contiguous()), numpy_alias(pairs), numpy_alias(bounds), todo, identity,
-                     src_col, dst_col, block, chunk)
+    work = 4.0 * (float(bounds[:, -1].sum()) + (f.shape[0] if identity >= 0 else 0)) * f.shape[1] * w.shape[2]
+    # w transposed once ([K, C_out, C_in] contiguous): the products g_rows @ w[k].T read it row-major
+    w_t = w.transpose(1, 2).contiguous()
+    bad = _run_blocks(_conv_backward, n_blocks, work, numpy_alias(grad_f), numpy_alias(partials), numpy_alias(g),
+                      numpy_alias(f), numpy_alias(w_t), numpy_alias(pairs), numpy_alias(bounds), todo, identity,
+                      src_col, dst_col, block, chunk)
+    _sum_in_order(numpy_alias(partials), numpy_alias(grad_w))
     _raise_if_bad(bad, pairs, max(g.shape[0], f.shape[0]))
 
 
