@@ -5,7 +5,17 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 BENCH  := $(VENV)/.installed-bench
 
-.PHONY: demo test bench bench-gpu clean gpu-report gpu-check
+.PHONY: help demo test bench bench-gpu clean gpu-report gpu-check
+.DEFAULT_GOAL := help
+
+help:
+	@echo "make demo        set up .venv if missing and run every operator on its network cases (a few minutes)"
+	@echo "make test        set up .venv if missing and run the test suite (CPU; Triton under its interpreter)"
+	@echo "make bench       every network case, full timing, results and plot in benchmarks/results/"
+	@echo "make bench-gpu   the same on a machine with an NVIDIA GPU"
+	@echo "make gpu-check   on a GPU machine with torch and triton: correctness and speed of every Triton kernel"
+	@echo "make gpu-report  compile every Triton kernel for sm_80/sm_90a (no GPU needed): registers, spills"
+	@echo "make clean       remove .venv and build outputs"
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
