@@ -75,8 +75,8 @@ def install_as_mmcv() -> None:
         import mmcv
         from mmengine.registry import MODELS
     except ImportError as err:
-        raise ModuleNotFoundError(f"install_as_mmcv: {err.name} is not installed; it needs mmcv's Python part "
-                                  "and mmengine: pip install mmengine mmcv-lite (see the README)") from err
+        raise ModuleNotFoundError(f"install_as_mmcv needs mmengine and mmcv's Python part (pip install mmengine "
+                                  f"mmcv-lite; see the README), and importing them failed: {err}", name=err.name) from err
     drop_modules("mmcv.ops")
     drop_modules("mmcv._ext")
     register("mmcv._ext", kernel_module())
