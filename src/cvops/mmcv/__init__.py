@@ -76,7 +76,8 @@ def install_as_mmcv() -> None:
         from mmengine.registry import MODELS
     except ImportError as err:
         raise ModuleNotFoundError(f"install_as_mmcv needs mmengine and mmcv's Python part (pip install mmengine "
-                                  f"mmcv-lite; see the README), and importing them failed: {err}", name=err.name) from err
+                                  f"mmcv-lite; see the README), and importing them failed: {err}",
+                                  name=err.name) from err
     drop_modules("mmcv.ops")
     drop_modules("mmcv._ext")
     register("mmcv._ext", kernel_module())
@@ -89,6 +90,8 @@ def install_as_mmcv() -> None:
             value = getattr(served, attr, None) or placeholder(name, attr)
             setattr(module, attr, value)
             setattr(ops, attr, value)
+        module.__all__ = list(names)
         register(f"mmcv.ops.{name}", module)
+    ops.__all__ = sorted(name for names in MMCV_OPS_LAYOUT.values() for name in names)
     for registered, attr in MMCV_REGISTERED.items():
         MODELS.register_module(name=registered, module=getattr(ops, attr), force=True)

@@ -15,7 +15,8 @@ from typing import Union
 import torch
 from torch import Tensor, nn
 
-from cvops._core.validate import check_int, check_same_device, check_tensor, pair, require  # absolute: also mmcv.ops.<name>
+# absolute imports: the file also loads as mmcv.ops.<name> where cvops.mmcv stands in for mmcv.ops
+from cvops._core.validate import check_int, check_same_device, check_tensor, pair, require
 from cvops.mmcv._torchvision import torchvision_ops
 
 _OP = "deform_conv2d"
@@ -29,7 +30,8 @@ def deform_conv2d(input: Tensor, offset: Tensor, weight: Tensor, stride: IntPair
     """mmcv ``deform_conv2d``: ``input [N, C, H, W]``, ``offset [N, deform_groups*2*kh*kw, Ho, Wo]``, ``weight
     [O, C/groups, kh, kw]`` -> ``[N, O, Ho, Wo]``. ``bias`` must be False and ``im2col_step`` only sizes mmcv's
     CUDA batches, as in mmcv. Differentiable in input, offset and weight."""
-    stride, padding, dilation, groups, deform_groups = _check(input, offset, weight, stride, padding, dilation, groups, deform_groups)
+    stride, padding, dilation, groups, deform_groups = _check(input, offset, weight, stride, padding, dilation,
+                                                              groups, deform_groups)
     require(bias is False, _OP, f"bias must be False (mmcv's DeformConv2d has no bias), got {bias!r}")
     tv = torchvision_ops()
     if tv is not None:
