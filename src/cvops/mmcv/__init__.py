@@ -13,7 +13,10 @@ State dicts load unchanged (same parameter names and shapes). What differs from 
 - a bad argument raises :class:`cvops.BadParamError` (a ``ValueError``) naming the rule where mmcv
   asserts; a masked ``MaskedConv2d`` with stride, dilation or groups other than 1 raises where mmcv
   silently computes the stride-1, undilated convolution;
-- ``PSAMask`` also accepts ``psa_type`` 0/1 (mmcv's enum values).
+- ``PSAMask`` also accepts ``psa_type`` 0/1 (mmcv's enum values);
+- ``batched_nms`` runs ``nms_cfg`` type ``'nms'`` (or a callable) only, and one suppression for any number of
+  boxes (mmcv loops over classes above ``split_thr``, with the same result); ``deform_conv2d`` raises on an
+  empty output where mmcv's module pads the input and returns an empty tensor.
 
 The names also sit at mmcv's module paths: :mod:`cvops.mmcv.carafe`, :mod:`cvops.mmcv.masked_conv`,
 :mod:`cvops.mmcv.psa_mask` (which also has mmcv's function ``psa_mask``), :mod:`cvops.mmcv.deform_conv` and

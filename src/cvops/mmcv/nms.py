@@ -46,7 +46,7 @@ def nms(boxes, scores, iou_threshold: float, offset: int = 0, score_threshold: f
 
 def _keep(boxes: Tensor, scores: Tensor, iou_threshold: float, offset: int) -> Tensor:
     tv = torchvision_ops()
-    if tv is not None and offset == 0 and boxes.dtype in (torch.float32, torch.float64):
+    if tv is not None and offset == 0 and boxes.dtype in (torch.float32, torch.float64) and scores.dtype == boxes.dtype:
         return tv.nms(boxes, scores, iou_threshold)
     return nms_torch(boxes, scores, iou_threshold, offset)
 
