@@ -41,6 +41,17 @@ EXPECTED = {
     "carafe_naive": {"call": _CARAFE_ARGS},
     "masked_conv2d": {"call": [("features", NO_DEFAULT), ("mask", NO_DEFAULT), ("weight", NO_DEFAULT),
                                ("bias", NO_DEFAULT), ("padding", 0), ("stride", 1)]},
+    "DeformConv2d": {"__init__": [("in_channels", NO_DEFAULT), ("out_channels", NO_DEFAULT),
+                                  ("kernel_size", NO_DEFAULT), ("stride", 1), ("padding", 0), ("dilation", 1),
+                                  ("groups", 1), ("deform_groups", 1), ("bias", False), ("im2col_step", 32)],
+                     "forward": [("x", NO_DEFAULT), ("offset", NO_DEFAULT)]},
+    "deform_conv2d": {"call": [("input", NO_DEFAULT), ("offset", NO_DEFAULT), ("weight", NO_DEFAULT), ("stride", 1),
+                               ("padding", 0), ("dilation", 1), ("groups", 1), ("deform_groups", 1),
+                               ("bias", False), ("im2col_step", 32)]},
+    "nms": {"call": [("boxes", NO_DEFAULT), ("scores", NO_DEFAULT), ("iou_threshold", NO_DEFAULT), ("offset", 0),
+                     ("score_threshold", 0), ("max_num", -1)]},
+    "batched_nms": {"call": [("boxes", NO_DEFAULT), ("scores", NO_DEFAULT), ("idxs", NO_DEFAULT),
+                             ("nms_cfg", NO_DEFAULT), ("class_agnostic", False)]},
 }
 
 
@@ -81,9 +92,10 @@ def _args_of(fn: ast.FunctionDef, skip: int) -> list:
 
 
 def _peer_table(ops_dir: Path) -> dict:
-    """{name: {method: params}} for our names, from mmcv's psa_mask.py, carafe.py and masked_conv.py."""
+    """{name: {method: params}} for our names, from mmcv's psa_mask.py, carafe.py, masked_conv.py, deform_conv.py
+    and nms.py."""
     table = {}
-    for file in ("psa_mask.py", "carafe.py", "masked_conv.py"):
+    for file in ("psa_mask.py", "carafe.py", "masked_conv.py", "deform_conv.py", "nms.py"):
         tree = ast.parse((ops_dir / file).read_text())
         classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
         methods = {c: {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)} for c, node in classes.items()}
@@ -94,6 +106,8 @@ def _peer_table(ops_dir: Path) -> dict:
             if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute)
                     and node.value.attr == "apply"):
                 table[node.targets[0].id] = {"call": _args_of(methods[node.value.value.id]["forward"], 1)}
+            elif isinstance(node, ast.FunctionDef) and node.name in EXPECTED:  # `def nms(...)`
+                table[node.name] = {"call": _args_of(node, 0)}
     return table
 
 

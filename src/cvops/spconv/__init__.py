@@ -9,6 +9,7 @@ package only lays them out under spconv's module paths (``cvops.spconv.conv.Spar
 import sys
 import types
 
+from .._core.aliases import drop_modules, new_package, register, register_submodules
 from . import conv, core, functional, modules, ops, pool, tables  # noqa: F401  (spconv's module paths)
 from .conv import *  # noqa: F401,F403
 from .conv import SparseConvolution
@@ -44,19 +45,11 @@ def install_as_spconv() -> None:
     submodules, in place of any spconv modules imported before, so that no import mixes the two. Call it
     before importing such code: a module that already imported the real spconv keeps it. spconv's voxel
     generators (``spconv.utils``) are not part of cvops, so importing them fails."""
-    for key in [k for k in sys.modules if k == "spconv" or k.startswith("spconv.")]:
-        del sys.modules[key]
-
-    top = types.ModuleType("spconv", "cvops.spconv registered as spconv (cvops.spconv.install_as_spconv)")
-    top.__path__ = []  # a package: its submodules come from sys.modules
+    drop_modules("spconv")
+    top = new_package("spconv", "cvops.spconv registered as spconv (cvops.spconv.install_as_spconv)")
     top.__version__ = SPCONV_VERSION
-    top.pytorch = sys.modules[__name__]
-    top.constants = types.ModuleType("spconv.constants", "spconv's kernel switches; cvops reads none of them")
-    top.constants.SPCONV_USE_DIRECT_TABLE = True  # spconv's default
-    sys.modules["spconv"] = top
-    sys.modules["spconv.constants"] = top.constants
-    sys.modules["spconv.pytorch"] = top.pytorch
-    prefix = __name__ + "."
-    for key, module in list(sys.modules.items()):  # this package's submodules, all imported above
-        if key.startswith(prefix):
-            sys.modules["spconv.pytorch." + key[len(prefix):]] = module
+    constants = types.ModuleType("spconv.constants", "spconv's kernel switches; cvops reads none of them")
+    constants.SPCONV_USE_DIRECT_TABLE = True  # spconv's default
+    register("spconv.constants", constants)
+    register("spconv.pytorch", sys.modules[__name__])
+    register_submodules(__name__, "spconv.pytorch")  # this package's submodules, all imported above
