@@ -4,23 +4,31 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 BENCH  := $(VENV)/.installed-bench
+# pip's own output (progress, and the "Location ... is ignored" warnings some index setups print on every
+# install) goes to a log that is shown only when pip fails; each step says in one line what it installs.
+PIP_Q  := $(PY) -m pip install -q --progress-bar off
+LOGGED  = > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
 
 .PHONY: demo test bench bench-gpu clean gpu-report
 
+# torch pinned here only: 2.13.0 resolves to the CPU wheel on this machine (a bare `torch` pulls CUDA).
 $(STAMP): pyproject.toml
-	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	# torch pinned here only: 2.13.0 resolves to the CPU wheel on this machine (a bare `torch` pulls CUDA).
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test]"
-	touch $(STAMP)
+	@echo "setup: creating the virtual environment $(VENV)"
+	@test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	@echo "setup: installing torch 2.13.0 (the CPU build; the longest step, a minute or more)"
+	@$(PIP_Q) torch==2.13.0 $(LOGGED)
+	@echo "setup: installing cvops (editable) with numba, and the test tools (pytest, hypothesis, triton)"
+	@$(PIP_Q) -e ".[test]" $(LOGGED)
+	@touch $(STAMP)
 
-# Benchmarks also time the anchors (spconv), show progress and tables with rich and plot with matplotlib;
-# tests need none of them.
+# Benchmarks also time the anchors (spconv), show progress with rich and draw their picture with matplotlib.
 $(BENCH): $(STAMP)
-	$(PY) -m pip install -q -e ".[test,bench,plot]"
-	touch $(BENCH)
+	@echo "setup: installing the benchmarks' extras: spconv (an anchor), rich (progress), matplotlib (the picture)"
+	@$(PIP_Q) -e ".[test,bench]" $(LOGGED)
+	@touch $(BENCH)
 
-# The network cases minus larger batches of cases already shown, quick timing, a verdict per op in words.
+# One network case per op and direction (cases tagged "demo"), quick timing, one line per case, a paragraph
+# per op in words, the machine's load, and a picture (its path printed at the end).
 demo: $(BENCH)
 	$(PY) benchmarks/run_all.py --demo
 
