@@ -5,6 +5,10 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 BENCH  := $(VENV)/.installed-bench
 MMLAB  := $(VENV)/.installed-openmmlab
+# pip's own output (progress, and the "Location ... is ignored" warnings some index setups print on every
+# install) goes to a log that is shown only when pip fails; each step says in one line what it installs.
+PIP_Q  := $(PY) -m pip install -q --progress-bar off
+LOGGED  = > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
 
 .PHONY: help demo test bench bench-gpu clean gpu-report gpu-check
 .DEFAULT_GOAL := help
@@ -18,27 +22,32 @@ help:
 	@echo "make gpu-report  compile every Triton kernel for sm_80/sm_90a (no GPU needed): registers, spills"
 	@echo "make clean       remove .venv and build outputs"
 
+# torch pinned here only: 2.13.0 resolves to the CPU wheel on this machine (a bare `torch` pulls CUDA).
 $(STAMP): pyproject.toml
-	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	# torch pinned here only: 2.13.0 resolves to the CPU wheel on this machine (a bare `torch` pulls CUDA).
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test]"
-	touch $(STAMP)
+	@echo "setup: creating the virtual environment $(VENV)"
+	@test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	@echo "setup: installing torch 2.13.0 (the CPU build; the longest step, a minute or more)"
+	@$(PIP_Q) torch==2.13.0 $(LOGGED)
+	@echo "setup: installing cvops (editable) with numba, and the test tools (pytest, hypothesis, triton)"
+	@$(PIP_Q) -e ".[test]" $(LOGGED)
+	@touch $(STAMP)
 
 # The OpenMMLab packages whose model code tests/test_openmmlab.py runs on cvops: their needs first, then the
 # packages themselves with --no-deps (their metadata asks for a compiled mmcv; see requirements/openmmlab.txt).
 $(MMLAB): $(STAMP) requirements/openmmlab.txt requirements/openmmlab-needs.txt
-	$(PY) -m pip install -q -r requirements/openmmlab-needs.txt
-	$(PY) -m pip install -q --no-deps -r requirements/openmmlab.txt
-	touch $(MMLAB)
+	@echo "setup: installing mmengine, mmcv-lite, mmdet, mmsegmentation and mmdet3d (their model code is tested on cvops)"
+	@$(PIP_Q) -r requirements/openmmlab-needs.txt $(LOGGED)
+	@$(PIP_Q) --no-deps -r requirements/openmmlab.txt $(LOGGED)
+	@touch $(MMLAB)
 
-# Benchmarks also time the anchors (spconv), show progress and tables with rich and plot with matplotlib;
-# tests need none of them.
+# Benchmarks also time the anchors (spconv), show progress with rich and draw their picture with matplotlib.
 $(BENCH): $(STAMP)
-	$(PY) -m pip install -q -e ".[test,bench,plot]"
-	touch $(BENCH)
+	@echo "setup: installing the benchmarks' extras: spconv (an anchor), rich (progress), matplotlib (the picture)"
+	@$(PIP_Q) -e ".[test,bench]" $(LOGGED)
+	@touch $(BENCH)
 
-# The network cases minus larger batches of cases already shown, quick timing, a verdict per op in words.
+# One network case per op and direction (cases tagged "demo"), quick timing, one line per case, a paragraph
+# per op in words, the machine's load, and a picture (its path printed at the end).
 demo: $(BENCH)
 	$(PY) benchmarks/run_all.py --demo
 

@@ -5,7 +5,9 @@ Each timed step builds the kernel maps (get_indice_pairs / spconv's indice gener
 forward through every layer and the backward of ``mean(features**2)``: what one training step of the
 middle encoder costs. FLOPs count the GEMMs (2 * pairs * C_in * C_out per layer, x3 for forward and
 both gradients); IO is the input features and indices, the parameters, the output features and the
-gradients of the inputs and parameters.
+gradients of the inputs and parameters. Each library first runs a step on 256 of the voxels (its kernels
+loaded or compiled), then a warm-up step and the timed ones (with ``make demo``'s quick timing a warm-up step
+slower than half a second is the measurement).
 
 The check column compares cvops with spconv (output diff1, input-gradient diff2). spconv 2.3.8's CPU
 path is not thread-safe: with more than one torch thread its own output changes between thread counts
@@ -20,6 +22,7 @@ quarter case in one session): for a ratio, compare several runs.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -50,20 +53,23 @@ def _spconv():
     return spt
 
 
-def _gemm_flops(net, x) -> float:
-    """Forward GEMM FLOPs of every sparse conv, from the kernel maps one forward builds."""
-    total = []
+_WARM_UP_ROWS = 256
 
+
+@contextmanager
+def _counting_gemm_flops(net, total: list):
+    """Appends to ``total`` the forward GEMM FLOPs of each sparse conv each time it runs inside the block, from
+    the kernel maps the forward builds (counted during the steps the benchmark times anyway)."""
     def hook(module, inputs, output):
         data = output.indice_dict[module.indice_key]
         total.append(2.0 * float(data.indice_num.sum()) * module.in_channels * module.out_channels)
 
     handles = [m.register_forward_hook(hook) for m in net.modules() if isinstance(m, cvops.sparse.SparseConvolution)]
-    with torch.no_grad():
-        net(x)
-    for h in handles:
-        h.remove()
-    return sum(total)
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def run(limits: MachineLimits, tag: str = "network", repeats: int = 1, anchor: bool = True):
@@ -84,26 +90,32 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 1, anchor: b
             nets["spconv"] = (ref, spt)
 
         results = {}
+        gemm_flops = []
         for name, (model, lib) in nets.items():
             leaf = features.clone().requires_grad_()
+            last = {}
 
-            def step(model=model, lib=lib, leaf=leaf):
+            def step(model=model, lib=lib, leaf=leaf, rows=None, last=last):
                 model.zero_grad(set_to_none=True)
                 leaf.grad = None
-                out = lib.SparseConvTensor(leaf, indices, grid, batch)
-                out = model(out)
+                x = leaf if rows is None else leaf[:rows].detach().requires_grad_()
+                out = model(lib.SparseConvTensor(x, indices[:rows], grid, batch))
                 out.features.square().mean().backward()
-                return out
+                last["out"] = out
 
-            out = step()
-            results[name] = (out.dense().detach(), leaf.grad.clone(), model)
-            results[name] += (time_fn(step, device, repeats=repeats, warmup=0),)
+            # a step on a few hundred voxels loads (or compiles) the kernels the timed steps use, so that with
+            # quick timing a slow first full step is a fair measurement of either library
+            step(rows=_WARM_UP_ROWS)
+            with _counting_gemm_flops(model, gemm_flops) if name == "cvops" else nullcontext():
+                seconds = time_fn(step, device, repeats=repeats, warmup=1)
+            results[name] = (last["out"].dense().detach(), leaf.grad.clone(), model, seconds)
         out_dense, grad_in, model, seconds = results["cvops"]
         params = list(model.parameters())
         out_features = out_dense.permute(0, 2, 3, 4, 1).reshape(-1, out_dense.shape[1])
         out_features = out_features[out_features.abs().sum(1) > 0]  # the active output rows
         io = tensor_bytes(features, indices, params, out_features, grad_in, [p.grad for p in params])
-        flops = 3 * _gemm_flops(model, cvops.sparse.SparseConvTensor(features, indices, grid, batch))
+        layers = sum(isinstance(m, cvops.sparse.SparseConvolution) for m in model.modules())
+        flops = 3 * sum(gemm_flops[:layers])  # the first step's layers (every step builds the same maps)
         check, anchor_s = "", None
         if "spconv" in results:
             s_dense, s_grad, _, anchor_s = results["spconv"]

@@ -34,14 +34,22 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-QUICK = {"enabled": False, "repeats": 3, "slow_s": 0.5}
+QUICK = {"enabled": False, "min_s": 0.3, "max_s": 2.0, "slow_s": 0.5}
 
 
-def set_quick(enabled: bool, repeats: int = 3, slow_s: float = 0.5) -> None:
-    """Quick timing (``make demo``): every :func:`time_fn` takes at most ``repeats`` samples after one
-    warm-up call and no minimum total time, and a warm-up call slower than ``slow_s`` seconds is the
-    measurement itself. Medians of 3 move more from run to run than the full ones."""
-    QUICK.update(enabled=enabled, repeats=repeats, slow_s=slow_s)
+def set_quick(enabled: bool, min_s: float = 0.3, max_s: float = 2.0, slow_s: float = 0.5) -> None:
+    """Quick timing (``make demo``): after one warm-up call, :func:`time_fn` and :func:`time_pair` sample until
+    they hold at least 3 samples and ``min_s`` seconds of them (fast calls: hundreds of samples, a stable
+    median), or ``max_s`` seconds (slow calls: one or two samples); a warm-up call slower than ``slow_s``
+    seconds is the measurement itself. The case's own repeat counts and minimum times do not apply."""
+    QUICK.update(enabled=enabled, min_s=min_s, max_s=max_s, slow_s=slow_s)
+
+
+def _enough(samples: int, total: float, repeats: int, min_total_s: float) -> bool:
+    """Whether a timing loop holding ``samples`` samples summing to ``total`` seconds may stop."""
+    if QUICK["enabled"]:
+        return (samples >= 3 and total >= QUICK["min_s"]) or (samples >= 1 and total >= QUICK["max_s"])
+    return (samples >= repeats and total >= min_total_s) or samples >= 10 * repeats
 
 
 def _sample(fn: Callable[[], object], device: torch.device) -> float:
@@ -60,9 +68,9 @@ def _sample(fn: Callable[[], object], device: torch.device) -> float:
 
 def time_fn(fn: Callable[[], object], device: torch.device, *, repeats: int = 7, warmup: int = 1,
             min_total_s: float = 0.0) -> float:
-    """Median wall time of ``fn()`` in seconds (CUDA events on GPU); fewer samples in quick mode."""
+    """Median wall time of ``fn()`` in seconds (CUDA events on GPU); see :func:`set_quick` for quick mode."""
     if QUICK["enabled"]:
-        repeats, warmup, min_total_s = min(repeats, QUICK["repeats"]), min(warmup, 1), 0.0
+        warmup = min(warmup, 1)
     for _ in range(warmup):
         t0 = time.perf_counter()
         fn()
@@ -71,10 +79,10 @@ def time_fn(fn: Callable[[], object], device: torch.device, *, repeats: int = 7,
             return time.perf_counter() - t0  # a call this slow is its own steady state (anchors at full scale)
     synchronize(device)
     times: list[float] = []
-    while len(times) < repeats or sum(times) < min_total_s:
+    total = 0.0
+    while not _enough(len(times), total, repeats, min_total_s):
         times.append(_sample(fn, device))
-        if len(times) >= 10 * repeats:
-            break
+        total += times[-1]
     return statistics.median(times)
 
 
@@ -83,17 +91,15 @@ def time_pair(fn: Callable[[], object], anchor: Callable[[], object], device: to
     """Median wall times of ``fn()`` and ``anchor()``, sampled alternately, so that a slow spell of a shared
     machine falls on both and their ratio holds (two separate :func:`time_fn` runs of sub-millisecond calls
     can land in different spells)."""
-    if QUICK["enabled"]:
-        repeats, min_total_s = min(repeats, QUICK["repeats"]), 0.0
     fn(), anchor()
     synchronize(device)
     ours: list[float] = []
     theirs: list[float] = []
-    while len(ours) < repeats or sum(ours) + sum(theirs) < min_total_s:
+    total = 0.0
+    while not _enough(len(ours), total, repeats, min_total_s):
         ours.append(_sample(fn, device))
         theirs.append(_sample(anchor, device))
-        if len(ours) >= 10 * repeats:
-            break
+        total += ours[-1] + theirs[-1]
     return statistics.median(ours), statistics.median(theirs)
 
 
@@ -228,208 +234,11 @@ def bench_main(run: Callable[..., list], title: str, doc: str | None = None, opt
     print_table(run(limits, tag=tag, **args), limits, f"{title} ({tag} cases)")
 
 
-# ---------------------------------------------------------------------------------------------
-# Words for the demo: what each check string means, and one paragraph per op
-
-TOLERANCE = 3e-3  # diff1, diff2 bound of the accumulating ops
-# Anchors whose own result is not reproducible in some setting, and why (shown instead of a mismatch).
-NONDETERMINISTIC_ANCHORS = {
-    "spconv": "spconv's CPU convolutions are not thread-safe, so their result changes with the thread count "
-              "({threads} threads here), while cvops's sparse convolutions give the same bits on any count. "
-              "bench_sparse_conv.py --threads 1 compares the two exactly.",
-}
-
-
-@dataclass
-class Verdict:
-    kind: str      # "exact", "close", "same", "anchor-nondeterministic", "mismatch" or "unchecked"
-    short: str     # a table cell
-    worst: float = 0.0
-
-
-def _diffs(check: str) -> list[float]:
-    values = []
-    for part in check.replace(" ", ",").split(","):
-        if "=" in part:
-            try:
-                values.append(float(part.split("=", 1)[1]))
-            except ValueError:
-                pass
-    return values
-
-
-def verdict(row: BenchRow, limits: MachineLimits) -> Verdict:
-    """Reads a benchmark's ``check`` string: ``exact``, ``diff1=..[,dx=..]``, ``pairs=spconv``, ``MISMATCH``..."""
-    check = row.check.strip()
-    if not check:
-        return Verdict("unchecked", "not checked")
-    if check == "exact":
-        return Verdict("exact", "exact")
-    if check.startswith("pairs="):
-        return Verdict("same", "same as " + check.split("=", 1)[1])
-    diffs = _diffs(check)
-    if diffs and "FAIL" not in check:
-        worst = max(diffs)
-        if worst <= TOLERANCE:
-            return Verdict("close", f"diff {worst:.0e}", worst)
-        anchor = next((a for a in NONDETERMINISTIC_ANCHORS if row.anchor.startswith(a)), None)
-        if anchor and limits.threads > 1:
-            return Verdict("anchor-nondeterministic", f"{anchor} varies", worst)
-        return Verdict("mismatch", "MISMATCH", worst)
-    return Verdict("mismatch", "MISMATCH")
-
-
-def speed(row: BenchRow, limits: MachineLimits) -> tuple[str, float]:
-    """The limit an op is judged against: the copy bandwidth for pure IO, the roofline when it computes."""
-    if row.flops:
-        return "roofline", row.roofline_efficiency(limits)
-    return "bandwidth", row.io_efficiency(limits)
-
-
-def _span(values, fmt, unit: str = "") -> str:
-    lo, hi = fmt(min(values)), fmt(max(values))
-    return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
-
-
 def demo_console():
     """A rich console at most 100 columns wide (100 when the output is not a terminal)."""
     from rich.console import Console
     console = Console()
     return Console(width=min(console.width, 100) if console.is_terminal else 100)
-
-
-def summarize(rows: Sequence[BenchRow], limits: MachineLimits) -> list[tuple[str, str]]:
-    """One ``(op, sentence)`` per op: did it match, how close to the machine's limit, against the anchor."""
-    ops: dict[str, list[BenchRow]] = {}
-    for r in rows:
-        ops.setdefault(r.op, []).append(r)
-    lines = []
-    for op, group in ops.items():
-        verdicts = [verdict(r, limits) for r in group]
-        kinds = {v.kind for v in verdicts}
-        checked = [v for v in verdicts if v.kind != "unchecked"]
-        if "mismatch" in kinds:
-            bad = [f"{r.case} {r.direction}" for r, v in zip(group, verdicts) if v.kind == "mismatch"]
-            words = f"DID NOT MATCH its reference in {len(bad)} of {len(group)} runs ({', '.join(bad)})."
-        elif not checked:
-            words = "Not compared in this run (no reference or anchor for these cases)."
-        elif kinds & {"exact", "same"} and not kinds & {"close", "anchor-nondeterministic"}:
-            runs = f"all {len(checked)} compared runs" if len(checked) > 1 else "the compared run"
-            words = (f"Matched bit for bit in {runs}"
-                     + ("" if len(checked) == len(group) else f" ({len(group) - len(checked)} timed only)") + ".")
-        else:
-            close = [v.worst for v in checked if v.kind == "close"]
-            words = (f"Matched within the {TOLERANCE:g} tolerance (largest difference {max(close):.1e})."
-                     if close else "")
-            if "anchor-nondeterministic" in kinds:
-                row = next(r for r, v in zip(group, verdicts) if v.kind == "anchor-nondeterministic")
-                worst = max(v.worst for v in checked if v.kind == "anchor-nondeterministic")
-                name = next(a for a in NONDETERMINISTIC_ANCHORS if row.anchor.startswith(a))
-                words += (f" Differs from {row.anchor} by {worst:.1e}, which is the anchor's own variation, "
-                          f"not an error: " + NONDETERMINISTIC_ANCHORS[name].format(threads=limits.threads))
-        limit, _ = speed(group[0], limits)
-        effs = [speed(r, limits)[1] for r in group]
-        ms = [r.seconds * 1e3 for r in group]
-        what = "of the copy bandwidth" if limit == "bandwidth" else "of the roofline bound"
-        words += f" Ran at {_span(effs, lambda v: f'{100 * v:.0f}', '%')} {what}, {_span(ms, _ms)} ms per call."
-        anchored: dict[str, list[float]] = {}
-        for r in group:
-            if r.anchor_seconds:
-                anchored.setdefault(r.anchor, []).append(r.anchor_seconds / r.seconds)
-        for name, ratios in anchored.items():
-            faster = min(ratios) >= 1
-            slower = max(ratios) < 1
-            verb = "faster than" if faster else "slower than" if slower else "the speed of"
-            span = _span(ratios if not slower else [1 / x for x in ratios], lambda v: _times(v)[:-1], "x")
-            words += f" {span} {verb} {name}."
-        if not anchored:
-            words += " No anchor timed in this run."
-        lines.append((op, words.strip()))
-    return lines
-
-
-def _times(ratio: float) -> str:
-    return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.2g}x"
-
-
-def _ms(v: float) -> str:
-    return f"{v:.3g}" if v < 100 else f"{v:.0f}"
-
-
-def print_demo(rows: Sequence[BenchRow], limits: MachineLimits, title: str, console=None) -> None:
-    """The demo's output: a compact table (fits 100 columns) and one paragraph per op in words."""
-    body = []
-    for r in rows:
-        limit, eff = speed(r, limits)
-        ratio = _times(r.anchor_seconds / r.seconds) if r.anchor_seconds else ""
-        direction = {"forward": "fwd", "backward": "bwd"}.get(r.direction, r.direction)
-        body.append([r.op, r.case, direction, verdict(r, limits).short, _ms(r.seconds * 1e3),
-                     f"{eff:.0%} {'BW' if limit == 'bandwidth' else 'roof'}", ratio])
-    headers = ["op", "case", "dir", "result", "ms", "speed", "vs anchor"]
-    summary = summarize(rows, limits)
-    legend = ("speed: % of the copy bandwidth (BW) measured in this run, or, for ops that compute, of the "
-              "roofline bound (roof: the larger of IO / bandwidth and FLOPs / measured matmul rate). "
-              "vs anchor: anchor time / cvops time (>1: cvops faster); the anchors are named below.")
-    try:
-        from rich import box
-        from rich.table import Table
-    except ImportError:
-        print(title)
-        for line in [headers] + body:
-            print(" | ".join(line))
-        print(legend)
-        for op, words in summary:
-            print(f"\n{op}: {words}")
-        return
-    console = console or demo_console()
-    table = Table(title=title, caption=legend, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
-                  caption_justify="left")
-    for h in headers:
-        table.add_column(h, justify="right" if h in ("ms", "speed", "vs anchor") else "left", overflow="fold",
-                         no_wrap=h != "case", min_width=20 if h == "case" else None)
-    for line in body:
-        style = "red" if line[3].startswith("MISMATCH") else None
-        table.add_row(*line, style=style)
-    console.print(table)
-    console.print(f"[bold]{limits.describe()}[/bold]\n")
-    grid = Table.grid(padding=(0, 1, 1, 0))
-    grid.add_column(no_wrap=True)
-    grid.add_column()
-    for op, words in summary:
-        colour = "red" if "DID NOT MATCH" in words else "green"
-        grid.add_row(f"[bold {colour}]{op}[/bold {colour}]", words)
-    console.print(grid)
-
-
-def plot_efficiency(rows: Sequence[BenchRow], limits: MachineLimits, path, title: str) -> bool:
-    """A horizontal bar per op, case and direction: IO efficiency, with the roofline efficiency as a marker
-    where the op computes. Needs matplotlib (the ``plot`` extra); returns False without it."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    labels = [f"{r.op} {r.case} {r.direction}" for r in rows]
-    io = [100 * r.io_efficiency(limits) for r in rows]
-    fig, ax = plt.subplots(figsize=(10, 0.28 * len(rows) + 1.6))
-    colours = plt.cm.tab10.colors
-    op_colour = {op: colours[i % len(colours)] for i, op in enumerate(dict.fromkeys(r.op for r in rows))}
-    ypos = range(len(rows))[::-1]
-    ax.barh(list(ypos), io, color=[op_colour[r.op] for r in rows])
-    roof = [(y, 100 * r.roofline_efficiency(limits)) for y, r in zip(ypos, rows) if r.flops]
-    if roof:
-        ax.scatter([v for _, v in roof], [y for y, _ in roof], marker="|", s=120, color="black",
-                   label="roofline efficiency (ops that compute)")
-        ax.legend(loc="lower right", fontsize=8)
-    ax.set_yticks(list(ypos), labels, fontsize=7)
-    ax.axvline(100, color="grey", linewidth=0.8, linestyle="--")
-    ax.set_xlabel(f"IO efficiency, % of the measured copy bandwidth ({limits.bandwidth / 1e9:.1f} GB/s)")
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
 
 
 def module_version(name: str) -> str:

@@ -3,28 +3,27 @@
 The network is the SECOND / CenterPoint ``SpMiddleResNetFHD``-like stack (without residuals): a subm
 input layer, then four stages of (strided SparseConv3d, two SubMConv3d blocks) with BatchNorm1d + ReLU,
 and a final z-downsampling SparseConv3d; the output is densified to the BEV map ``[B, C*D, H, W]``.
-The input is the design doc's network-scale case: 248,636 LiDAR-like voxels, batch 4, grid
-(41, 1440, 1440), from the fixed-seed synthetic sweep generator in tests/support.
+The input is LiDAR-like voxels on the design doc's grid (41, 1440, 1440) from the fixed-seed sweep
+generator ``cvops.sparse.synthetic.lidar_voxels``: by default 20,000 voxels in a batch of 2 (a step takes
+seconds on a small CPU), with ``--full`` the doc's network-scale case, 248,636 voxels in a batch of 4
+(minutes and about 5 GB of memory on a 2-core CPU).
 
-    PYTHONPATH=src python examples/sparse_encoder.py [--voxels 248636] [--device cpu|cuda] [--threads N]
+    python examples/sparse_encoder.py [--full] [--voxels N --batch B] [--device cpu|cuda] [--threads N]
 """
 from __future__ import annotations
 
 import argparse
 import resource
-import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
 import cvops
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the voxel generator lives in the checkout's tests/
-from tests.support.inputs.get_indice_pairs import lidar_voxels  # noqa: E402
+from cvops.sparse.synthetic import lidar_voxels
 
 DOC_VOXELS, DOC_BATCH, DOC_GRID = 248636, 4, (41, 1440, 1440)
+SMALL_VOXELS, SMALL_BATCH = 20000, 2  # the default: every layer of the doc case at a size a small CPU runs in seconds
 
 
 def build_encoder(lib, in_channels: int = 5, width: int = 16):
@@ -62,13 +61,13 @@ def bev(out) -> torch.Tensor:
     return dense.reshape(b, c * d, h, w)
 
 
-def run(device: torch.device, num: int, repeats: int = 2) -> None:
-    features, indices = make_input(num)
+def run(device: torch.device, num: int, batch: int, repeats: int = 2) -> None:
+    features, indices = make_input(num, batch)
     net = build_encoder(cvops.sparse).to(device).train()
     features, indices = features.to(device), indices.to(device)
 
     def step():
-        x = cvops.sparse.SparseConvTensor(features.requires_grad_(), indices, list(DOC_GRID), DOC_BATCH)
+        x = cvops.sparse.SparseConvTensor(features.requires_grad_(), indices, list(DOC_GRID), batch)
         out = net(x)
         loss = bev(out).square().mean()
         loss.backward()
@@ -92,14 +91,17 @@ def run(device: torch.device, num: int, repeats: int = 2) -> None:
     else:
         peak = f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB host (process max RSS)"
     threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
-    print(f"{device.type}{threads}: {num} voxels, batch {DOC_BATCH}, grid {DOC_GRID} -> out {tuple(out.features.shape)} "
+    print(f"{device.type}{threads}: {num} voxels, batch {batch}, grid {DOC_GRID} -> out {tuple(out.features.shape)} "
           f"on {out.spatial_shape}, BEV {tuple(bev(out).shape)}")
     print(f"  forward+backward: {min(times) * 1e3:.0f} ms (best of {repeats}), loss {loss.item():.4f}, peak {peak}")
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--voxels", type=int, default=DOC_VOXELS)
+    parser.add_argument("--full", action="store_true", help=f"the design doc's case: {DOC_VOXELS} voxels, "
+                        f"batch {DOC_BATCH} (default: {SMALL_VOXELS}, batch {SMALL_BATCH})")
+    parser.add_argument("--voxels", type=int, default=None, help="number of voxels (overrides --full's)")
+    parser.add_argument("--batch", type=int, default=None, help="batch size (overrides --full's)")
     parser.add_argument("--device", choices=["cpu", "cuda"], action="append")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -107,8 +109,10 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     devices = args.device or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+    voxels = args.voxels or (DOC_VOXELS if args.full else SMALL_VOXELS)
+    batch = args.batch or (DOC_BATCH if args.full else SMALL_BATCH)
     for name in devices:
-        run(torch.device(name), args.voxels, args.repeats)
+        run(torch.device(name), voxels, batch, args.repeats)
 
 
 if __name__ == "__main__":

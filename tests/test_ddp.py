@@ -19,6 +19,7 @@ def test_two_ranks_hold_identical_parameters(tmp_path):
                           "--save-dir", str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "step 1: loss" in run.stdout
+    assert "ranks ended with equal parameters: yes" in run.stdout  # the example's own comparison
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     assert rank0.keys() == rank1.keys() and any("up.content_encoder" in k for k in rank0)
     for name in rank0:

@@ -2,8 +2,9 @@
 
 A file holds ``{"op": ..., "cases": [{"name": ..., "source": ..., "tags": [...], ...params}]}``.
 Tags in use: ``unit`` (small, every layer incl. the loop reference), ``network`` (the docs'
-network-scale cases, benchmarked and run by ``make demo``), ``large`` (MLU gtest scale, too big
-for CI tests).
+network-scale cases, benchmarked by ``make bench``), ``demo`` (one network case per op and direction
+for ``make demo``), ``quick`` (one tiny case per op: ``run_all.py --demo --quick``, the demo's test) and
+``large`` (MLU gtest scale, too big for CI tests).
 """
 from __future__ import annotations
 
