@@ -375,6 +375,33 @@ def test_install_as_spconv_serves_code_that_imports_spconv(spconv_modules):
     assert torch.equal(y.features, torch.relu(direct.features)) and torch.equal(y.indices, x.indices)
 
 
+def test_install_as_spconv_registers_core_and_constants(spconv_modules):
+    # issue 33: spconv.core (ConvAlgo) and the spconv.constants flags that spconv's tests and user code read
+    spconv.install_as_spconv()
+    from spconv.core import ConvAlgo
+    import spconv.constants as constants
+    assert ConvAlgo is spconv.ConvAlgo and ConvAlgo.Native.value == 0 and ConvAlgo.MaskImplicitGemm.value == 1
+    assert importlib.import_module("spconv").core is sys.modules["spconv.core"]
+    # spconv 2.3.8's values: weights KRSC ([out, *kernel, in], which cvops.spconv's are), not HWIO
+    assert constants.ALL_WEIGHT_IS_KRSC is True and constants.FILTER_HWIO is False
+    assert constants.SAVED_WEIGHT_LAYOUT == "" and constants.SPCONV_USE_DIRECT_TABLE is True
+    assert spconv.SubMConv3d(2, 3, 3).weight.shape == (3, 3, 3, 3, 2)
+
+
+@pytest.mark.parametrize("subm,transpose", [(False, False), (True, False), (False, True)])
+def test_ops_get_indice_pairs_takes_an_int_for_every_geometry_argument(subm, transpose, cpu_path):
+    # issue 33: an int kernel size and dilation were taken, an int stride or padding raised TypeError
+    x = random_sparse(2, (6, 7, 8), 50, 1, seed=36)
+    shape, stride, pad = x.spatial_shape, (1 if subm else 2), 1
+    ints = spconv.ops.get_indice_pairs(x.indices, 2, shape, spconv.ConvAlgo.Native, 3, stride, pad, 1, 0,
+                                       subm=subm, transpose=transpose)
+    lists = spconv.ops.get_indice_pairs(x.indices, 2, shape, spconv.ConvAlgo.Native, [3] * 3, [stride] * 3,
+                                        [pad] * 3, [1] * 3, [0] * 3, subm=subm, transpose=transpose)
+    assert all(torch.equal(a, b) for a, b in zip(ints, lists))
+    with pytest.raises(BadParamError, match="stride must be an int or 3 ints"):
+        spconv.ops.get_indice_pairs(x.indices, 2, shape, None, 3, [2, 2], 1, 1, 0)
+
+
 def test_patches_of_sparse_module_reach_every_conv_layer(monkeypatch):
     """mmdet3d's register_spconv2 sets ``_version = 2`` and its own ``_load_from_state_dict`` on spconv.pytorch's
     SparseModule (to load mmcv-layout checkpoints): every conv layer it registers inherits both from SparseModule

@@ -39,9 +39,10 @@ def install_as_spconv() -> None:
     (which also reads ``spconv.__version__``, as mmdet3d does).
 
     Registers in ``sys.modules`` a package ``spconv`` (``__version__`` = :data:`SPCONV_VERSION`, ``pytorch`` =
-    this package, ``constants``: the switches spconv's own kernels read, which code may set, as OpenPCDet sets
-    ``SPCONV_USE_DIRECT_TABLE``, and cvops never reads: it computes one way), ``spconv.pytorch`` and its
-    submodules, in place of any spconv modules imported before, so that no import mixes the two. Call it
+    this package, ``core`` with spconv's ``ConvAlgo``, ``constants``: spconv's flags at spconv's values, which
+    code reads (``ALL_WEIGHT_IS_KRSC``: the weight layout ``[out, *kernel, in]``, ``FILTER_HWIO``) or sets, as
+    OpenPCDet sets ``SPCONV_USE_DIRECT_TABLE``, and cvops never reads: it computes one way), ``spconv.pytorch``
+    and its submodules, in place of any spconv modules imported before, so that no import mixes the two. Call it
     before importing such code: a module that already imported the real spconv keeps it. spconv's voxel
     generators (``spconv.utils``) are not part of cvops, so importing them fails."""
     for key in [k for k in sys.modules if k == "spconv" or k.startswith("spconv.")]:
@@ -51,10 +52,16 @@ def install_as_spconv() -> None:
     top.__path__ = []  # a package: its submodules come from sys.modules
     top.__version__ = SPCONV_VERSION
     top.pytorch = sys.modules[__name__]
-    top.constants = types.ModuleType("spconv.constants", "spconv's kernel switches; cvops reads none of them")
-    top.constants.SPCONV_USE_DIRECT_TABLE = True  # spconv's default
+    top.constants = types.ModuleType("spconv.constants", "spconv's flags and kernel switches; cvops reads none")
+    # spconv 2.3.8's values: weights are KRSC ([out, *kernel, in]), not HWIO; the direct-table hash is on
+    for flag, value in (("ALL_WEIGHT_IS_KRSC", True), ("FILTER_HWIO", False), ("SAVED_WEIGHT_LAYOUT", ""),
+                        ("SPCONV_USE_DIRECT_TABLE", True)):
+        setattr(top.constants, flag, value)
+    top.core = types.ModuleType("spconv.core", "spconv.core's ConvAlgo (cvops.spconv.ConvAlgo)")
+    top.core.ConvAlgo = ConvAlgo
     sys.modules["spconv"] = top
     sys.modules["spconv.constants"] = top.constants
+    sys.modules["spconv.core"] = top.core
     sys.modules["spconv.pytorch"] = top.pytorch
     prefix = __name__ + "."
     for key, module in list(sys.modules.items()):  # this package's submodules, all imported above
