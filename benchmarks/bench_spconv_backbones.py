@@ -57,8 +57,8 @@ def _rss() -> int:
 
 
 def _release_idle_memory() -> None:
-    """cvops's recycled buffers and glibc's free lists back to the system, so growth is measured from a
-    clean baseline for both libraries."""
+    """glibc's free lists back to the system (cvops.empty_cache, then malloc_trim directly where cvops does
+    not find it), so growth is measured from a clean baseline for both libraries."""
     cvops.empty_cache()
     try:
         import ctypes

@@ -52,6 +52,45 @@ def _check_accumulating(call, inputs, grad_of, dtype, backend):
         assert diff1(actual, expected) <= TOL and diff2(actual, expected) <= TOL
 
 
+def _sparse_case():
+    idx = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 2], [0, 2, 2, 2], [0, 1, 2, 2]], dtype=torch.int32)
+    _, pairs, num = cvops.get_indice_pairs(idx, 1, [3, 3, 3], 3, 1, 1, subm=True, backend="cpu")
+    call = lambda f, w, backend: indice_conv(f, w, pairs, num, 4, identity_offset=13, backend=backend)  # noqa: E731
+    return call, [_randn(4, 8), _randn(27, 8, 6, seed=3) * 0.2], (0, 1)
+
+
+FLOAT32_OPS = {
+    "carafe": lambda: (lambda f, m, backend: cvops.carafe(f, m, 3, 1, 2, backend=backend),
+                       [_randn(1, 4, 3, 4), _randn(1, 9, 6, 8, seed=2).softmax(1)], (0, 1)),
+    "psroi_pool": lambda: (lambda x, r, backend: cvops.psroi_pool(x, r, 2, 2, 1.0, 2, 2, backend=backend)[0],
+                           [_randn(2, 8, 6, 7), torch.tensor([[0, 0.0, 1.0, 5.0, 4.0], [1, 2.0, 0.0, 6.0, 5.0]])],
+                           (0,)),
+    "sparse_conv": _sparse_case,
+}
+
+
+@pytest.mark.parametrize("op", list(FLOAT32_OPS))
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("backend", CPU_PATHS)
+def test_backward_inside_autocast_gives_float32_leaves_their_float32_gradients(backend, dtype, op):
+    # a backward run inside the autocast region goes through the backward ops' autocast kernels: each gradient
+    # comes back in its tensor's dtype, computed in float32, so float32 leaves get exactly the gradients of a
+    # plain float32 backward (a policy that also cast gradients to the autocast dtype would round them)
+    call, inputs, grad_of = FLOAT32_OPS[op]()
+    leaves = [t.clone().requires_grad_(i in grad_of) for i, t in enumerate(inputs)]
+    plain = [t.clone().requires_grad_(i in grad_of) for i, t in enumerate(inputs)]
+    with selected(backend) as b:
+        with torch.autocast("cpu", dtype=dtype):
+            y = call(*leaves, backend=b)
+            g = _randn(*y.shape, seed=1).to(dtype)
+            y.backward(g)
+        call(*plain, backend=b).backward(g.float())
+    assert y.dtype == dtype
+    for i in grad_of:
+        assert leaves[i].grad.dtype == torch.float32
+        assert torch.equal(leaves[i].grad, plain[i].grad), (op, i)
+
+
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_carafe_computes_in_float32_returns_the_autocast_dtype(backend, dtype):

@@ -1,4 +1,5 @@
-"""The recycling allocator behind large CPU outputs (_core.memory), and the peak memory of ops on large inputs."""
+"""Output allocation (_core.memory): every output is a fresh tensor, never memory something still refers to;
+outputs are resizable like any torch tensor; and the peak memory of psroipool on a large input."""
 import json
 import os
 import subprocess
@@ -9,58 +10,54 @@ import torch
 
 import cvops
 from cvops._core import memory
-from tests.conftest import requires_numba, select
+from tests.conftest import CPU_PATHS, requires_numba, select
 
-BIG = (1 << 19,)  # 2 MiB of float32: large enough to be recycled
-
-
-@pytest.fixture(autouse=True)
-def _clean_pool(monkeypatch):
-    monkeypatch.delenv("CVOPS_RECYCLE", raising=False)
-    memory.empty_cache()
-    yield
-    memory.empty_cache()
-
-
-def test_buffer_is_reused_only_after_every_view_is_gone():
-    first = memory.new_empty(BIG, torch.float32)
-    ptr = first.data_ptr()
-    view = first[3:].view(-1)
-    del first
-    second = memory.new_empty(BIG, torch.float32)
-    assert second.data_ptr() != ptr, "a live view still uses the buffer"
-    del view
-    third = memory.new_empty(BIG, torch.float32)
-    assert third.data_ptr() == ptr
-    del second, third
+BIG = (1 << 20,)  # 4 MiB of float32: large enough for the huge-page advice
 
 
 def test_dtype_shape_and_zeros():
-    a = memory.new_empty(BIG, torch.float32)
-    a.fill_(7.0)
-    del a
-    z = memory.new_zeros((512, 1024), torch.float64)  # 4 MiB: a second buffer
+    z = memory.new_zeros((512, 1024), torch.float64)
     assert z.dtype == torch.float64 and z.shape == (512, 1024) and bool((z == 0).all())
-    del z
-    b = memory.new_zeros((1024, 256, 2), torch.bfloat16)  # 1 MiB: below the threshold, plain torch
+    b = memory.new_zeros((1024, 256, 2), torch.bfloat16)  # 1 MiB: below the huge-page threshold
     assert b.dtype == torch.bfloat16 and bool((b == 0).all())
-    h = memory.new_zeros((2, 1 << 18), torch.float16)  # 1 MiB
-    r = memory.new_zeros((1 << 19,), torch.float32)  # reuses the 7.0-filled buffer: zeroed
-    assert bool((r == 0).all())
-    del h, b, r
+    e = memory.new_empty(BIG, torch.float32)
+    assert e.shape == BIG and e.is_contiguous() and e.untyped_storage().nbytes() == BIG[0] * 4
 
 
-def test_disabled_and_capped(monkeypatch):
-    monkeypatch.setenv("CVOPS_RECYCLE", "0")
-    a = memory.new_empty(BIG, torch.float32)
-    assert a.shape == BIG and memory._RECYCLER.held_bytes() == 0
-    del a
-    monkeypatch.setenv("CVOPS_RECYCLE", "1")
-    monkeypatch.setenv("CVOPS_RECYCLE_MB", "3")  # room for one 2 MiB buffer
-    keep = [memory.new_empty(BIG, torch.float32) for _ in range(3)]
-    assert memory._RECYCLER.held_bytes() == 2 << 20
-    del keep
-    assert memory.empty_cache() == 2 << 20 and memory._RECYCLER.held_bytes() == 0
+def _hold(y: torch.Tensor, kind: str):
+    """One reference to ``y``'s memory that outlives ``y``, and a function reading its values back."""
+    if kind == "storage":
+        dtype, shape, strides = y.dtype, y.shape, y.stride()  # the reader must not keep y alive
+        return y.untyped_storage(), lambda s: torch.empty(0, dtype=dtype).set_(s, 0, shape, strides)
+    if kind == "detached":
+        return y.detach(), lambda t: t
+    if kind == "numpy":
+        return y.detach().numpy(), torch.from_numpy
+    return torch.utils.dlpack.to_dlpack(y.detach()), torch.utils.dlpack.from_dlpack  # a DLPack capsule
+
+
+HOLDERS = ["storage", "detached", "numpy", "dlpack"]
+
+
+@pytest.mark.parametrize("kind", HOLDERS)
+@pytest.mark.parametrize("path", CPU_PATHS)
+def test_memory_still_referred_to_is_never_handed_out_again(path, kind, monkeypatch):
+    # issue 33: `s = y.untyped_storage(); del y` and the next call of the same size overwrote `s` (the recycler
+    # read a storage's use count, which a Python storage object does not hold), and a recycler that took one
+    # outside reference for idle overwrote a kept `y.detach()`
+    select(path, monkeypatch)
+    torch.manual_seed(0)
+    side = 40 + HOLDERS.index(kind) + 4 * (path == "cpu-numba")  # a size of its own: no other test's leftovers
+    x = torch.randn(1, 81, side, side)
+    y = cvops.psamask(x, "collect", 9)  # [1, side**2, side, side]: 10 MiB and more
+    expected = y.clone()
+    holder, read = _hold(y, kind)
+    del y
+    for _ in range(3):
+        z = cvops.psamask(-x, "collect", 9)  # same size, other values
+        assert not torch.equal(z, expected)
+        del z
+    assert torch.equal(read(holder), expected)
 
 
 def _rss() -> int:
@@ -76,11 +73,10 @@ def test_outputs_are_resizable_like_torch_tensors():
     b = memory.new_empty(BIG, torch.float32)
     b.untyped_storage().resize_(0)
     assert b.untyped_storage().nbytes() == 0
-    c = memory.new_empty(BIG, torch.float32)  # the pool forgot the buffers resized under it
-    assert c.untyped_storage().nbytes() == BIG[0] * 4 and c.data_ptr() not in (a.data_ptr(), b.data_ptr())
+    c = memory.new_empty(BIG, torch.float32)
+    assert c.untyped_storage().nbytes() == BIG[0] * 4
     c.fill_(2.0)
     assert bool((a == 1.0).all())
-    del a, b, c
 
 
 @pytest.mark.parametrize("path", ["cpu-torch", pytest.param("cpu-numba", marks=requires_numba)])
@@ -88,7 +84,7 @@ def test_op_outputs_are_resizable(path, monkeypatch):
     select(path, monkeypatch)
     feature = torch.randn(1, 64, 64, 64)
     idx = torch.arange(4096) % 64
-    outs = [cvops.masked_im2col(feature, idx, idx, 3, 1),                     # 9 MiB: a recycled buffer
+    outs = [cvops.masked_im2col(feature, idx, idx, 3, 1),                     # 9 MiB
             cvops.psamask(torch.randn(1, 9, 32, 32), "collect", 3),          # 4 MiB
             cvops.carafe(torch.randn(1, 64, 32, 32), torch.rand(1, 25, 64, 64), 5, 1, 2)]
     rois = torch.tensor([[0, 1.0, 2, 9, 11], [0, 0, 0, 13, 13]])
@@ -106,19 +102,13 @@ def test_op_outputs_are_resizable(path, monkeypatch):
         out[-16:] = 0
         out.resize_(shape)
         out.untyped_storage().resize_(0)
-    assert memory._RECYCLER.held_bytes() == 0 or all(e.intact() for e in memory._RECYCLER._pool)
+        assert out.untyped_storage().nbytes() == 0
 
 
-def test_empty_cache_returns_memory_to_the_system():
-    # Pooled buffers are released...
-    size = 8 << 20
-    bufs = [memory.new_zeros((size // 4 + i,), torch.float32) for i in range(8)]  # 8 distinct sizes: 8 buffers
-    del bufs  # idle in the pool: still resident
-    before = _rss()
-    assert memory.empty_cache() >= 8 * size
-    assert before - _rss() >= 6 * size, (before, _rss())
-    # ...and so is free heap memory torch's allocator left behind: freed 1 MiB blocks between live
-    # small ones stay resident (glibc trims only the top of the heap) until malloc_trim
+def test_empty_cache_returns_free_heap_memory_to_the_system():
+    # cvops holds no buffers (it returns 0), but free heap memory torch's allocator left behind goes back:
+    # freed 1 MiB blocks between live small ones stay resident (glibc trims only the top of the heap)
+    # until malloc_trim
     big = torch.ones(30 << 18)
     del big  # glibc raises its mmap threshold: 1 MiB blocks now come from the heap
     keep, drop = [], []
@@ -127,7 +117,7 @@ def test_empty_cache_returns_memory_to_the_system():
         keep.append(torch.ones(16))
     del drop
     before = _rss()
-    memory.empty_cache()
+    assert cvops.empty_cache() == 0
     assert before - _rss() >= 32 << 20, (before, _rss())
     del keep
 
@@ -169,7 +159,7 @@ def test_psroipool_peak_memory_is_inputs_outputs_and_a_bounded_scratch(path, dty
     # a 100 MB float16 (200 MB float32) map, 4 RoIs over all of it: the call may add its outputs and the bounded
     # scratch its docstring states to the peak RSS, nothing like a widened copy or a table of the whole map
     code = _PSROI_PEAK.format(dtype=dtype, direction=direction, numba=path == "cpu-numba")
-    env = dict(os.environ, CVOPS_NUMBA="1" if path == "cpu-numba" else "0", CVOPS_RECYCLE="0")
+    env = dict(os.environ, CVOPS_NUMBA="1" if path == "cpu-numba" else "0")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     got = json.loads(done.stdout.strip().splitlines()[-1])
     slack = 24 << 20  # allocator and interpreter noise

@@ -1,7 +1,10 @@
-"""The shared CPU work split (``_core.parallel``): ranges that tile the work exactly once, and run_parts
-calling every range once from however many threads."""
+"""The shared CPU work split (``_core.parallel``): ranges that tile the work exactly once, run_parts
+calling every range once from however many threads, and a forked child running split work."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -52,3 +55,33 @@ def test_run_parts_calls_every_range_once(threads):
     finally:
         torch.set_num_threads(previous)
     assert sorted(seen) == parts
+
+
+_FORK = """
+import os, sys, time, torch
+from cvops._core.parallel import run_split
+torch.set_num_threads(2)
+for _ in range(5):                                  # the pool's threads start, work and go idle here
+    run_split(list(range(8)), lambda item: time.sleep(0.01))
+pid = os.fork()
+if pid == 0:                                        # the child has none of them
+    seen = []
+    run_split(list(range(8)), seen.append)
+    os._exit(0 if sorted(seen) == list(range(8)) else 3)
+deadline = time.monotonic() + 30
+while (finished := os.waitpid(pid, os.WNOHANG))[0] == 0:
+    if time.monotonic() > deadline:
+        os.kill(pid, 9)
+        sys.exit("the child waits for pool threads it does not have")
+    time.sleep(0.02)
+sys.exit(os.waitstatus_to_exitcode(finished[1]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_runs_split_work_on_threads_of_its_own():
+    # a child used to hand its work to the parent's pool, whose threads it does not have, and wait for ever
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    done = subprocess.run([sys.executable, "-c", _FORK], env=dict(os.environ, PYTHONPATH=src),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])

@@ -2,8 +2,8 @@
 the process's peak resident memory, never a widened copy of an input or a table the size of the whole input.
 
 Each case runs in a fresh subprocess: one small call first (numba compiles there; compiler memory is not the
-op's), then the peak (``VmHWM``) is reset through ``/proc/self/clear_refs`` and the large call is measured. The
-recycled-buffer pool is off (``CVOPS_RECYCLE=0``) so every output is a fresh allocation that counts. glibc's
+op's), then the peak (``VmHWM``) is reset through ``/proc/self/clear_refs`` and the large call is measured; every
+output is a fresh allocation that counts (_core.memory keeps no buffers). glibc's
 mmap threshold is pinned at 128 KiB: every large block is mapped on allocation and unmapped on free, so the peak
 is what the op holds at once, not how glibc's adaptive threshold happened to reuse the heap (which moved the
 same call's figure by 40 MB from one run to the next).
@@ -135,7 +135,7 @@ CASES = [
 
 def _measure(name: str, fmt: dict, path: str) -> dict:
     code = _RUNNER.format(snippet=SNIPPETS[name].format(**fmt))
-    env = dict(os.environ, CVOPS_NUMBA="1" if path == "cpu-numba" else "0", CVOPS_RECYCLE="0",
+    env = dict(os.environ, CVOPS_NUMBA="1" if path == "cpu-numba" else "0",
                MALLOC_MMAP_THRESHOLD_=str(128 << 10), MALLOC_TRIM_THRESHOLD_=str(128 << 10))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -131,6 +131,44 @@ def test_boxes_as_a_list_and_the_module():
     assert repr(module) == "PSRoIPool(output_size=3, spatial_scale=0.5)"
 
 
+def test_a_box_list_of_several_dtypes_is_promoted_as_torch_cat_promotes(cpu_path):
+    # issue 33: a float16 first box cast the float32 boxes after it to float16 (x1 = 1000.45 became 1000.5,
+    # which rounds to 1001: other bins); torchvision concatenates the list with torch.cat's type promotion
+    x = torch.randn(1, 4, 6, 1010, generator=torch.Generator().manual_seed(0))
+    boxes = [torch.tensor([[0.0, 0, 8, 4]], dtype=torch.float16), torch.tensor([[1000.45, 0.0, 1005.2, 5.0]])]
+    rois = torch.tensor([[0, 0.0, 0, 8, 4], [1, 1000.45, 0.0, 1005.2, 5.0]])  # float32, as torch.cat gives
+    x2 = torch.cat([x, x])
+    got = cvops.torchvision.ps_roi_pool(x2, boxes, 2)
+    assert torch.equal(got, cvops.torchvision.ps_roi_pool(x2, rois, 2))
+    assert close(got, tv_loop(x2, rois, 2, 2, 1.0))
+    assert not torch.equal(got, cvops.torchvision.ps_roi_pool(x2, rois.half().float(), 2))  # the cast matters here
+
+
+@pytest.mark.parametrize("output_size", [2.5, (3.0, 3.0), (2, 2.5), (2, 2, 2), "ab"])
+def test_output_size_is_ints_as_torchvisions_op_takes(output_size):
+    # issue 33: 2.5 or (3.0, 3.0) were truncated silently; torchvision's op refuses a float (a RuntimeError)
+    with pytest.raises(RuntimeError, match="output_size must be an int or a pair of ints") as caught:
+        cvops.torchvision.ps_roi_pool(torch.randn(1, 9, 5, 5), torch.tensor([[0.0, 0, 0, 4, 4]]), output_size)
+    assert isinstance(caught.value, BadParamError)
+    with pytest.raises(RuntimeError, match="output_size"):
+        cvops.torchvision.PSRoIPool(output_size, 1.0)(torch.randn(1, 9, 5, 5), torch.tensor([[0.0, 0, 0, 4, 4]]))
+
+
+@pytest.mark.parametrize("boxes", [torch.zeros(0, 5), [torch.zeros(0, 4)], [torch.zeros(0, 4), torch.zeros(0, 4)], []],
+                         ids=["tensor", "list1", "list2", "no-images"])
+def test_no_boxes_give_an_empty_output(boxes, cpu_path):
+    # issue 33: zero boxes raised BadParamError; torchvision returns Tensor[0, C / (PH * PW), PH, PW] (for an
+    # empty list torchvision raises, torch.cat of nothing; cvops returns the same empty output)
+    x = torch.randn(2, 12, 5, 6, dtype=torch.float64, requires_grad=True)
+    out = cvops.torchvision.ps_roi_pool(x, boxes, (2, 3), 0.5)
+    assert out.shape == (0, 2, 2, 3) and out.dtype == x.dtype
+    out.sum().backward()
+    assert x.grad is not None and not x.grad.any()
+    assert cvops.torchvision.PSRoIPool((2, 3), 0.5)(x, boxes).shape == (0, 2, 2, 3)
+    with pytest.raises(RuntimeError, match=r"input channels \(12\) must be a multiple"):  # still checked
+        cvops.torchvision.ps_roi_pool(x, boxes, 5)
+
+
 def test_signatures_and_defaults_are_torchvisions():
     sig = inspect.signature(cvops.torchvision.ps_roi_pool)
     assert list(sig.parameters) == ["input", "boxes", "output_size", "spatial_scale"]

@@ -11,6 +11,7 @@ after ``import cvops``, which registers the ``cvops::`` operators). A forward ha
 - TorchScript cannot compile those Python checks, so a scripted forward checks the shape rules the
   kernels rely on (``_script_require``) and calls the ``torch.ops.cvops`` operators directly.
 """
+import functools
 from typing import List, Optional, Tuple, Union
 
 import torch
@@ -269,7 +270,10 @@ def _rois_from_boxes(boxes, op: str) -> torch.Tensor:
         require(b.dim() == 2 and b.shape[1] == 4, op, f"boxes[{i}] must be [L, 4], got {tuple(b.shape)}")
     if not boxes:
         return torch.zeros((0, 5))
-    dtype, device = boxes[0].dtype, boxes[0].device
+    # one dtype for all, by torch's type promotion (as torch.cat of the list): a float16 first box must not
+    # round the float32 boxes after it
+    dtype = functools.reduce(torch.promote_types, [b.dtype for b in boxes])
+    device = boxes[0].device
     index = torch.cat([torch.full((b.shape[0], 1), i, dtype=dtype, device=device) for i, b in enumerate(boxes)])
     return torch.cat((index, torch.cat([b.to(dtype) for b in boxes])), 1)
 

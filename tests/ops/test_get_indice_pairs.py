@@ -14,9 +14,10 @@ from cvops import mluops
 from tests.support.cases import case_id, load_cases
 from cvops._core.errors import BadParamError, NotSupportedError, Status
 from tests.support.inputs import get_indice_pairs as voxels
-from tests.conftest import requires_triton
+from tests.conftest import CPU_PATHS, requires_triton, select, selected
 
-FAST_BACKENDS = ["cpu", pytest.param("triton", marks=requires_triton)]
+# the cpu backend on both of its paths (the numba loops and the torch fallback), whatever CVOPS_NUMBA the suite sets
+FAST_BACKENDS = CPU_PATHS + [pytest.param("triton", marks=requires_triton)]
 UNIT = load_cases("get_indice_pairs", "unit")
 NETWORK = load_cases("get_indice_pairs", "network")
 
@@ -148,7 +149,8 @@ def test_output_sites_match_dense_convolution(case):
 # -------------------------------------------------------------------------------- layers vs reference
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
 @pytest.mark.parametrize("case", UNIT, ids=case_id)
-def test_unit_cases_exact(backend, case):
+def test_unit_cases_exact(backend, case, monkeypatch):
+    backend = select(backend, monkeypatch)
     idx = voxels.case_indices(case)
     expected = run(case, "reference", idx)
     assert_same(run(case, backend, idx), expected)
@@ -156,9 +158,10 @@ def test_unit_cases_exact(backend, case):
     check_contract(idx, *expected, **voxels.case_kwargs(case))
 
 
+@pytest.mark.parametrize("path", CPU_PATHS)
 @settings(max_examples=40, deadline=None)
 @given(ndim=st.integers(1, 4), batch=st.integers(1, 3), data=st.data())
-def test_property_cpu_matches_reference(ndim, batch, data):
+def test_property_cpu_matches_reference(path, ndim, batch, data):
     shape = [data.draw(st.integers(1, 6)) for _ in range(ndim)]
     volume = batch * torch.Size(shape).numel()
     L = data.draw(st.integers(1, min(volume, 30)))
@@ -173,15 +176,16 @@ def test_property_cpu_matches_reference(ndim, batch, data):
     try:
         expected = cvops.get_indice_pairs(idx, batch, shape, k, s, p, d, **kw, backend="reference")
     except BadParamError as err:  # e.g. an output grid of size 0
-        with pytest.raises(BadParamError):
-            cvops.get_indice_pairs(idx, batch, shape, k, s, p, d, **kw, backend="cpu")
+        with selected(path) as backend, pytest.raises(BadParamError):
+            cvops.get_indice_pairs(idx, batch, shape, k, s, p, d, **kw, backend=backend)
         assert "positive" in str(err)
         return
-    assert_same(cvops.get_indice_pairs(idx, batch, shape, k, s, p, d, **kw, backend="cpu"), expected)
+    with selected(path) as backend:
+        assert_same(cvops.get_indice_pairs(idx, batch, shape, k, s, p, d, **kw, backend=backend), expected)
 
 
 @pytest.mark.parametrize("shape,k,p,d", [((20, 30, 25), 3, 1, 1), ((9, 11, 7), (3, 1, 5), (0, 2, 1), (2, 1, 1)),
-                                         ((6, 5, 4, 7), 3, 1, 1)])
+                                         ((6, 5, 4, 7), 3, 1, 1), ((9, 11, 7), 3, 1, 2), ((9, 11, 7), 3, 2, 2)])
 def test_subm_numba_merge_equals_torch_join(shape, k, p, d, monkeypatch):
     """The numba subm map (one merge of sorted keys per offset) is the torch join's map, bit for bit, on
     unsorted sites (the pairs listed in input-row order either way)."""
@@ -526,12 +530,13 @@ def test_mluops_limits_and_descriptor_setter():
         Status.BAD_PARAM
 
 
-@pytest.mark.parametrize("backend", ["reference", "cpu", pytest.param("triton", marks=requires_triton)])
+@pytest.mark.parametrize("backend", ["reference", *FAST_BACKENDS])
 @pytest.mark.parametrize("kernel,padding,dilation", [(3, 1, 2), ((3, 3, 5), (1, 2, 2), (2, 1, 1)), (3, 2, 2)])
-def test_subm_dilated_kernel_not_centred_by_padding(backend, kernel, padding, dilation):
+def test_subm_dilated_kernel_not_centred_by_padding(backend, kernel, padding, dilation, monkeypatch):
     # subm k3 p1 d2 is NOT a centred kernel (that needs p = d): a shortcut that calls it centred (and
     # mirrors offsets) gives wrong pairs. Compared with the independent test-only builder.
     from tests.ops._sparse_kmap import build_kernel_map
+    backend = select(backend, monkeypatch)
     idx = voxels.uniform_voxels(60, 2, [5, 6, 7], seed=12)
     got = cvops.get_indice_pairs(idx, 2, [5, 6, 7], kernel, 1, padding, dilation, subm=True, backend=backend)
     n = 3

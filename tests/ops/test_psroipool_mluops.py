@@ -108,3 +108,24 @@ def test_mluops_backward_statuses(kwargs, status, match):
     got, handle, *_ = _backward_call(**kwargs)
     assert got == status, handle.last_error
     assert match in handle.last_error
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_mluops_tensors_of_2_31_bytes_are_not_supported(direction):
+    # MLU-OPS's large-tensor limit is NOT_SUPPORTED (as for get_indice_pairs and masked_im2col), not BAD_PARAM;
+    # the descriptors are consistent and describe 2^31 or more bytes, never allocated
+    handle = mluops.create_handle()
+    d = mluops.create_tensor_descriptor
+    rois = torch.tensor([[0.0, 0, 0, 4, 4]])
+    pooled = d(NHWC, FLOAT, (1, 3, 3, 64))
+    for h, w, status in ((1024, 1024, Status.NOT_SUPPORTED),   # 1024 * 1024 * 576 * 4 bytes >= 2^31
+                         (512, 1024, Status.BAD_PARAM)):       # below: on to the null-pointer check
+        big = d(NHWC, FLOAT, (1, h, w, 9 * 64))
+        if direction == "forward":
+            got = mluops.psroipool_forward(handle, 3, 3, 1.0, 3, 64, big, None, d(ARRAY, FLOAT, rois.shape), rois,
+                                           None, 0, pooled, None, d(NHWC, INT32, (1, 3, 3, 64)), None)
+        else:
+            got = mluops.psroipool_backward(handle, 3, 3, 1.0, 64, pooled, None, d(ARRAY, FLOAT, rois.shape), rois,
+                                            d(NHWC, INT32, (1, 3, 3, 64)), None, big, None)
+        assert got == status, handle.last_error
+        assert ("2^31 or more bytes" in handle.last_error) == (status == Status.NOT_SUPPORTED)

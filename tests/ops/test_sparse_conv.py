@@ -393,9 +393,9 @@ def test_bad_module_parameters():
         sparse.SparseInverseConv3d(2, 2, 3, indice_key="nope").double()(x)
     with pytest.raises(BadParamError, match="input is 3-D"):
         sparse.SubMConv2d(2, 2, 3, padding=1).double()(x)
-    sparse.SubMConv3d(2, 2, 3, padding=1, indice_key="k").double()(x)
+    y = sparse.SubMConv3d(2, 2, 3, padding=1, indice_key="k").double()(x)
     with pytest.raises(BadParamError, match="holds a subm map"):
-        sparse.SparseConv3d(2, 2, 3, indice_key="k").double()(x)
+        sparse.SparseConv3d(2, 2, 3, indice_key="k").double()(y)
     with pytest.raises(BadParamError, match=r"indices must be \[N, 4\]"):
         sparse.SparseConvTensor(x.features, x.indices[:, :3], [4, 4, 4], 1)
     with pytest.raises(BadParamError, match="indices rows"):

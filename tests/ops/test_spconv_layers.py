@@ -106,8 +106,87 @@ def test_indice_key_reuse_rules():
     down = spconv.SparseConv3d(4, 4, 3, 2, 1, indice_key="d")(y)
     with pytest.raises(BadParamError, match="holds a sparse conv map"):
         spconv.SubMConv3d(4, 4, 3, indice_key="d")(down)
+    assert "d" not in y.indice_dict  # the conv wrote its map into its output's copy of the dict
+    beside = spconv.SparseConvTensor(y.features, y.indices, y.spatial_shape, y.batch_size,
+                                     indice_dict=down.indice_dict)  # carries "d", on y's sites
     with pytest.raises(BadParamError, match="must be the output of the conv"):
-        spconv.SparseInverseConv3d(4, 4, 3, "d")(y)
+        spconv.SparseInverseConv3d(4, 4, 3, "d")(beside)
+
+
+def _other_sites(x, seed):
+    """A tensor on as many sites of the same grid as ``x``, but other ones (other features too)."""
+    y = random_sparse(x.batch_size, tuple(x.spatial_shape), x.indices.shape[0], x.features.shape[1],
+                      dtype=x.features.dtype, seed=seed)
+    assert not torch.equal(y.indices, x.indices)
+    return y
+
+
+@pytest.mark.parametrize("reorder", [False, True], ids=["other-sites", "same-sites-other-order"])
+def test_subm_key_on_tensors_sharing_one_indice_dict_gives_fresh_results(reorder, cpu_path):
+    # issue 33: two tensors constructed with one indice_dict (spconv's constructor argument); the first layer
+    # call wrote its map into that dict and the second, on other sites or the same sites in another row order,
+    # ran the stale map (output rows in the old order, features gathered through the old rows). spconv 2.3.8
+    # copies the dict per layer, so the second call builds its own map.
+    a = random_sparse(2, (6, 7, 8), 60, 3, seed=31)
+    if reorder:
+        perm = torch.randperm(60, generator=torch.Generator().manual_seed(1))
+        b = sparse.SparseConvTensor(a.features[perm], a.indices[perm], a.spatial_shape, 2)
+    else:
+        b = _other_sites(a, 32)
+    shared = {}
+    a = spconv.SparseConvTensor(a.features, a.indices, a.spatial_shape, 2, indice_dict=shared)
+    b = spconv.SparseConvTensor(b.features, b.indices, b.spatial_shape, 2, indice_dict=shared)
+    keyed = spconv.SubMConv3d(3, 4, 3, indice_key="s").double()
+    fresh = spconv.SubMConv3d(3, 4, 3).double()
+    fresh.load_state_dict(keyed.state_dict())
+    ya, yb = keyed(a), keyed(b)
+    assert shared == {} and "s" in ya.indice_dict and ya.indice_dict is not shared
+    for x, y in ((a, ya), (b, yb)):
+        expected = fresh(x)
+        assert torch.equal(y.indices, x.indices) and torch.equal(y.indices, expected.indices)
+        torch.testing.assert_close(y.features, expected.features, rtol=0, atol=0)
+
+
+def test_reused_kernel_map_must_be_on_the_very_same_sites(cpu_path):
+    x = _sp(random_sparse(2, (6, 7, 8), 60, 3, seed=33))
+    layer = spconv.SubMConv3d(3, 3, 3, indice_key="s").double()
+    y = layer(x)
+    # an equal copy of the sites (not the same tensor) reuses the map and gives the same result
+    same = spconv.SparseConvTensor(y.features, y.indices.clone(), y.spatial_shape, 2, indice_dict=y.indice_dict)
+    assert torch.equal(layer(same).features, layer(y).features)
+    perm = torch.randperm(60, generator=torch.Generator().manual_seed(2))
+    elsewhere = _other_sites(x, 34)
+    for indices, features in ((y.indices[perm], y.features[perm]), (elsewhere.indices, elsewhere.features)):
+        stale = spconv.SparseConvTensor(features, indices, y.spatial_shape, 2, indice_dict=y.indice_dict)
+        with pytest.raises(BadParamError, match=r"indice_key='s' must see the same sites in the same row order"):
+            layer(stale)
+    # the inverse conv likewise: only on the very output sites of the conv it inverts
+    down = spconv.SparseConv3d(3, 3, 3, 2, 1, indice_key="d").double()(x)
+    perm = torch.randperm(down.indices.shape[0], generator=torch.Generator().manual_seed(3))
+    shuffled = spconv.SparseConvTensor(down.features[perm], down.indices[perm], down.spatial_shape, 2,
+                                       indice_dict=down.indice_dict)
+    with pytest.raises(BadParamError, match=r"must be the output of the conv it inverts under indice_key='d'"):
+        spconv.SparseInverseConv3d(3, 3, 3, "d").double()(shuffled)
+
+
+@pytest.mark.parametrize("stride,padding,dilation,message", [
+    (1, 1, 1, "same stride and padding"), (2, 0, 1, "same stride and padding"), (1, 2, 2, "same dilation")])
+def test_sparse_conv_key_reuse_needs_the_same_geometry(stride, padding, dilation, message, cpu_path):
+    # a sparse conv meeting a map cached under its key with another stride, padding or dilation must not run
+    # that map: a U-Net that encodes again after an inverse conv brings the key back to the same sites
+    x = _sp(random_sparse(2, (6, 7, 8), 60, 3, seed=35))
+    down = spconv.SparseConv3d(3, 3, 3, 2, 1, indice_key="d").double()
+    back = spconv.SparseInverseConv3d(3, 3, 3, "d").double()(down(x))  # x's sites, "d" cached
+    again = spconv.SparseConv3d(3, 3, 3, 2, 1, indice_key="d").double()
+    again.load_state_dict(down.state_dict())
+    y = again(back)  # same geometry and sites: the cached map, the fresh result
+    assert y.indice_dict["d"] is back.indice_dict["d"]
+    fresh = spconv.SparseConv3d(3, 3, 3, 2, 1).double()
+    fresh.load_state_dict(down.state_dict())
+    torch.testing.assert_close(y.features, fresh(back).features, rtol=0, atol=0)
+    other = spconv.SparseConv3d(3, 3, 3, stride, padding, dilation, indice_key="d").double()
+    with pytest.raises(BadParamError, match=f"indice_key='d' must have the {message}"):
+        other(back)
 
 
 # ----------------------------------------------------------------------------- SparseConvTensor API
@@ -294,6 +373,33 @@ def test_install_as_spconv_serves_code_that_imports_spconv(spconv_modules):
     y = block(SparseConvTensor(x.features, x.indices, x.spatial_shape, x.batch_size))
     direct = block.net[0](_sp(x))
     assert torch.equal(y.features, torch.relu(direct.features)) and torch.equal(y.indices, x.indices)
+
+
+def test_install_as_spconv_registers_core_and_constants(spconv_modules):
+    # issue 33: spconv.core (ConvAlgo) and the spconv.constants flags that spconv's tests and user code read
+    spconv.install_as_spconv()
+    from spconv.core import ConvAlgo
+    import spconv.constants as constants
+    assert ConvAlgo is spconv.ConvAlgo and ConvAlgo.Native.value == 0 and ConvAlgo.MaskImplicitGemm.value == 1
+    assert importlib.import_module("spconv").core is sys.modules["spconv.core"]
+    # spconv 2.3.8's values: weights KRSC ([out, *kernel, in], which cvops.spconv's are), not HWIO
+    assert constants.ALL_WEIGHT_IS_KRSC is True and constants.FILTER_HWIO is False
+    assert constants.SAVED_WEIGHT_LAYOUT == "" and constants.SPCONV_USE_DIRECT_TABLE is True
+    assert spconv.SubMConv3d(2, 3, 3).weight.shape == (3, 3, 3, 3, 2)
+
+
+@pytest.mark.parametrize("subm,transpose", [(False, False), (True, False), (False, True)])
+def test_ops_get_indice_pairs_takes_an_int_for_every_geometry_argument(subm, transpose, cpu_path):
+    # issue 33: an int kernel size and dilation were taken, an int stride or padding raised TypeError
+    x = random_sparse(2, (6, 7, 8), 50, 1, seed=36)
+    shape, stride, pad = x.spatial_shape, (1 if subm else 2), 1
+    ints = spconv.ops.get_indice_pairs(x.indices, 2, shape, spconv.ConvAlgo.Native, 3, stride, pad, 1, 0,
+                                       subm=subm, transpose=transpose)
+    lists = spconv.ops.get_indice_pairs(x.indices, 2, shape, spconv.ConvAlgo.Native, [3] * 3, [stride] * 3,
+                                        [pad] * 3, [1] * 3, [0] * 3, subm=subm, transpose=transpose)
+    assert all(torch.equal(a, b) for a, b in zip(ints, lists))
+    with pytest.raises(BadParamError, match="stride must be an int or 3 ints"):
+        spconv.ops.get_indice_pairs(x.indices, 2, shape, None, 3, [2, 2], 1, 1, 0)
 
 
 def test_patches_of_sparse_module_reach_every_conv_layer(monkeypatch):

@@ -64,10 +64,13 @@ def numba_mode() -> str:
     * ``"wait"`` (``1``, or any other value, and whenever ``torch.use_deterministic_algorithms(True)``
       is in force): a call loads or compiles the kernels it needs on the calling thread, so which path
       computed a result never depends on timing;
-    * ``"off"`` (``0``, or numba not installed): the torch path only.
+    * ``"off"`` (``0``, or numba not installed, or in a process forked while the background worker was
+      importing or compiling, see :func:`.jit_background.lost_at_fork`): the torch path only.
     """
     import torch
 
+    if _jit_background.lost_at_fork():
+        return "off"
     return _mode_of(os.environ.get(ENV_SWITCH), torch.are_deterministic_algorithms_enabled())
 
 

@@ -18,10 +18,17 @@ done here, on one daemon thread, and calls that find their kernels not ready run
 
 The torch path and the numba kernels compute the same values (bit for bit for the pure-IO ops, within
 the accumulating-op tolerance for the others), so only a result's last bits can depend on when the
-worker finished. Before a fork the parent waits for the worker to be idle (a child must not inherit a
-held compiler lock), and at exit for its current job (LLVM must not be torn down under it). During a job
-the worker lowers the GIL switch interval and turns the cyclic garbage collector off, and restores both
-after it (the collector only if it was on when the job began).
+worker finished. :func:`compile_on_call` and the worker's deferral of a freshly imported module take
+one lock, so once a waiting call (``CVOPS_NUMBA=1``, deterministic algorithms) has handed a module back,
+the worker cannot defer it again: that call and every later one run the kernels.
+
+A fork never waits for the worker. The child gets a new, empty worker (the parent's queue is dropped;
+its calls queue what they need again). If the parent's worker was in the middle of a job when the fork
+happened, the job's locks (numba's compiler lock, the import system's module locks) may be held in the
+child by a thread that does not exist there, so that child never touches numba: its CPU ops run the
+torch path (:func:`lost_at_fork`). At exit the worker's current job is waited for (LLVM must not be torn
+down under it). During a job the worker lowers the GIL switch interval and turns the cyclic garbage
+collector off, and restores both after it (the collector only if it was on when the job began).
 """
 from __future__ import annotations
 
@@ -51,6 +58,7 @@ class _Worker:
         self.jobs: dict = {}        # key -> job, in submission order; a job leaves once it has run
         self.thread: Optional[threading.Thread] = None
         self.closing = False
+        self.running = False        # a job is under way (set and cleared under cond)
         self.submitted = 0          # jobs taken so far (tells a caller whether a call asked for any)
 
     def submit(self, key, job: Callable[[], None]) -> None:
@@ -70,6 +78,7 @@ class _Worker:
         finally:  # whatever ended the thread, nobody may wait for jobs it will not run
             with self.cond:
                 self.jobs.clear()
+                self.running = False
                 self.cond.notify_all()
 
     def _run_jobs(self) -> None:
@@ -80,6 +89,7 @@ class _Worker:
                 if self.closing:
                     return
                 key, job = next(iter(self.jobs.items()))
+                self.running = True
             interval, collecting = sys.getswitchinterval(), gc.isenabled()
             # numba's import and front end are Python holding the GIL: the calls running beside them, which
             # release it in every torch call, would wait up to a switch interval (5 ms by default) to get it
@@ -97,6 +107,7 @@ class _Worker:
                     gc.enable()
                 with self.cond:
                     del self.jobs[key]
+                    self.running = False
                     self.cond.notify_all()
 
     def wait_idle(self) -> None:
@@ -116,12 +127,15 @@ class _Worker:
 
 _worker = _Worker()
 _modules: dict = {}  # package -> kernel module (or UNAVAILABLE) once the worker imported it
+_deferral = threading.Lock()  # a module's deferral (worker) and its hand-back (waiting calls), one at a time
+_lost_at_fork = False  # this process was forked while the worker ran a job (see lost_at_fork)
 atexit.register(lambda: _worker.close())
 
 
 def _before_fork() -> None:
-    _worker.wait_idle()
-    _worker.cond.acquire()  # no job may start between here and the fork
+    # Held by the worker only between jobs, for microseconds: the fork does not wait for a job, and none
+    # starts (or ends) until the fork is done, so `running` says whether one was under way.
+    _worker.cond.acquire()
 
 
 def _after_fork_in_parent() -> None:
@@ -129,8 +143,18 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _worker
-    _worker = _Worker()  # the parent's thread does not exist here; its lock is held by nobody in the child
+    global _worker, _deferral, _lost_at_fork
+    _lost_at_fork = _lost_at_fork or _worker.running
+    # the parent's thread does not exist here: a new worker with an empty queue, and new locks (one held by
+    # another of the parent's threads would never be released here)
+    _worker = _Worker()
+    _deferral = threading.Lock()
+
+
+def lost_at_fork() -> bool:
+    """Whether this process was forked (at any depth) while the worker was importing or compiling: then
+    numba's locks may be held for ever here, and the ops run their torch path (``jit.numba_mode``)."""
+    return _lost_at_fork
 
 
 if hasattr(os, "register_at_fork"):
@@ -191,22 +215,25 @@ def _own_dispatchers(module: ModuleType) -> list:
 
 
 def _defer_compilation(module: ModuleType) -> None:
-    if getattr(module, "__cvops_dispatchers__", None) is not None:
-        return  # a waiting call imported it first and compiles on call
-    group = _own_dispatchers(module)
-    module.__cvops_dispatchers__ = group
-    for dispatcher in group:
-        # numba's dispatcher calls this when no compiled version matches the arguments
-        dispatcher._compile_for_args = functools.partial(_not_ready, dispatcher, group)
+    with _deferral:
+        if getattr(module, "__cvops_dispatchers__", None) is not None:
+            return  # a waiting call imported it first and compiles on call
+        group = _own_dispatchers(module)
+        module.__cvops_dispatchers__ = group
+        for dispatcher in group:
+            # numba's dispatcher calls this when no compiled version matches the arguments
+            dispatcher._compile_for_args = functools.partial(_not_ready, dispatcher, group)
 
 
 def compile_on_call(module: ModuleType) -> None:
-    """Let ``module``'s kernels compile on the calling thread again, as plain numba does."""
-    group = getattr(module, "__cvops_dispatchers__", None)
-    if group is None:
-        module.__cvops_dispatchers__ = []  # never deferred from now on
-    elif group:
-        _hand_back(group)
+    """Let ``module``'s kernels compile on the calling thread again, as plain numba does, from this call on
+    (the worker can no longer defer them)."""
+    with _deferral:
+        group = getattr(module, "__cvops_dispatchers__", None)
+        if group is None:
+            module.__cvops_dispatchers__ = []  # never deferred from now on
+        elif group:
+            _hand_back(group)
 
 
 def _hand_back(group: list) -> None:

@@ -1,45 +1,25 @@
 """Output allocation for the CPU backends.
 
-Fresh memory is the dominant cost of the pure-IO operators on the CPU. A new large torch tensor is
-backed by 4 KiB pages that the kernel faults in and zeroes on first touch, which costs several times
-more than refilling a buffer that is already mapped. Two remedies:
+Every output is a fresh torch tensor from torch's CPU allocator: cvops keeps no buffer of its own, so no
+memory is ever handed out while a tensor, view, storage object, numpy array or DLPack capsule still refers
+to it. (An earlier version recycled large output buffers once their storage looked unused; a storage's use
+count is a private torch API and cannot see every holder, so the recycler went.)
 
-- Large buffers ask the kernel for transparent huge pages (``madvise(MADV_HUGEPAGE)`` on their
-  2 MiB-aligned interior), which halves the first-touch cost.
-- The buffers behind large outputs are *recycled*, as PyTorch's CUDA caching allocator does on the
-  GPU: cvops keeps each buffer it hands out, and once no tensor uses its storage any more (only
-  cvops' reference is left), the next request of the same size reuses it instead of mapping fresh
-  pages. In a training loop the step-``k`` outputs are freed before step ``k+1`` asks again, so the
-  steady state maps nothing new.
-
-Buffers are ordinary torch tensors from torch's CPU allocator, and an output is a view of one, so
-outputs behave like any torch tensor: ``resize_()`` and ``untyped_storage().resize_()`` work. A
-buffer whose storage was resized or moved (``share_memory_()``) by its user is simply forgotten.
-Whether a buffer is in use is read from its storage's reference count, which counts every tensor,
-view and autograd saved tensor that holds it.
-
-The pool holds at most ``CVOPS_RECYCLE_MB`` MiB (default 1024) of buffers; ``CVOPS_RECYCLE=0`` turns
-recycling off. :func:`empty_cache` drops the idle buffers and returns free heap memory to the system
-(``malloc_trim`` on glibc). ``benchmarks/`` measures the difference.
+Fresh memory is a large part of the pure-IO operators' cost on the CPU: a new large tensor is backed by
+4 KiB pages that the kernel faults in and zeroes on first touch. Large buffers therefore ask the kernel for
+transparent huge pages (``madvise(MADV_HUGEPAGE)`` on their 2 MiB-aligned interior, through libc), which
+cuts the first-touch cost. The advice changes no contents and no ownership; where madvise is missing or
+refuses, the buffer is an ordinary torch tensor all the same.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
-import threading
 
 import torch
 
 _HUGE = 1 << 21  # below this the page-fault cost does not matter; also the huge-page size
 _MADV_HUGEPAGE = 14
-
-
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
 
 
 def _load_libc():
@@ -56,103 +36,34 @@ if _MADVISE is not None:
     _MADVISE.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 if _MALLOC_TRIM is not None:
     _MALLOC_TRIM.argtypes = (ctypes.c_size_t,)
-_use_count = getattr(torch._C, "_storage_Use_Count", None)  # recycling is off without it
 
 
-def _fresh(nbytes: int) -> torch.Tensor:
-    """A new uint8 buffer from torch's allocator, huge pages requested on its aligned interior."""
-    buf = torch.empty(nbytes, dtype=torch.uint8)
-    if _MADVISE is not None and nbytes >= 2 * _HUGE:
-        start = -buf.data_ptr() % _HUGE
-        length = (nbytes - start) // _HUGE * _HUGE
-        if length:
-            _MADVISE(buf.data_ptr() + start, length, _MADV_HUGEPAGE)  # advice only: failure is harmless
-    return buf
-
-
-class _Entry:
-    __slots__ = ("buf", "nbytes", "ptr")
-
-    def __init__(self, buf: torch.Tensor):
-        self.buf, self.nbytes, self.ptr = buf, buf.numel(), buf.data_ptr()
-
-    def intact(self) -> bool:
-        """Still the memory cvops allocated (not resized or moved by a user of the storage)."""
-        storage = self.buf.untyped_storage()
-        return storage.nbytes() == self.nbytes and storage.data_ptr() == self.ptr
-
-    def idle(self) -> bool:
-        # the pool's tensor and the temporary storage object are the only references
-        return _use_count(self.buf.untyped_storage()._cdata) <= 2
-
-
-class _Recycler:
-    """uint8 buffers for large outputs, reused once no tensor uses their storage any more."""
-
-    def __init__(self):
-        self._pool: list[_Entry] = []  # oldest first
-        self._lock = threading.Lock()
-
-    def take(self, nbytes: int) -> torch.Tensor:
-        limit = _env_int("CVOPS_RECYCLE_MB", 1024) << 20
-        with self._lock:
-            self._pool = [e for e in self._pool if e.intact()]
-            entry = next((e for e in self._pool if e.nbytes == nbytes and e.idle()), None)
-            if entry is None:
-                # Make room by dropping idle buffers, oldest first.
-                held = sum(e.nbytes for e in self._pool)
-                keep = []
-                for e in self._pool:
-                    if held + nbytes > limit and e.idle():
-                        held -= e.nbytes
-                    else:
-                        keep.append(e)
-                self._pool = keep
-                entry = _Entry(_fresh(nbytes))
-                if held + nbytes <= limit:
-                    self._pool.append(entry)
-            return entry.buf.view(nbytes)  # a new tensor on the same storage
-
-    def release_idle(self) -> int:
-        """Forget the idle buffers (their memory goes back to torch's allocator); returns the bytes freed."""
-        with self._lock:
-            freed = sum(e.nbytes for e in self._pool if e.intact() and e.idle())
-            self._pool = [e for e in self._pool if e.intact() and not e.idle()]
-            return freed
-
-    def held_bytes(self) -> int:
-        with self._lock:
-            return sum(e.nbytes for e in self._pool if e.intact())
-
-
-_RECYCLER = _Recycler()
+def _advise_huge_pages(buf: torch.Tensor, nbytes: int) -> None:
+    """Ask for huge pages on the 2 MiB-aligned interior of a new buffer (advice only: failure is harmless)."""
+    if _MADVISE is None or nbytes < 2 * _HUGE:
+        return
+    start = -buf.data_ptr() % _HUGE
+    length = (nbytes - start) // _HUGE * _HUGE
+    if length:
+        _MADVISE(buf.data_ptr() + start, length, _MADV_HUGEPAGE)
 
 
 def empty_cache() -> int:
-    """Release the idle output buffers cvops keeps for reuse and hand free heap memory back to the
-    system (``malloc_trim(0)`` on glibc, so the resident size really drops); returns the number of
-    pooled bytes released."""
-    freed = _RECYCLER.release_idle()
+    """Hands free heap memory back to the system (``malloc_trim(0)`` on glibc, so the resident size drops
+    after large tensors are freed) and returns 0: cvops holds no cached buffers, so it releases none of its
+    own. Kept for code written against earlier versions, which pooled output buffers."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
-    return freed
+    return 0
 
 
 def new_empty(shape, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
-    """``torch.empty`` that reuses (or huge-page maps) the memory of large CPU tensors."""
+    """``torch.empty(shape, dtype, device)``; a large CPU tensor also gets the huge-page advice."""
     device = torch.device(device)
-    shape = tuple(int(s) for s in shape)
-    numel = 1
-    for s in shape:
-        numel *= s
-    nbytes = numel * dtype.itemsize
-    if device.type != "cpu" or nbytes < _HUGE or dtype.is_complex or dtype.itemsize > 8:
-        return torch.empty(shape, dtype=dtype, device=device)
-    if _use_count is None or os.environ.get("CVOPS_RECYCLE", "1") == "0":
-        buf = _fresh(nbytes)
-    else:
-        buf = _RECYCLER.take(nbytes)
-    return buf.view(dtype).view(shape)
+    out = torch.empty(tuple(int(s) for s in shape), dtype=dtype, device=device)
+    if device.type == "cpu":
+        _advise_huge_pages(out, out.numel() * out.element_size())
+    return out
 
 
 def new_zeros(shape, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:

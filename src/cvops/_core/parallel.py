@@ -9,11 +9,16 @@ run single-threaded, and joins once.
 The intra-op thread count is process-global in torch, so it is lowered to 1 for the duration of the
 call and restored afterwards; a lock keeps concurrent callers from interleaving that. Torch ops that
 other threads run meanwhile run single-threaded (slower, never wrong).
+
+A forked child has none of its parent's pool threads: it forgets the pools (and the lock, which another
+of the parent's threads may have held), and makes new ones on first use, so work it submits runs instead
+of waiting for threads that do not exist.
 """
 from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Sequence
@@ -22,6 +27,16 @@ import torch
 
 _lock = threading.Lock()
 _pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _forget_parent_threads() -> None:
+    global _lock
+    _pools.clear()
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parent_threads)
 
 
 def pool(workers: int) -> ThreadPoolExecutor:

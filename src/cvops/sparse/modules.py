@@ -7,11 +7,13 @@ Conventions of the layers (decisions.md; they follow spconv 2.x and mmcv, not th
   ``padding = dilation * (k // 2)`` per axis, so ``SubMConv3d(c, c, 3)`` (padding left at spconv's default
   0) and ``SubMConv3d(c, c, 3, padding=1)`` compute the same thing, as in spconv and mmcv. The functional
   :func:`cvops.get_indice_pairs` keeps the design doc's padding-as-given.
-- ``indice_key`` names one kernel map, cached in the tensor's ``indice_dict``: a SubM layer reuses the map
-  of an earlier SubM layer with the same key (kernel size and dilation must agree, and the input must be
-  on the same sites; otherwise ``BadParamError``, where spconv raises ``ValueError``); an inverse
-  convolution runs the map of the sparse convolution it inverts backwards; a sparse conv reuses a map only
-  with the same geometry.
+- ``indice_key`` names one kernel map, cached in the output's ``indice_dict`` (a copy of the input's with
+  the new map added; the input's dict is never written, as in spconv 2.x): a SubM layer reuses the map of
+  an earlier SubM layer with the same key (kernel size and dilation must agree, and the input must be on
+  the very sites, in the same row order, the map was built on; otherwise ``BadParamError``, where spconv
+  raises ``ValueError``); an inverse convolution runs the map of the sparse convolution it inverts
+  backwards (on that conv's output sites); a sparse conv reuses a map only with the same geometry and
+  sites (spconv refuses any reuse by a sparse conv).
 - Weight layout is a class attribute: ``WEIGHT_LAYOUT = "spconv"`` (spconv 2.x's ``[out, *kernel, in]``,
   the default here and in ``cvops.spconv``) or ``"mmcv"`` (``[*kernel, in, out]``, ``cvops.mmcv``).
   :func:`cvops.sparse.load_state_dict` loads a checkpoint of another layout.
@@ -66,10 +68,26 @@ def check_input(name: str, x, ndim: int) -> None:
             "(were .features reassigned?)")
 
 
+def same_sites(indices: torch.Tensor, *built_on: torch.Tensor) -> bool:
+    """Whether ``indices`` are the sites (rows, in order) a kernel map was built on: the very tensor (no
+    work), or an equal one (one comparison)."""
+    if any(indices is t for t in built_on):
+        return True
+    ref = built_on[0]
+    return indices.shape == ref.shape and torch.equal(indices, ref.to(indices.device, indices.dtype))
+
+
 def kernel_map(layer, x: SparseConvTensor, *, inverse: bool = False, transposed: bool = False,
-               output_padding=None) -> IndiceData:
+               output_padding=None) -> tuple[IndiceData, dict]:
     """The kernel map of ``layer`` (a conv or pool with kernel_size/stride/padding/dilation/subm/indice_key)
-    on ``x``: the one cached under ``layer.indice_key`` when the rules allow, else a new one (cached)."""
+    on ``x``: the one cached under ``layer.indice_key`` when the rules allow, else a new one; and the
+    ``indice_dict`` of the layer's output.
+
+    A cached map is reused only on the very sites, in the same row order, it was built on; any other
+    geometry or sites under the same key is a ``BadParamError`` naming the key. ``x.indice_dict`` is never
+    written: the output gets a copy with the new map added (copy-on-write, as spconv 2.x), so tensors that
+    share one dict never see each other's maps.
+    """
     name = type(layer).__name__
     key = layer.indice_key
     data = x.find_indice_pair(key)
@@ -80,11 +98,11 @@ def kernel_map(layer, x: SparseConvTensor, *, inverse: bool = False, transposed:
         require(not data.subm, name, f"indice_key={key!r} holds a subm map; inverse needs a sparse conv's")
         require(tuple(data.kernel_size) == kernel, name,
                 f"kernel_size {kernel} must equal that of the conv it inverts, {tuple(data.kernel_size)}")
-        require(list(data.out_spatial_shape) == list(x.spatial_shape) and
-                data.out_indices.shape[0] == x.indices.shape[0], name,
-                f"input ({x.indices.shape[0]} sites, spatial {x.spatial_shape}) must be the output of the conv "
-                f"it inverts ({data.out_indices.shape[0]} sites, spatial {data.out_spatial_shape})")
-        return data
+        require(list(data.out_spatial_shape) == list(x.spatial_shape) and same_sites(x.indices, data.out_indices),
+                name, f"input ({x.indices.shape[0]} sites, spatial {x.spatial_shape}) must be the output of the conv "
+                f"it inverts under indice_key={key!r} ({data.out_indices.shape[0]} sites, spatial "
+                f"{data.out_spatial_shape}), on the same sites in the same row order")
+        return data, dict(x.indice_dict)
     subm = bool(layer.subm)
     padding = centred_padding(kernel, dilation) if subm else tuple(layer.padding)
     stride = tuple(layer.stride)
@@ -99,11 +117,14 @@ def kernel_map(layer, x: SparseConvTensor, *, inverse: bool = False, transposed:
                 f"{dilation} here")
         require(subm or (tuple(data.stride) == stride and tuple(data.padding) == padding
                          and data.transposed == transposed), name,
-                f"layers sharing indice_key={key!r} must have the same stride and padding")
-        require(list(data.spatial_shape) == list(x.spatial_shape) and data.indices.shape[0] == x.indices.shape[0],
-                name, f"layers sharing indice_key={key!r} must see the same sites: {data.indices.shape[0]} sites "
-                f"on {data.spatial_shape} there, {x.indices.shape[0]} on {x.spatial_shape} here")
-        return data
+                f"layers sharing indice_key={key!r} must have the same stride and padding: stride "
+                f"{tuple(data.stride)}, padding {tuple(data.padding)} there, stride {stride}, padding {padding} here")
+        sites = (data.indices, data.out_indices) if subm else (data.indices,)  # a subm map's sites are both
+        require(list(data.spatial_shape) == list(x.spatial_shape) and same_sites(x.indices, *sites), name,
+                f"layers sharing indice_key={key!r} must see the same sites in the same row order: "
+                f"{data.indices.shape[0]} sites on {data.spatial_shape} there, {x.indices.shape[0]} on "
+                f"{x.spatial_shape} here")
+        return data, dict(x.indice_dict)
     if subm:
         out_spatial = list(x.spatial_shape)
     elif transposed:
@@ -118,9 +139,10 @@ def kernel_map(layer, x: SparseConvTensor, *, inverse: bool = False, transposed:
     data = IndiceData(out_indices, x.indices, pairs, num, list(x.spatial_shape), list(out_spatial), kernel, subm,
                       stride=stride, padding=padding, dilation=dilation, transposed=transposed,
                       algo=getattr(layer, "algo", None))
+    indice_dict = dict(x.indice_dict)
     if key is not None:
-        x.indice_dict[key] = data
-    return data
+        indice_dict[key] = data
+    return data, indice_dict
 
 
 class SparseConvolution(SparseModule):
@@ -238,8 +260,8 @@ class SparseConvolution(SparseModule):
             # a 1x1 kernel keeps every site in place: one matmul, no kernel map (as spconv)
             out = x.replace_feature(torch.mm(x.features, self.kernel_weight()[0]))
             return self._finish(out, out.features, x.indices, x.spatial_shape, add_input)
-        data = kernel_map(self, x, inverse=self.inverse, transposed=self.transposed,
-                          output_padding=self.output_padding)
+        data, indice_dict = kernel_map(self, x, inverse=self.inverse, transposed=self.transposed,
+                                       output_padding=self.output_padding)
         map_rows = (data.out_indices if self.inverse else data.indices).shape[0]
         require(x.features.shape[0] == map_rows, name,
                 f"input features rows ({x.features.shape[0]}) must equal the kernel map's input sites ({map_rows})")
@@ -252,7 +274,9 @@ class SparseConvolution(SparseModule):
                                 out_indices.shape[0], inverse=self.inverse, identity_offset=ident,
                                 indice_pairs_by_output=data.pairs_sorted_by_output(), backend=None,
                                 check_values=False)  # the map comes from get_indice_pairs on these sites
-        return self._finish(x.shadow_copy(), features, out_indices, out_spatial, add_input)
+        out = x.shadow_copy()
+        out.indice_dict = indice_dict
+        return self._finish(out, features, out_indices, out_spatial, add_input)
 
     def _finish(self, out, features, out_indices, out_spatial, add_input):
         if self.bias is not None:

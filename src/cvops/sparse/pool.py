@@ -62,13 +62,14 @@ class _SparsePool(SparseModule):
 
     def forward(self, x: SparseConvTensor) -> SparseConvTensor:
         check_input(type(self).__name__, x, self.ndim)
-        data = kernel_map(self, x)
+        data, indice_dict = kernel_map(self, x)
         src, dst = _pairs(data, x.indices.shape[0])
         features = _reduce(x.features, src, dst, data.out_indices.shape[0], self.REDUCE)
         buf = getattr(self, "max_num_voxels_during_training", None)
         if buf is not None:
             buf.fill_(max(int(buf.item()), data.out_indices.shape[0]))
         out = x.shadow_copy()
+        out.indice_dict = indice_dict
         out.features, out.indices, out.spatial_shape = features, data.out_indices, list(data.out_spatial_shape)
         return out
 

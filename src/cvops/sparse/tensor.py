@@ -76,8 +76,9 @@ class SparseConvTensor:
 
     ``spatial_shape`` is the grid size (a list, tuple, tensor or numpy array), ``batch_size`` the number of
     samples (an int, also numpy's). ``indice_dict`` maps an ``indice_key`` to the :class:`IndiceData` a layer
-    built, so later layers with the same key (SubM blocks, the inverse conv) reuse it; it is shared by
-    every tensor derived from this one. ``features`` may be reassigned (mmcv style) or replaced with
+    built, so later layers with the same key (SubM blocks, the inverse conv) reuse it; a layer never
+    writes into its input's dict but gives its output a copy with its map added (as spconv 2.x), so
+    tensors constructed with one shared ``indice_dict`` never see each other's maps. ``features`` may be reassigned (mmcv style) or replaced with
     :meth:`replace_feature` (spconv style); layers check its rows against ``indices`` before any kernel.
     spconv's ``benchmark``, ``permanent_thrust_allocator``, ``enable_timer`` and ``force_algo`` are
     accepted and have no effect.

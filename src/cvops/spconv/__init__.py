@@ -40,16 +40,23 @@ def install_as_spconv() -> None:
     (which also reads ``spconv.__version__``, as mmdet3d does).
 
     Registers in ``sys.modules`` a package ``spconv`` (``__version__`` = :data:`SPCONV_VERSION`, ``pytorch`` =
-    this package, ``constants``: the switches spconv's own kernels read, which code may set, as OpenPCDet sets
-    ``SPCONV_USE_DIRECT_TABLE``, and cvops never reads: it computes one way), ``spconv.pytorch`` and its
-    submodules, in place of any spconv modules imported before, so that no import mixes the two. Call it
+    this package, ``core`` with spconv's ``ConvAlgo``, ``constants``: spconv's flags at spconv's values, which
+    code reads (``ALL_WEIGHT_IS_KRSC``: the weight layout ``[out, *kernel, in]``, ``FILTER_HWIO``) or sets, as
+    OpenPCDet sets ``SPCONV_USE_DIRECT_TABLE``, and cvops never reads: it computes one way), ``spconv.pytorch``
+    and its submodules, in place of any spconv modules imported before, so that no import mixes the two. Call it
     before importing such code: a module that already imported the real spconv keeps it. spconv's voxel
     generators (``spconv.utils``) are not part of cvops, so importing them fails."""
     drop_modules("spconv")
     top = new_package("spconv", "cvops.spconv registered as spconv (cvops.spconv.install_as_spconv)")
     top.__version__ = SPCONV_VERSION
-    constants = types.ModuleType("spconv.constants", "spconv's kernel switches; cvops reads none of them")
-    constants.SPCONV_USE_DIRECT_TABLE = True  # spconv's default
+    constants = types.ModuleType("spconv.constants", "spconv's flags and kernel switches; cvops reads none")
+    # spconv 2.3.8's values: weights are KRSC ([out, *kernel, in]), not HWIO; the direct-table hash is on
+    for flag, value in (("ALL_WEIGHT_IS_KRSC", True), ("FILTER_HWIO", False), ("SAVED_WEIGHT_LAYOUT", ""),
+                        ("SPCONV_USE_DIRECT_TABLE", True)):
+        setattr(constants, flag, value)
     register("spconv.constants", constants)
+    core = types.ModuleType("spconv.core", "spconv.core's ConvAlgo (cvops.spconv.ConvAlgo)")
+    core.ConvAlgo = ConvAlgo
+    register("spconv.core", core)
     register("spconv.pytorch", sys.modules[__name__])
     register_submodules(__name__, "spconv.pytorch")  # this package's submodules, all imported above

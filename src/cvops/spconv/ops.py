@@ -6,6 +6,7 @@ map is ``[2, K, L]``) and takes spconv's argument order; ``algo`` is accepted an
 """
 from enum import Enum
 
+from .._core.validate import pair
 from ..ops.get_indice_pairs import get_conv_output_size, get_deconv_output_size
 from ..sparse.modules import centred_padding, get_indice_pairs_nd
 
@@ -20,9 +21,13 @@ class ConvAlgo(Enum):
 
 def get_indice_pairs(indices, batch_size, spatial_shape, algo, ksize, stride, padding, dilation, out_padding,
                      subm=False, transpose=False, num_out_act_bound=-1):
-    """``(out_indices, indice_pairs [K, 2, L], indice_num [K])`` with spconv's argument order."""
+    """``(out_indices, indice_pairs [K, 2, L], indice_num [K])`` with spconv's argument order; each of ``ksize``,
+    ``stride``, ``padding``, ``dilation`` and ``out_padding`` is an int or one int per spatial dimension."""
     n = len(spatial_shape)
-    ksize, dilation = [ksize] * n if isinstance(ksize, int) else ksize, [dilation] * n if isinstance(dilation, int) else dilation
+    op = "get_indice_pairs"
+    ksize, stride, padding, dilation, out_padding = (
+        pair(op, name, value, n) for name, value in (("ksize", ksize), ("stride", stride), ("padding", padding),
+                                                     ("dilation", dilation), ("out_padding", out_padding)))
     if subm:
         padding = centred_padding(ksize, dilation)
     return get_indice_pairs_nd(indices, batch_size, spatial_shape, ksize, stride, padding, dilation, subm,

@@ -12,12 +12,16 @@ RoI at least 1 x 1, bin edges ``floor(p*bin) + start`` and ``ceil((p+1)*bin) + s
 [0, H] / [0, W], so it also credits the last row and column, which its forward never reads). Unlike torchvision,
 RoIs with a batch index outside [0, N) or a non-finite corner raise ``cvops.BadParamError``, and every float
 dtype and both CPU and CUDA tensors are served. Bad arguments raise ``cvops.BadParamError`` that is also what
-torchvision raises: an ``AssertionError`` for the boxes' shape, a ``RuntimeError`` for the rest.
+torchvision raises: an ``AssertionError`` for the boxes' shape, a ``RuntimeError`` for the rest (a float
+``output_size``, even ``3.0``, included). As in torchvision, a list of boxes of several dtypes is promoted to
+one (``torch.cat``'s promotion), and no boxes (``Tensor[0, 5]`` or a list of ``Tensor[0, 4]``) give an empty
+output; so does an empty list, where torchvision raises (``torch.cat`` of nothing).
 
 The functional is wrapped for ``torch.fx`` (a leaf call) and its checks are ignored by TorchScript, so the
 module also works under ``torch.jit.script``, ``torch.fx.symbolic_trace``, ``torch.export.export`` and
 ``torch.compile(fullgraph=True)``: the pooling itself is the custom op ``torch.ops.cvops.psroi_pool_forward``.
 """
+import operator
 from typing import List, Union
 
 import torch
@@ -42,14 +46,29 @@ def _pool(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size: List[i
         require(isinstance(rois, Tensor) and rois.dim() == 2 and rois.shape[1] == 5, op,
                 f"boxes must be a Tensor[K, 5] or a list of Tensor[L, 4], got shape {tuple(rois.shape)}")
     with raising_also(RuntimeError):  # and checks the rest in its kernel (TORCH_CHECK)
-        ph, pw = (int(v) for v in output_size)
-        require(ph >= 1 and pw >= 1, op, f"output_size must be positive, got {(ph, pw)}")
+        ph, pw = _output_size(output_size, op)
         require(isinstance(input, Tensor) and input.dim() == 4, op, "input must be a 4-D Tensor[N, C, H, W]")
         c = input.shape[1]
         require(c % (ph * pw) == 0, op, f"input channels ({c}) must be a multiple of output_size[0] * "
                                         f"output_size[1] ({ph * pw})")
+        if rois.shape[0] == 0:  # no boxes: an empty output, as torchvision's (cvops.psroi_pool needs R >= 1)
+            empty = input.new_zeros((0, c // (ph * pw), ph, pw))
+            return empty + input.narrow(0, 0, 0).sum() if input.requires_grad else empty  # (a zero gradient)
         return psroi_pool(input, rois, ph, pw, float(spatial_scale), ph if ph == pw else 1, c // (ph * pw),
                           convention="torchvision")[0]
+
+
+def _output_size(output_size, op: str):
+    """``(height, width)`` as positive Python ints; a float (even 3.0) is an error, as torchvision's op takes
+    ints only (no silent truncation of 2.5)."""
+    from .._core.validate import require
+    try:
+        sizes = [operator.index(v) for v in output_size]
+    except TypeError:
+        sizes = []
+    require(len(sizes) == 2, op, f"output_size must be an int or a pair of ints, got {output_size!r}")
+    require(sizes[0] >= 1 and sizes[1] >= 1, op, f"output_size must be positive, got {tuple(sizes)}")
+    return sizes[0], sizes[1]
 
 
 @torch.fx.wrap

@@ -79,7 +79,7 @@ def plan(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor],
         keep = mask[0] > 0
     else:
         keep = _output_keep(mask, out_h, out_w)
-    flat = keep.view(-1).nonzero().view(-1)  # row-major: distinct, inside the output
+    flat = keep.reshape(-1).nonzero().view(-1)  # row-major (a strided mask too): distinct, inside the output
     fused = numba_kernels(cpu.__package__, features, background=True)
     points = flat.shape[0]
     if points == 0:

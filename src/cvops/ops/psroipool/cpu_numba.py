@@ -487,7 +487,7 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     _split(_tile, (pattern, _dense(mapping)[0]), even_parts(r, torch.get_num_threads()), 1, acc, r * groups * od)
     x, xs = _dense(input)
     out, os = _dense(output)
-    sums = numpy_alias(new_empty((r * groups * run,), torch.from_numpy(np.empty(0, acc)).dtype))  # recycled
+    sums = numpy_alias(new_empty((r * groups * run,), torch.from_numpy(np.empty(0, acc)).dtype))
     _split(_forward, (x, xs, n, h, w, rois_np, edges, pooled_height, pooled_width, od, run, band_rows, sums, out, os),
            parts, band_rows * w * groups * run, acc, work)
     return output, mapping
