@@ -51,16 +51,44 @@ def _raise_if_bad(bad: int, index: torch.Tensor, rows: int) -> None:
                                       f"(indices in [{lo}, {hi}])")
 
 
+@inline
+def _gather_rows(rows, src, pairs, k, col, start, n, lo, hi):
+    """``rows[i] = src[pairs[k, col, start + i]]`` for ``i < n``; a row index outside ``[lo, hi)`` is counted
+    and gives a row of zeros. Returns the count."""
+    bad = 0
+    for i in range(n):
+        r = pairs[k, col, start + i]
+        if r < lo or r >= hi:
+            bad += 1
+            r = -1
+        for j in range(rows.shape[1]):  # element loops: numba's slice assignment costs twice the time here
+            rows[i, j] = src[r, j] if r >= 0 else 0
+    return bad
+
+
+@inline
+def _scatter_add_rows(out, rows, pairs, k, col, start, n, lo, hi):
+    """``out[pairs[k, col, start + i]] += rows[i]`` for ``i < n``, rows in order; a row index outside
+    ``[lo, hi)`` (the block's own rows) is counted and skipped. Returns the count."""
+    bad = 0
+    for i in range(n):
+        r = pairs[k, col, start + i]
+        if r < lo or r >= hi:
+            bad += 1
+            continue
+        for j in range(rows.shape[1]):
+            out[r, j] += rows[i, j]
+    return bad
+
+
 @njit
 def _conv_forward(out, f, w, pairs, bounds, todo, identity, src_col, dst_col, block, chunk, b_lo, b_hi):
-    n_out, n_src = out.shape[0], f.shape[0]
-    c_in, c_out = f.shape[1], w.shape[2]
     bad = 0
     for b in range(b_lo, b_hi):
         r0 = b * block
-        r1 = min(n_out, r0 + block)
-        rows = np.empty((chunk, c_in), f.dtype)
-        prods = np.empty((chunk, c_out), f.dtype)
+        r1 = min(out.shape[0], r0 + block)
+        rows = np.empty((chunk, f.shape[1]), f.dtype)
+        prods = np.empty((chunk, w.shape[2]), f.dtype)
         if identity >= 0:
             np.dot(f[r0:r1], w[identity], out[r0:r1])
         else:
@@ -70,21 +98,9 @@ def _conv_forward(out, f, w, pairs, bounds, todo, identity, src_col, dst_col, bl
             start, end = bounds[k, b], bounds[k, b + 1]
             while start < end:
                 n = min(end - start, chunk)
-                for i in range(n):
-                    s = pairs[k, src_col, start + i]
-                    if s < 0 or s >= n_src:
-                        bad += 1
-                        s = -1
-                    for j in range(c_in):
-                        rows[i, j] = f[s, j] if s >= 0 else 0
+                bad += _gather_rows(rows, f, pairs, k, src_col, start, n, 0, f.shape[0])
                 np.dot(rows[:n], w[k], prods[:n])
-                for i in range(n):
-                    d = pairs[k, dst_col, start + i]
-                    if d < r0 or d >= r1:
-                        bad += 1
-                        continue
-                    for j in range(c_out):
-                        out[d, j] += prods[i, j]
+                bad += _scatter_add_rows(out, prods, pairs, k, dst_col, start, n, r0, r1)
                 start += n
     return bad
 
@@ -113,17 +129,15 @@ def _add_outer_products(acc, a, b, n):
 @njit(fastmath=REASSOCIATE)
 def _conv_backward(grad_f, partials, g, f, w_t, pairs, bounds, todo, identity, src_col, dst_col, block, chunk,
                    b_lo, b_hi):
-    n_rows, n_g = f.shape[0], g.shape[0]
-    c_in, c_out = f.shape[1], w_t.shape[1]
     bad = 0
     for b in range(b_lo, b_hi):
         r0 = b * block
-        r1 = min(n_rows, r0 + block)
+        r1 = min(f.shape[0], r0 + block)
         part = partials[b]
         part[:] = 0
-        g_rows = np.empty((chunk, c_out), f.dtype)
-        f_rows = np.empty((chunk, c_in), f.dtype)
-        prods = np.empty((chunk, c_in), f.dtype)
+        g_rows = np.empty((chunk, g.shape[1]), f.dtype)
+        f_rows = np.empty((chunk, f.shape[1]), f.dtype)
+        prods = np.empty((chunk, f.shape[1]), f.dtype)
         if identity >= 0:
             np.dot(g[r0:r1], w_t[identity], grad_f[r0:r1])
             _add_outer_products(part[identity], f[r0:r1], g[r0:r1], r1 - r0)
@@ -134,22 +148,11 @@ def _conv_backward(grad_f, partials, g, f, w_t, pairs, bounds, todo, identity, s
             start, end = bounds[k, b], bounds[k, b + 1]
             while start < end:
                 n = min(end - start, chunk)
-                for i in range(n):
-                    d = pairs[k, dst_col, start + i]
-                    s = pairs[k, src_col, start + i]
-                    if d < 0 or d >= n_g or s < r0 or s >= r1:
-                        bad += 1
-                        d = -1
-                    for j in range(c_out):
-                        g_rows[i, j] = g[d, j] if d >= 0 else 0
-                    for j in range(c_in):
-                        f_rows[i, j] = f[s, j] if d >= 0 else 0
+                # a bad source row is counted by its gather; the scatter skips it again without counting
+                bad += _gather_rows(g_rows, g, pairs, k, dst_col, start, n, 0, g.shape[0])
+                bad += _gather_rows(f_rows, f, pairs, k, src_col, start, n, r0, r1)
                 np.dot(g_rows[:n], w_t[k], prods[:n])
-                for i in range(n):
-                    s = pairs[k, src_col, start + i]
-                    if s >= r0 and s < r1:
-                        for j in range(c_in):
-                            grad_f[s, j] += prods[i, j]
+                _scatter_add_rows(grad_f, prods, pairs, k, src_col, start, n, r0, r1)
                 _add_outer_products(part[k], f_rows, g_rows, n)
                 start += n
     return bad
