@@ -10,8 +10,13 @@ import torch
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 import cvops
-from cvops._core.errors import CvopsError
+import cvops.mmcv as mmcv
+import cvops.spconv as spconv
+import cvops.torchvision as tv
+from cvops._core.errors import BadParamError, CvopsError, NotSupportedError
 from cvops._core.metrics import bit_equal, diff1, diff2
+from cvops.mmcv.psa_mask import psa_mask  # cvops.mmcv.psa_mask is the module, as mmcv.ops.psa_mask
+from cvops.sparse import indice_conv
 from tests.conftest import installed_cpu_paths, selected
 
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -19,11 +24,13 @@ I64 = st.one_of(st.integers(-6, 8), st.sampled_from([-2**63, -2**63 + 1, -2**62,
 
 
 def outcome(call):
-    """``("ok", result)`` or ``(error type, None)`` for a cvops error; anything else propagates."""
+    """``("ok", result)`` or ``(error type, None)`` for a cvops error; anything else propagates. A drop-in
+    namespace's error that is also its peer's type (``BadParamError`` and ``RuntimeError``) counts as the
+    cvops type it widens."""
     try:
         return "ok", call()
     except CvopsError as err:
-        return type(err), None
+        return next(t for t in type(err).__mro__ if t in (BadParamError, NotSupportedError, CvopsError)), None
 
 
 def agree(call, same):
@@ -129,3 +136,80 @@ def test_get_indice_pairs(coords, k, stride, pad, subm):
     stride = 1 if subm else stride
     agree(lambda b: cvops.get_indice_pairs(idx, 2, [4, 5, 5], k, stride, pad, 1, subm=subm, backend=b),
           lambda a, e: all(torch.equal(x, y) for x, y in zip(a, e)))
+
+
+# ------------------------------------------------------------------------------------------ drop-in namespaces
+# Each drawn call runs the drop-in entry point on every cpu path and cvops' own op on the reference backend;
+# they must raise the same cvops error or give the same result.
+
+@settings(max_examples=15, deadline=None)
+@given(coords=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 3), st.integers(0, 3), st.integers(0, 4)),
+                       min_size=1, max_size=8, unique=True),
+       cin=st.integers(1, 3), cout=st.integers(1, 3), k=st.sampled_from([1, 2, 3]), stride=st.integers(1, 2),
+       pad=st.integers(0, 1), subm=st.booleans(), bias=st.booleans())
+def test_spconv_layers(coords, cin, cout, k, stride, pad, subm, bias):
+    torch.manual_seed(len(coords))
+    layer = (spconv.SubMConv3d(cin, cout, k, bias=bias) if subm else
+             spconv.SparseConv3d(cin, cout, k, stride=stride, padding=pad, bias=bias))
+    if bias:
+        torch.nn.init.normal_(layer.bias)
+    idx, features = torch.tensor(coords, dtype=torch.int32), torch.randn(len(coords), cin)
+
+    def run(backend):
+        if backend != "reference":
+            out = layer(spconv.SparseConvTensor(features, idx, [4, 4, 5], 2))
+            return out.features, out.indices
+        # cvops' functional sparse conv on the layer's weights, spconv's [out, *k, in] as [K, in, out]
+        padding = k // 2 if subm else pad
+        out_idx, pairs, num = cvops.get_indice_pairs(idx, 2, [4, 4, 5], k, 1 if subm else stride, padding, 1,
+                                                      subm=subm, backend=backend)
+        weight = layer.weight.detach().reshape(cout, k ** 3, cin).permute(1, 2, 0)
+        out = indice_conv(features, weight, pairs, num, out_idx.shape[0], backend=backend,
+                          identity_offset=k ** 3 // 2 if subm and k % 2 else -1)
+        return (out if layer.bias is None else out + layer.bias).detach(), out_idx
+
+    agree(run, lambda a, e: all(close(x, y) if x.is_floating_point() else torch.equal(x, y)
+                                for x, y in zip(_by_site(*a), _by_site(*e))))
+
+
+def _by_site(features, indices):
+    """Rows in site order: a 1x1 layer keeps its input's row order (as spconv), the kernel map sorts."""
+    order = indices.long().matmul(torch.tensor([8 ** 3, 8 ** 2, 8, 1])).argsort()
+    return features.detach()[order], indices[order]
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(1, 2), h=st.integers(1, 6), w=st.integers(1, 6), ph=st.integers(1, 3), pw=st.integers(1, 3),
+       od=st.integers(1, 2), extra_channel=st.sampled_from([0, 0, 0, 1]),
+       rois=st.lists(st.tuples(st.integers(-1, 2), *[st.floats(-3, 9, allow_nan=False)] * 4), min_size=1, max_size=3),
+       scale=st.sampled_from([0.5, 1.0, 0.0, -1.0]), as_list=st.booleans())
+def test_torchvision_ps_roi_pool(n, h, w, ph, pw, od, extra_channel, rois, scale, as_list):
+    x = torch.randn(n, ph * pw * od + extra_channel, h, w)
+    boxes = torch.tensor([list(map(float, r)) for r in rois])
+    # a list of per-image Tensor[L, 4] where every batch index is valid; the same RoIs as Tensor[K, 5]
+    as_list = as_list and all(0 <= r[0] < n for r in rois)
+    if as_list:
+        boxes = boxes[boxes[:, 0].argsort(stable=True)]
+    per_image = [boxes[boxes[:, 0] == i, 1:] for i in range(n)]
+
+    def run(backend):
+        if backend != "reference":
+            return tv.ps_roi_pool(x, per_image if as_list else boxes, (ph, pw), scale)
+        return cvops.psroi_pool(x, boxes, ph, pw, scale, ph if ph == pw else 1, x.shape[1] // (ph * pw),
+                                convention="torchvision", backend=backend)[0]
+
+    agree(run, close)
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(1, 2), cg=st.integers(1, 3), g=st.integers(1, 2), h=st.integers(1, 4), w=st.integers(1, 4),
+       k=st.sampled_from([1, 3, 3, 5, 2]), s=st.sampled_from([1, 2, 2, 3]), hm=st.integers(1, 4), wm=st.integers(0, 4),
+       psa_type=st.sampled_from([0, 1, "collect", 2]), mask_channels=st.integers(-1, 0))
+def test_mmcv_carafe_and_psa_mask(n, cg, g, h, w, k, s, hm, wm, psa_type, mask_channels):
+    x = torch.randn(n, cg * g, h, w)
+    m = torch.rand(n, g * k * k + mask_channels, h * s, w * s)
+    agree(lambda b: cvops.carafe_forward(x, m, k, g, s, backend=b) if b == "reference" else
+          mmcv.carafe(x, m, k, g, s), close)
+    p = torch.randn(n, hm * max(wm, 1) + mask_channels, h, w)
+    agree(lambda b: cvops.psamask(p, psa_type, (hm, wm), backend=b) if b == "reference" else
+          psa_mask(p, psa_type, (hm, wm)), exact)
