@@ -52,7 +52,15 @@ def _call_masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Optio
     return _masked_conv2d(input, mask, weight, bias, padding, stride, dilation, groups)
 
 
-for _name in ("_call_psamask", "_call_carafe", "_call_masked_conv2d"):
+@torch.jit.unused
+def _check_channels(module: str, input: Tensor, channels: int) -> None:
+    """A module whose first layer is a torch conv: its input checked here, so that a wrong input names the
+    module's argument instead of failing inside torch's conv."""
+    require(input.dim() == 4 and input.shape[1] == channels, module,
+            f"input must be [N, channels={channels}, H, W], got {tuple(input.shape)}")
+
+
+for _name in ("_call_psamask", "_call_carafe", "_call_masked_conv2d", "_check_channels"):
     torch.fx.wrap(_name)
 
 
@@ -201,6 +209,8 @@ class CARAFEPack(nn.Module):
         return _call_carafe(x, mask, self.up_kernel, self.up_group, self.scale_factor)
 
     def forward(self, x: Tensor) -> Tensor:
+        if not torch.jit.is_scripting():
+            _check_channels("CARAFEPack", x, self.channels)
         mask = self.content_encoder(self.channel_compressor(x))
         return self.feature_reassemble(x, self.kernel_normalizer(mask))
 

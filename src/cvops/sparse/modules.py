@@ -32,6 +32,7 @@ from torch import nn
 from .._core.errors import NotSupportedError
 from .._core.validate import check_int, pair, require
 from ..ops.get_indice_pairs import get_deconv_output_size, get_indice_pairs
+from ..ops.get_indice_pairs.checks import check_index_values
 from .functional import _indice_conv
 from .kmap import conv_output_size, identity_offset
 from .tensor import IndiceData, SparseConvTensor
@@ -257,7 +258,9 @@ class SparseConvolution(SparseModule):
         require(x.features.shape[1] == self.in_channels, name,
                 f"input has {x.features.shape[1]} channels, the layer expects {self.in_channels}")
         if self.conv1x1 and not (self.inverse or self.transposed) and (self.subm or not any(self.padding)):
-            # a 1x1 kernel keeps every site in place: one matmul, no kernel map (as spconv)
+            # a 1x1 kernel keeps every site in place: one matmul, no kernel map (as spconv), but the sites are
+            # checked as a kernel map would check them
+            check_index_values(x.indices, x.batch_size, x.spatial_shape, name)
             out = x.replace_feature(torch.mm(x.features, self.kernel_weight()[0]))
             return self._finish(out, out.features, x.indices, x.spatial_shape, add_input)
         data, indice_dict = kernel_map(self, x, inverse=self.inverse, transposed=self.transposed,

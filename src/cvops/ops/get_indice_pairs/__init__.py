@@ -44,7 +44,7 @@ def get_deconv_output_size(input_size: Sequence[int], kernel_size, stride, paddi
 
 
 def _run(indices: torch.Tensor, geo: Geometry, backend: Optional[str]):
-    check_index_values(indices, geo)
+    check_index_values(indices, geo.batch_size, geo.spatial_shape)
     L, K = indices.shape[0], geo.kernel_volume
     if L == 0:  # zero elements: empty outputs of the right shapes
         return (torch.empty((0, geo.ndim + 1), dtype=torch.int32, device=indices.device),

@@ -134,16 +134,16 @@ def check_params(indices, batch_size, spatial_shape, kernel_size, stride, paddin
     return Geometry(batch_size, spatial, tuple(out), kernel, stride, padding, dilation, subm, transpose)
 
 
-def check_index_values(indices: torch.Tensor, geo: Geometry) -> None:
+def check_index_values(indices: torch.Tensor, batch_size: int, spatial_shape: Sequence[int], op: str = OP) -> None:
     """Every row is (b, *coords) with 0 <= b < batch_size and 0 <= coord < spatial_shape."""
     if indices.shape[0] == 0:
         return
     lo = indices.amin(0).tolist()
     hi = indices.amax(0).tolist()
-    names = ["batch"] + [f"coordinate {d}" for d in range(geo.ndim)]
-    limits = (geo.batch_size,) + geo.spatial_shape
+    names = ["batch"] + [f"coordinate {d}" for d in range(len(spatial_shape))]
+    limits = (batch_size, *spatial_shape)
     for name, low, high, limit in zip(names, lo, hi, limits):
-        require(low >= 0 and high < limit, OP,
+        require(low >= 0 and high < limit, op,
                 f"indices {name} must lie in [0, {limit}), got values in [{low}, {high}]")
 
 
