@@ -302,6 +302,9 @@ def test_module_paths_import_where_cvops_mmcv_stands_in_for_mmcv_ops(monkeypatch
     monkeypatch.setitem(sys.modules, "mmcv.ops", mm)
     for module in MODULE_PATHS:
         monkeypatch.delitem(sys.modules, f"mmcv.ops.{module}", raising=False)
+        # importing mmcv.ops.<module> binds that name on its parent, here cvops.mmcv: its function (carafe)
+        # comes back after the test
+        monkeypatch.setattr(mm, module, getattr(mm, module))
     try:
         assert importlib.import_module("mmcv.ops.carafe").CARAFEPack is mm.CARAFEPack
         assert importlib.import_module("mmcv.ops.masked_conv").MaskedConv2d is mm.MaskedConv2d
