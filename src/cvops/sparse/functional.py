@@ -171,8 +171,8 @@ def _indice_conv(features, weight, indice_pairs, indice_num, num_out, *, inverse
                  indice_pairs_by_output, backend, check_values: bool):
     """:func:`indice_conv`; ``check_values=False`` (the layers only) skips the O(K*L) scan of the pair
     values for a map that :func:`cvops.get_indice_pairs` built on exactly these ``features``' sites in
-    the same call chain. Shapes and counts are still checked, and the compiled row loops check every
-    row index themselves, so even a wrong map cannot reach memory outside the arrays."""
+    the same call chain. Shapes and counts are still checked, and the compiled layer checks every
+    row index itself, so even a wrong map cannot reach memory outside the arrays."""
     features, weight = mixed_to_float32(features, weight)
     check_tensor(OP, "weight", weight, dtypes=FLOAT_DTYPES)
     require(weight.dim() >= 3, OP, f"weight must be [K, C_in, C_out] or [*k, C_in, C_out], got {tuple(weight.shape)}")
