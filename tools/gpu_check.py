@@ -137,7 +137,7 @@ def speed(report: Report, device, dry: bool, only) -> None:
             t0 = time.perf_counter()
             rows = module.run(limits, tag=tag, **kwargs)
             for r in rows:
-                _speed_row(report, harness, r, limits)
+                _speed_row(report, r, limits)
             report.note(f"speed {op}: {len(rows)} rows in {time.perf_counter() - t0:.1f} s")
         except Exception as exc:  # noqa: BLE001
             report.note(f"speed {op} stopped: {type(exc).__name__}: {exc}")
@@ -146,13 +146,13 @@ def speed(report: Report, device, dry: bool, only) -> None:
     if not only or "psroipool" in only:
         try:
             for r in torchvision_psroipool(harness, limits, dry):
-                _speed_row(report, harness, r, limits)
+                _speed_row(report, r, limits)
         except Exception as exc:  # noqa: BLE001
             report.note(f"torchvision ps_roi_pool anchor skipped: {type(exc).__name__}: {exc}")
     torch.cuda.empty_cache() if device.type == "cuda" else None
 
 
-def _speed_row(report, harness, r, limits) -> None:
+def _speed_row(report, r, limits) -> None:
     from report import speed as judged  # benchmarks/report.py: the limit each row is judged against
     limit, _ = judged(r, limits)
     report.add("speed", {"op": r.op, "case": r.case, "dir": r.direction, "ms": round(r.seconds * 1e3, 4),
@@ -167,6 +167,7 @@ def torchvision_psroipool(harness, limits, dry: bool):
     """cvops (torchvision convention, NCHW) against torchvision.ops.ps_roi_pool on the R-FCN cases."""
     import torch
     import cvops
+    from cvops._core.metrics import diff1
     from torchvision.ops import ps_roi_pool
     from tests.support.cases import load_cases
     from tests.support.inputs.psroipool import case_input, case_rois
@@ -180,7 +181,7 @@ def torchvision_psroipool(harness, limits, dry: bool):
         rois = case_rois(case).to(device)
         mine = cvops.torchvision.ps_roi_pool(x, rois, ph, scale)
         theirs = ps_roi_pool(x, rois, ph, scale)
-        check = f"diff1={harness_diff(mine, theirs):.1e}"
+        check = f"diff1={diff1(mine, theirs):.1e}"
         ours, anchor = harness.time_pair(lambda: cvops.torchvision.ps_roi_pool(x, rois, ph, scale),
                                          lambda: ps_roi_pool(x, rois, ph, scale), device, repeats=15)
         io = harness.tensor_bytes(x, rois, mine)
@@ -191,18 +192,13 @@ def torchvision_psroipool(harness, limits, dry: bool):
         ya, yb = cvops.torchvision.ps_roi_pool(xa, rois, ph, scale), ps_roi_pool(xb, rois, ph, scale)
         ya.backward(grad, retain_graph=True)
         yb.backward(grad, retain_graph=True)
-        check = f"diff1={harness_diff(xa.grad, xb.grad):.1e}"
+        check = f"diff1={diff1(xa.grad, xb.grad):.1e}"
         ours, anchor = harness.time_pair(lambda: torch.autograd.grad(ya, xa, grad, retain_graph=True),
                                          lambda: torch.autograd.grad(yb, xb, grad, retain_graph=True), device,
                                          repeats=15)
         rows.append(harness.BenchRow("psroipool", f"{case['name']} tv", "backward", "triton", ours,
                                      harness.tensor_bytes(grad, rois, x), 0.0, check, "torchvision CUDA", anchor))
     return rows
-
-
-def harness_diff(a, b) -> float:
-    from cvops._core.metrics import diff1
-    return diff1(a, b)
 
 
 # ---------------------------------------------------------------------------------------------

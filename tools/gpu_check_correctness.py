@@ -86,69 +86,67 @@ def _dtypes(ck, with_double: bool):
     return [d for d in every if d in ck.dtypes]
 
 
-def _network_subset(ck, dtype, case, first_network: dict) -> bool:
-    """float32 takes every case; the other dtypes the unit cases and the op's first network case."""
+def _each_case(ck, op: str, with_double: bool):
+    """``(dtype, case)`` of this pass: float32 takes every case of ``op``, the other dtypes its unit cases and
+    its first network case."""
     import torch
-    if dtype == torch.float32 or "network" not in case["tags"]:
-        return True
-    return first_network.setdefault(id(ck), case["name"]) == case["name"]
+    for dtype in _dtypes(ck, with_double):
+        first_network = None
+        for case in _cases(op, ck.dry):
+            if dtype != torch.float32 and "network" in case["tags"]:
+                first_network = first_network or case["name"]
+                if case["name"] != first_network:
+                    continue
+            yield dtype, case
 
 
 def check_psamask(ck: Checker) -> None:
     import torch
     import cvops
-    for dtype in _dtypes(ck, False):
-        first: dict = {}
-        for case in _cases("psamask", ck.dry):
-            if not _network_subset(ck, dtype, case, first):
-                continue
-            try:
-                mask = (case["h_mask"], case["w_mask"])
-                n, h, w, mode = case["N"], case["H"], case["W"], case["psa_type"]
-                layouts = ("NCHW", "NHWC") if "unit" in case["tags"] else (case["layout"],)
-                for layout in layouts:
-                    g = torch.Generator().manual_seed(0)
-                    for what, fn, c in (("fwd", cvops.psamask_forward, mask[0] * mask[1]),
-                                        ("bwd", cvops.psamask_backward, h * w)):
-                        x = _nhwc(torch.randn(n, c, h, w, generator=g).to(dtype), layout)
-                        oracle = ck.oracle(n * h * w * h * w)
-                        got = fn(x.to(ck.device), mode, mask, layout, backend="triton")
-                        ck.compare("psamask", dtype, f"{what} {layout}", case["name"], got,
-                                   fn(x, mode, mask, layout, backend=oracle), True, oracle)
-            except Exception as exc:  # noqa: BLE001 - every failure is a reported row, the run goes on
-                ck.error("psamask", dtype, case["name"], exc)
+    for dtype, case in _each_case(ck, "psamask", False):
+        try:
+            mask = (case["h_mask"], case["w_mask"])
+            n, h, w, mode = case["N"], case["H"], case["W"], case["psa_type"]
+            layouts = ("NCHW", "NHWC") if "unit" in case["tags"] else (case["layout"],)
+            for layout in layouts:
+                g = torch.Generator().manual_seed(0)
+                for what, fn, c in (("fwd", cvops.psamask_forward, mask[0] * mask[1]),
+                                    ("bwd", cvops.psamask_backward, h * w)):
+                    x = _nhwc(torch.randn(n, c, h, w, generator=g).to(dtype), layout)
+                    oracle = ck.oracle(n * h * w * h * w)
+                    got = fn(x.to(ck.device), mode, mask, layout, backend="triton")
+                    ck.compare("psamask", dtype, f"{what} {layout}", case["name"], got,
+                               fn(x, mode, mask, layout, backend=oracle), True, oracle)
+        except Exception as exc:  # noqa: BLE001 - every failure is a reported row, the run goes on
+            ck.error("psamask", dtype, case["name"], exc)
     ck.flush("psamask")
 
 
 def check_carafe(ck: Checker) -> None:
     import torch
     import cvops
-    for dtype in _dtypes(ck, True):
-        first: dict = {}
-        for case in _cases("carafe", ck.dry):
-            if not _network_subset(ck, dtype, case, first):
-                continue
-            try:
-                n, c, h, w = case["N"], case["C"], case["H"], case["W"]
-                k, grp, s = case["kernel_size"], case["group_size"], case["scale_factor"]
-                g = torch.Generator().manual_seed(0)
-                x = torch.randn(n, c, h, w, generator=g)
-                m = torch.randn(n, grp, k * k, h * s, w * s, generator=g).softmax(2).view(n, grp * k * k, h * s, w * s)
-                gy = torch.randn(n, c, h * s, w * s, generator=g)
-                layouts = ("NCHW", "NHWC") if "unit" in case["tags"] else (case.get("layout", "NCHW"),)
-                oracle = ck.oracle(gy.numel() * k * k)
-                for layout in layouts:
-                    xi, mi, gi = (_nhwc(t.to(dtype), layout) for t in (x, m, gy))
-                    dev = [t.to(ck.device) for t in (xi, mi, gi)]
-                    got = cvops.carafe_forward(dev[0], dev[1], k, grp, s, layout, backend="triton")
-                    ck.compare("carafe", dtype, f"fwd {layout}", case["name"], got,
-                               cvops.carafe_forward(xi, mi, k, grp, s, layout, backend=oracle), False, oracle)
-                    got = cvops.carafe_backward(dev[2], dev[0], dev[1], k, grp, s, layout, backend="triton")
-                    ref = cvops.carafe_backward(gi, xi, mi, k, grp, s, layout, backend=oracle)
-                    for name, a, b in zip(("grad_input", "grad_mask"), got, ref):
-                        ck.compare("carafe", dtype, f"{name} {layout}", case["name"], a, b, False, oracle)
-            except Exception as exc:  # noqa: BLE001
-                ck.error("carafe", dtype, case["name"], exc)
+    for dtype, case in _each_case(ck, "carafe", True):
+        try:
+            n, c, h, w = case["N"], case["C"], case["H"], case["W"]
+            k, grp, s = case["kernel_size"], case["group_size"], case["scale_factor"]
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(n, c, h, w, generator=g)
+            m = torch.randn(n, grp, k * k, h * s, w * s, generator=g).softmax(2).view(n, grp * k * k, h * s, w * s)
+            gy = torch.randn(n, c, h * s, w * s, generator=g)
+            layouts = ("NCHW", "NHWC") if "unit" in case["tags"] else (case.get("layout", "NCHW"),)
+            oracle = ck.oracle(gy.numel() * k * k)
+            for layout in layouts:
+                xi, mi, gi = (_nhwc(t.to(dtype), layout) for t in (x, m, gy))
+                dev = [t.to(ck.device) for t in (xi, mi, gi)]
+                got = cvops.carafe_forward(dev[0], dev[1], k, grp, s, layout, backend="triton")
+                ck.compare("carafe", dtype, f"fwd {layout}", case["name"], got,
+                           cvops.carafe_forward(xi, mi, k, grp, s, layout, backend=oracle), False, oracle)
+                got = cvops.carafe_backward(dev[2], dev[0], dev[1], k, grp, s, layout, backend="triton")
+                ref = cvops.carafe_backward(gi, xi, mi, k, grp, s, layout, backend=oracle)
+                for name, a, b in zip(("grad_input", "grad_mask"), got, ref):
+                    ck.compare("carafe", dtype, f"{name} {layout}", case["name"], a, b, False, oracle)
+        except Exception as exc:  # noqa: BLE001
+            ck.error("carafe", dtype, case["name"], exc)
     ck.flush("carafe")
 
 
@@ -156,36 +154,33 @@ def check_masked(ck: Checker) -> None:
     import torch
     import cvops
     from tests.support.inputs.masked_im2col import case_inputs, case_mask
-    for dtype in _dtypes(ck, True):
-        seen, first = set(), {}
-        for case in _cases("masked_im2col", ck.dry):
-            if not _network_subset(ck, dtype, case, first):
-                continue
-            try:
-                feature, hi, wi, kernel, pad = case_inputs(case)
-                feature = feature.to(dtype)
-                key = (tuple(case["feature"]), case.get("mask_ratio"), case.get("mask_cnt"), tuple(kernel))
-                if key not in seen:  # cases that differ only in out_channels gather the same columns
-                    seen.add(key)
-                    oracle = ck.oracle(feature.shape[1] * kernel[0] * kernel[1] * hi.numel())
-                    dev = [t.to(ck.device) for t in (feature, hi, wi)]
-                    cols = cvops.masked_im2col(*dev, kernel, pad, backend="triton")
-                    ck.compare("masked_im2col", dtype, "im2col", case["name"], cols,
-                               cvops.masked_im2col(feature, hi, wi, kernel, pad, backend=oracle), True, oracle)
-                    inside = (hi >= 0) & (hi < feature.shape[2]) & (wi >= 0) & (wi < feature.shape[3])
-                    h2, w2 = hi[inside], wi[inside]
-                    if len(set(zip(h2.tolist(), w2.tolist()))) == h2.numel():  # col2im needs distinct points
-                        col = torch.randn(feature.shape[1], h2.numel(), generator=torch.Generator().manual_seed(1))
-                        col = col.to(dtype)
-                        args = (feature.shape[2], feature.shape[3])
-                        got = cvops.masked_col2im(col.to(ck.device), h2.to(ck.device), w2.to(ck.device), *args,
-                                                  backend="triton")
-                        ck.compare("masked_im2col", dtype, "col2im", case["name"], got,
-                                   cvops.masked_col2im(col, h2, w2, *args, backend=oracle), True, oracle)
-                if "out_channels" in case:
-                    _check_masked_conv(ck, case, feature, case_mask(case, hi, wi), kernel, pad, dtype)
-            except Exception as exc:  # noqa: BLE001
-                ck.error("masked_im2col", dtype, case["name"], exc)
+    seen = set()
+    for dtype, case in _each_case(ck, "masked_im2col", True):
+        try:
+            feature, hi, wi, kernel, pad = case_inputs(case)
+            feature = feature.to(dtype)
+            key = (dtype, tuple(case["feature"]), case.get("mask_ratio"), case.get("mask_cnt"), tuple(kernel))
+            if key not in seen:  # cases that differ only in out_channels gather the same columns
+                seen.add(key)
+                oracle = ck.oracle(feature.shape[1] * kernel[0] * kernel[1] * hi.numel())
+                dev = [t.to(ck.device) for t in (feature, hi, wi)]
+                cols = cvops.masked_im2col(*dev, kernel, pad, backend="triton")
+                ck.compare("masked_im2col", dtype, "im2col", case["name"], cols,
+                           cvops.masked_im2col(feature, hi, wi, kernel, pad, backend=oracle), True, oracle)
+                inside = (hi >= 0) & (hi < feature.shape[2]) & (wi >= 0) & (wi < feature.shape[3])
+                h2, w2 = hi[inside], wi[inside]
+                if len(set(zip(h2.tolist(), w2.tolist()))) == h2.numel():  # col2im needs distinct points
+                    col = torch.randn(feature.shape[1], h2.numel(), generator=torch.Generator().manual_seed(1))
+                    col = col.to(dtype)
+                    args = (feature.shape[2], feature.shape[3])
+                    got = cvops.masked_col2im(col.to(ck.device), h2.to(ck.device), w2.to(ck.device), *args,
+                                              backend="triton")
+                    ck.compare("masked_im2col", dtype, "col2im", case["name"], got,
+                               cvops.masked_col2im(col, h2, w2, *args, backend=oracle), True, oracle)
+            if "out_channels" in case:
+                _check_masked_conv(ck, case, feature, case_mask(case, hi, wi), kernel, pad, dtype)
+        except Exception as exc:  # noqa: BLE001
+            ck.error("masked_im2col", dtype, case["name"], exc)
     ck.flush("masked_im2col")
 
 
@@ -210,34 +205,30 @@ def check_psroipool(ck: Checker) -> None:
     import torch
     import cvops
     from tests.support.inputs.psroipool import case_input, case_rois
-    for dtype in _dtypes(ck, True):
-        first: dict = {}
-        for case in _cases("psroipool", ck.dry):
-            if not _network_subset(ck, dtype, case, first):
-                continue
-            try:
-                ph, pw, scale, grp, od = (case["pooled_height"], case["pooled_width"], case["spatial_scale"],
-                                          case["group_size"], case["output_dim"])
-                x, rois = case_input(case, dtype), case_rois(case, dtype)
-                bottom = tuple(case.get("bottom_shape", case["input_shape"]))
-                oracle = ck.oracle(rois.shape[0] * od * x.shape[1] * x.shape[2] // 4)
-                layouts = ("NHWC", "NCHW") if "unit" in case["tags"] else ("NHWC",)
-                for layout in layouts:
-                    xi = x.permute(0, 3, 1, 2).contiguous() if layout == "NCHW" else x
-                    out, mapping = cvops.psroi_pool(xi.to(ck.device), rois.to(ck.device), ph, pw, scale, grp, od,
-                                                    layout, backend="triton")
-                    ref, ref_map = cvops.psroi_pool(xi, rois, ph, pw, scale, grp, od, layout, backend=oracle)
-                    ck.compare("psroipool", dtype, f"fwd {layout}", case["name"], out, ref, False, oracle)
-                    ck.compare("psroipool", dtype, f"mapping {layout}", case["name"], mapping, ref_map, True, oracle)
-                    shape = bottom if layout == "NHWC" else (bottom[0], bottom[3], bottom[1], bottom[2])
-                    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
-                    got = cvops.psroi_pool_backward(grad.to(ck.device), rois.to(ck.device), ref_map.to(ck.device),
-                                                    scale, od, shape, layout, backend="triton")
-                    ck.compare("psroipool", dtype, f"bwd {layout}", case["name"], got,
-                               cvops.psroi_pool_backward(grad, rois, ref_map, scale, od, shape, layout,
-                                                         backend=oracle), False, oracle)
-            except Exception as exc:  # noqa: BLE001
-                ck.error("psroipool", dtype, case["name"], exc)
+    for dtype, case in _each_case(ck, "psroipool", True):
+        try:
+            ph, pw, scale, grp, od = (case["pooled_height"], case["pooled_width"], case["spatial_scale"],
+                                      case["group_size"], case["output_dim"])
+            x, rois = case_input(case, dtype), case_rois(case, dtype)
+            bottom = tuple(case.get("bottom_shape", case["input_shape"]))
+            oracle = ck.oracle(rois.shape[0] * od * x.shape[1] * x.shape[2] // 4)
+            layouts = ("NHWC", "NCHW") if "unit" in case["tags"] else ("NHWC",)
+            for layout in layouts:
+                xi = x.permute(0, 3, 1, 2).contiguous() if layout == "NCHW" else x
+                out, mapping = cvops.psroi_pool(xi.to(ck.device), rois.to(ck.device), ph, pw, scale, grp, od,
+                                                layout, backend="triton")
+                ref, ref_map = cvops.psroi_pool(xi, rois, ph, pw, scale, grp, od, layout, backend=oracle)
+                ck.compare("psroipool", dtype, f"fwd {layout}", case["name"], out, ref, False, oracle)
+                ck.compare("psroipool", dtype, f"mapping {layout}", case["name"], mapping, ref_map, True, oracle)
+                shape = bottom if layout == "NHWC" else (bottom[0], bottom[3], bottom[1], bottom[2])
+                grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+                got = cvops.psroi_pool_backward(grad.to(ck.device), rois.to(ck.device), ref_map.to(ck.device),
+                                                scale, od, shape, layout, backend="triton")
+                ck.compare("psroipool", dtype, f"bwd {layout}", case["name"], got,
+                           cvops.psroi_pool_backward(grad, rois, ref_map, scale, od, shape, layout,
+                                                     backend=oracle), False, oracle)
+        except Exception as exc:  # noqa: BLE001
+            ck.error("psroipool", dtype, case["name"], exc)
     ck.flush("psroipool")
 
 

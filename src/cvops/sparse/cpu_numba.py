@@ -1,7 +1,7 @@
 """The sparse convolution's CPU layer as compiled code: one call per direction (when numba is installed).
 
 Why: the torch path (``cpu.py``) runs a Python loop over blocks and kernel offsets, with a ``torch.mm`` and an
-index kernel per piece, about 14,000 matrix products and as many dispatches per training step of a detection
+index kernel per piece: thousands of small products and dispatches per training step of a detection
 backbone, all holding the GIL. Here a whole layer's forward (and its backward) is one compiled call that
 releases the GIL: blocks of destination rows in parallel (ranges of blocks claimed by the calling thread
 and cvops's workers, ``_core.parallel.run_parts``), and inside a block, offset after
@@ -108,8 +108,8 @@ def _conv_forward(out, f, w, pairs, bounds, todo, identity, src_col, dst_col, bl
 @inline
 def _add_outer_products(acc, a, b, n):
     """``acc += a[:n].T @ b[:n]``, eight rows at a time (a register-held run of ``a``'s column, ``acc``'s row
-    read and written once per eight rows). BLAS runs this shape (small result, long sum) at a third of its
-    usual rate; this loop is vectorised over ``b``'s channels."""
+    read and written once per eight rows), vectorised over ``b``'s channels: BLAS is slow for this shape
+    (small result, long sum)."""
     i = 0
     while i + 8 <= n:
         for p in range(a.shape[1]):
