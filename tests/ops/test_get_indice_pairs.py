@@ -204,6 +204,28 @@ def test_subm_numba_merge_equals_torch_join(shape, k, p, d, monkeypatch):
     assert_same(results[1], results[0])
 
 
+@pytest.mark.parametrize("p", [1, 0])  # centred (mirrored offsets) and not
+def test_subm_numba_map_same_on_two_threads(p, monkeypatch):
+    """Large enough for the compiled subm map to share its offsets among two threads: the torch join's map."""
+    from cvops._core import jit
+    if not jit.numba_available():
+        pytest.skip("numba not installed")
+    idx = voxels.uniform_voxels(60000, 2, [21, 200, 176], seed=5)
+    idx = idx[torch.randperm(idx.shape[0], generator=torch.Generator().manual_seed(1))]
+    args = (idx, 2, [21, 200, 176], 3, 1, p, 1)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for switch, count in (("0", 1), ("1", 2)):
+            monkeypatch.setenv("CVOPS_NUMBA", switch)
+            torch.set_num_threads(count)
+            assert jit.use_parallel(27 * idx.shape[0] * 4) == (count == 2)
+            results.append(cvops.get_indice_pairs(*args, subm=True, backend="cpu"))
+    finally:
+        torch.set_num_threads(threads)
+    assert_same(results[1], results[0])
+
+
 @requires_triton
 @settings(max_examples=6, deadline=None)
 @given(subm=st.booleans(), seed=st.integers(0, 50), k=st.integers(1, 3), s=st.integers(1, 2))

@@ -119,16 +119,22 @@ def site_keys(indices: torch.Tensor, shape) -> torch.Tensor:
     return key
 
 
-def _subm_pairs(indices: torch.Tensor, geo: Geometry):
-    L = indices.shape[0]
+def _sorted_site_keys(indices: torch.Tensor, geo: Geometry):
     sorted_keys, order = torch.sort(site_keys(indices, geo.spatial_shape))
     check_no_duplicates(sorted_keys)
-    fused = numba_kernels(__package__, indices, background=True)
-    if fused is not None:
-        with suppress(KernelNotReady):
-            pairs, indice_num = fused.subm_pairs(indices, sorted_keys, order, geo,
-                                                 grid_strides(geo.spatial_shape)[0])
-            return indices.to(torch.int32).clone(), pairs, indice_num
+    return sorted_keys, order
+
+
+def _compiled_subm_pairs(fused, indices: torch.Tensor, geo: Geometry):
+    with single_threaded():
+        sorted_keys, order = _sorted_site_keys(indices, geo)
+    pairs, indice_num = fused.subm_pairs(indices, sorted_keys, order, geo, grid_strides(geo.spatial_shape)[0])
+    return indices.to(torch.int32).clone(), pairs, indice_num
+
+
+def _subm_pairs(indices: torch.Tensor, geo: Geometry):
+    L = indices.shape[0]
+    sorted_keys, order = _sorted_site_keys(indices, geo)
     # the search's per-site tables die with its frame, before the [K, 2, L] map is allocated (peak memory)
     s, k, p = _subm_matches(indices, sorted_keys, order, geo)
     i, j = order.index_select(0, s), order.index_select(0, p)
@@ -201,12 +207,17 @@ def _subm_matches(indices: torch.Tensor, sorted_keys: torch.Tensor, order: torch
 def get_indice_pairs(indices: torch.Tensor, geo: Geometry):
     """``(out_indices, indice_pairs, indice_num)``; ``indices`` is non-empty and already checked.
 
-    On CPU the work runs on one intra-op thread: it is a chain of a few hundred sub-millisecond ops,
+    On CPU the torch code runs on one intra-op thread: it is a chain of a few hundred sub-millisecond ops,
     where OpenMP fork/join costs more than it saves, and a loaded machine (another process on the
     second core) turns every parallel region into a scheduler wait, an order of magnitude slower or worse.
+    The compiled subm map shares its offsets among cvops's workers instead.
     """
-    run = _subm_pairs if geo.subm else _conv_pairs
     if indices.device.type != "cpu":
-        return run(indices, geo)
+        return (_subm_pairs if geo.subm else _conv_pairs)(indices, geo)
+    if geo.subm:
+        fused = numba_kernels(__package__, indices, background=True)
+        if fused is not None:
+            with suppress(KernelNotReady):
+                return _compiled_subm_pairs(fused, indices, geo)
     with single_threaded():
-        return run(indices, geo)
+        return (_subm_pairs if geo.subm else _conv_pairs)(indices, geo)

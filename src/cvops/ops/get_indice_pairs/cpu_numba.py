@@ -6,32 +6,38 @@ With the sites sorted by key, the shifted keys of one offset are sorted too, so 
 two sorted lists finds every pair of that offset in ``O(L)`` steps, no search and sequential reads. A key
 match counts only when every coordinate of ``o`` lies inside the grid (a shift can wrap a coordinate into
 the next row). The pairs of each offset are then listed in input-row order, as ``cpu.py``'s torch join
-lists them: the result is the same map, bit for bit. Offsets run in parallel (each writes its own slice).
+lists them: the result is the same map, bit for bit.
+
+A centred kernel (``2 * pad == dil * (k - 1)`` in every dimension, as in every subm layer of the detection
+backbones) needs only half the merges: offset ``K - 1 - k`` holds the pairs of offset ``k`` swapped, so one
+pass inverts them. Offsets (or mirrored pairs of offsets) are shared out among the calling thread and
+cvops's workers (``_core.parallel.run_parts``); each writes its own slices.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import prange
 
-from ..._core import jit
 from ..._core.bits import numpy_alias
-from ..._core.jit import match_torch_threads, njit_variants
+from ..._core.jit import njit, use_parallel
+from ..._core.parallel import run_parts
 
 
-def _subm_map(coords, sorted_keys, order, rank, shape, strides, kernel, pad, dil, pairs, counts):
+@njit
+def _subm_offsets(coords, sorted_keys, order, rank, shape, strides, kernel, pad, dil, mirror, pairs, counts,
+                  k_lo, k_hi):
     L = coords.shape[0]
     nd = shape.shape[0]
     K = pairs.shape[0]
-    for k in prange(K):
-        taps = np.empty(nd, dtype=np.int64)
+    taps = np.empty(nd, dtype=np.int64)
+    match = np.empty(L, dtype=np.int64)   # by sorted position: the matched output row, or -1
+    for k in range(k_lo, k_hi):
         rest = k
         delta = 0
         for d in range(nd - 1, -1, -1):
             taps[d] = rest % kernel[d]
             rest //= kernel[d]
             delta += (pad[d] - taps[d] * dil[d]) * strides[d]
-        match = np.empty(L, dtype=np.int64)   # by sorted position: the matched output row, or -1
         q = 0
         for s in range(L):
             target = sorted_keys[s] + delta
@@ -54,12 +60,22 @@ def _subm_map(coords, sorted_keys, order, rank, shape, strides, kernel, pad, dil
                 pairs[k, 1, n] = j
                 n += 1
         counts[k] = n
-        for x in range(n, L):
-            pairs[k, 0, x] = -1
-            pairs[k, 1, x] = -1
-
-
-_serial, _parallel = njit_variants(_subm_map)
+        pairs[k, :, n:] = -1
+        m = K - 1 - k
+        if mirror and m != k:
+            # the mirror offset's pairs are (j, i), listed by j: invert k's pairs by row
+            partner = match  # reused: indexed by row now
+            partner[:] = -1
+            for x in range(n):
+                partner[pairs[k, 1, x]] = pairs[k, 0, x]
+            n = 0
+            for j in range(L):
+                if partner[j] >= 0:
+                    pairs[m, 0, n] = j
+                    pairs[m, 1, n] = partner[j]
+                    n += 1
+            counts[m] = n
+            pairs[m, :, n:] = -1
 
 
 def supports(indices: torch.Tensor) -> bool:
@@ -77,14 +93,15 @@ def subm_pairs(indices: torch.Tensor, sorted_keys: torch.Tensor, order: torch.Te
     rank[order] = torch.arange(L, dtype=torch.int64)
     pairs = torch.empty((K, 2, L), dtype=torch.int32)
     counts = torch.empty(K, dtype=torch.int32)
+    mirror = all(2 * p == d * (k - 1) for p, d, k in zip(geo.padding, geo.dilation, geo.kernel_size))
+    merged = (K + 1) // 2 if mirror else K  # offsets found by a merge; the rest are their mirrors
 
     def vec(values):
         return np.asarray(values, dtype=np.int64)
 
-    kernel = _parallel if jit.use_parallel(K * L * 4) else _serial
-    if kernel is _parallel:
-        match_torch_threads()
-    kernel(numpy_alias(coords), numpy_alias(sorted_keys.contiguous()), numpy_alias(order), numpy_alias(rank),
-           vec(geo.spatial_shape), vec(strides), vec(geo.kernel_size), vec(geo.padding), vec(geo.dilation),
-           numpy_alias(pairs), numpy_alias(counts))
+    args = (numpy_alias(coords), numpy_alias(sorted_keys.contiguous()), numpy_alias(order), numpy_alias(rank),
+            vec(geo.spatial_shape), vec(strides), vec(geo.kernel_size), vec(geo.padding), vec(geo.dilation),
+            mirror, numpy_alias(pairs), numpy_alias(counts))
+    parts = [(k, k + 1) for k in range(merged)] if use_parallel(K * L * 4) else [(0, merged)]
+    run_parts(lambda lo, hi: _subm_offsets(*args, lo, hi), parts)
     return pairs, counts
