@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from cvops import mluops
-from cvops._core.descriptor import from_torch_dtype
+from cvops.mluops.descriptor import from_torch_dtype
 from cvops._core.errors import Status
 from cvops._core.metrics import bit_equal
 from tests.ops.test_masked_im2col import ref_im2col

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..._core.descriptor import (DataType, Layout, check_data, check_descriptor, check_workspace, returns_status,
+from .descriptor import (DataType, Layout, check_data, check_descriptor, check_workspace, returns_status,
                                 workspace_query)
-from ..._core.errors import Status
-from ..._core.validate import check_int, require
-from . import masked_im2col as _masked_im2col
+from .._core.errors import Status
+from .._core.validate import check_int, require
+from ..ops.masked_im2col import masked_im2col as _masked_im2col
 
 __all__ = ["get_masked_im2col_forward_workspace_size", "masked_im2col_forward"]
 

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..._core.descriptor import (DataType, TensorDescriptor, check_data, check_descriptor, check_workspace,
+from .descriptor import (DataType, TensorDescriptor, check_data, check_descriptor, check_workspace,
                                 returns_status, status_of, workspace_query)
-from ..._core.errors import Status
-from ..._core.validate import check_int, require
-from . import get_indice_pairs as _functional
+from .._core.errors import Status
+from .._core.validate import check_int, require
+from ..ops.get_indice_pairs import get_indice_pairs as _functional
 
 __all__ = ["SparseConvolutionDescriptor", "create_sparse_convolution_descriptor", "get_indice_pairs",
            "get_indice_pairs_workspace_size", "get_sparse_convolution_num_act_out",

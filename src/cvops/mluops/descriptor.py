@@ -14,8 +14,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from .errors import BadParamError, CvopsError, Status
-from .validate import LARGE_TENSOR_NUM, check_int, require, require_supported
+from .._core.errors import BadParamError, CvopsError, Status
+from .._core.validate import LARGE_TENSOR_NUM, check_int, require, require_supported
 
 
 class Layout(enum.IntEnum):

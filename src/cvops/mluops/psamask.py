@@ -2,11 +2,11 @@
 descriptors and caller-allocated outputs."""
 from __future__ import annotations
 
-from ..._core.descriptor import DataType, Layout, check_data, check_descriptor, returns_status
-from ..._core.errors import BadParamError, Status
-from ..._core.validate import check_int, require
-from . import psamask_backward as _psamask_backward, psamask_forward as _psamask_forward
-from .checks import psa_type_code
+from .descriptor import DataType, Layout, check_data, check_descriptor, returns_status
+from .._core.errors import BadParamError, Status
+from .._core.validate import check_int, require
+from ..ops.psamask import psamask_backward as _psamask_backward, psamask_forward as _psamask_forward
+from ..ops.psamask.checks import psa_type_code
 
 __all__ = ["psamask_backward", "psamask_forward"]
 

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._core.descriptor import (DataType, Handle, Layout, TensorDescriptor, check_data, check_descriptor,
+from .descriptor import (DataType, Handle, Layout, TensorDescriptor, check_data, check_descriptor,
                                 returns_status, status_of)
-from ..._core.errors import Status
-from ..._core.validate import check_int, require, require_supported
-from . import carafe_backward as _carafe_backward, carafe_forward as _carafe_forward
-from .checks import check_shapes
+from .._core.errors import Status
+from .._core.validate import check_int, require, require_supported
+from ..ops.carafe import carafe_backward as _carafe_backward, carafe_forward as _carafe_forward
+from ..ops.carafe.checks import check_shapes
 
 __all__ = ["CarafeDescriptor", "carafe_backward", "carafe_forward", "create_carafe_descriptor",
            "set_carafe_descriptor"]

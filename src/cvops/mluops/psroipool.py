@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 
-from ..._core.descriptor import (DataType, Layout, check_data, check_descriptor, check_workspace, returns_status,
+from .descriptor import (DataType, Layout, check_data, check_descriptor, check_workspace, returns_status,
                                 workspace_query)
-from ..._core.errors import Status
-from ..._core.validate import check_int, require, require_supported
-from . import psroi_pool as _psroi_pool, psroi_pool_backward as _psroi_pool_backward
+from .._core.errors import Status
+from .._core.validate import check_int, require, require_supported
+from ..ops.psroipool import psroi_pool as _psroi_pool, psroi_pool_backward as _psroi_pool_backward
 
 __all__ = ["get_psroipool_workspace_size", "psroipool_backward", "psroipool_forward"]
 
