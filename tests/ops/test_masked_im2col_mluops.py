@@ -1,4 +1,4 @@
-"""masked_im2col: the MLU-OPS layer (cvops.mluops, ops/masked_im2col/mluops.py): workspace query, statuses, data_col written in place."""
+"""masked_im2col: the MLU-OPS layer (cvops.mluops, mluops/masked_im2col.py): workspace query, statuses, data_col written in place."""
 from __future__ import annotations
 
 import pytest

@@ -1,20 +1,22 @@
-"""MLU-OPS interface of carafe: ``mluOpCreateCarafeDescriptor``, ``mluOpSetCarafeDescriptor``,
-``mluOpCarafeForward`` and ``mluOpCarafeBackward`` on NHWC descriptors and caller-allocated outputs."""
+"""carafe: ``mluOpCreateCarafeDescriptor``, ``mluOpSetCarafeDescriptor``, ``mluOpCarafeForward`` and
+``mluOpCarafeBackward`` on NHWC descriptors and caller-allocated outputs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from .descriptor import (DataType, Handle, Layout, TensorDescriptor, check_data, check_descriptor,
-                                returns_status, status_of)
 from .._core.errors import Status
 from .._core.validate import check_int, require, require_supported
 from ..ops.carafe import carafe_backward as _carafe_backward, carafe_forward as _carafe_forward
-from ..ops.carafe.checks import check_shapes
+from ..ops.carafe.checks import check_params, check_shapes
+from .descriptor import (DataType, Handle, Layout, TensorDescriptor, check_descriptors, data_of, entry_point,
+                         require_each)
 
 __all__ = ["CarafeDescriptor", "carafe_backward", "carafe_forward", "create_carafe_descriptor",
            "set_carafe_descriptor"]
+
+_SET, _FORWARD, _BACKWARD = "mluOpSetCarafeDescriptor", "mluOpCarafeForward", "mluOpCarafeBackward"
 
 
 @dataclass
@@ -32,48 +34,36 @@ def create_carafe_descriptor() -> CarafeDescriptor:
     return CarafeDescriptor()
 
 
+@entry_point(_SET, handle=False)
 def set_carafe_descriptor(desc: CarafeDescriptor, dimNb: int, kernel_size: int, group_size: int,
                           scale_factor: int) -> Status:
     """``mluOpSetCarafeDescriptor``: BAD_PARAM unless dimNb == 4, k odd >= 1, G >= 1, s >= 1."""
-    op = "mluOpSetCarafeDescriptor"
-
-    def store():
-        require(isinstance(desc, CarafeDescriptor), op, "carafe_desc is null")
-        values = _carafe_values(op, dimNb, kernel_size, group_size, scale_factor)
-        desc.dimNb, desc.kernel_size, desc.group_size, desc.scale_factor = values
-
-    return status_of(op, None, store)[0]
+    require(isinstance(desc, CarafeDescriptor), _SET, "carafe_desc is null")
+    k, g, s = _carafe_params(_SET, dimNb, kernel_size, group_size, scale_factor)
+    desc.dimNb, desc.kernel_size, desc.group_size, desc.scale_factor = 4, k, g, s
 
 
-def _carafe_values(op: str, dimNb, kernel_size, group_size, scale_factor) -> tuple[int, int, int, int]:
+def _carafe_params(op: str, dimNb, kernel_size, group_size, scale_factor) -> tuple[int, int, int]:
     dimNb = check_int(op, "dimNb", dimNb)
     require(dimNb == 4, op, f"dimNb must be 4, got {dimNb}")
-    kernel_size = check_int(op, "kernel_size", kernel_size)
-    require(kernel_size >= 1 and kernel_size % 2 == 1, op, f"kernel_size must be odd and >= 1, got {kernel_size}")
-    group_size = check_int(op, "group_size", group_size, min_value=1)
-    scale_factor = check_int(op, "scale_factor", scale_factor, min_value=1)
-    return dimNb, kernel_size, group_size, scale_factor
+    return check_params(kernel_size, group_size, scale_factor, op)
 
 
-def _carafe_desc_params(op: str, carafe_desc) -> tuple[int, int, int]:
+def _desc_params(op: str, carafe_desc) -> tuple[int, int, int]:
     require(isinstance(carafe_desc, CarafeDescriptor), op, "carafe_desc is null")
     d = carafe_desc
-    return _carafe_values(op, d.dimNb, d.kernel_size, d.group_size, d.scale_factor)[1:]
+    return _carafe_params(op, d.dimNb, d.kernel_size, d.group_size, d.scale_factor)
 
 
-def _carafe_shapes(op: str, descs: dict, k: int, g: int, s: int, out_names: tuple[str, ...]) -> None:
-    """The shape rules of both directions on NHWC descriptors (semantics.md §4)."""
-    for name, d in descs.items():
-        require(d.dim == 4, op, f"{name} must be 4-D, got {d.dim}-D")
-    for name, d in descs.items():
-        require(d.layout == Layout.NHWC, op, f"{name} layout must be NHWC, got {d.layout.name}")
+def _check_descs(op: str, descs: dict, k: int, g: int, s: int) -> None:
+    """The rules of both directions on NHWC descriptors (semantics.md §4); outputs follow input and mask."""
+    require_each(op, descs, dim=4, layout=Layout.NHWC, dtypes=(DataType.HALF, DataType.FLOAT), same_dtype=True)
     inp, mask = descs["input_desc"], descs["mask_desc"]
     n, h, w, c = inp.shape
     for name, d in descs.items():
         require(d.shape[0] == n, op, f"{name} batch ({d.shape[0]}) must equal input batch ({n})")
-    for name in out_names:
-        d = descs[name]
-        if name.startswith("grad_mask"):
+    for name, d in list(descs.items())[2:]:
+        if name == "grad_mask_desc":
             require(d.shape == mask.shape, op, f"{name} shape {d.shape} must equal mask shape {mask.shape}")
         elif name == "grad_input_desc":
             require(d.shape == inp.shape, op, f"{name} shape {d.shape} must equal input shape {inp.shape}")
@@ -84,69 +74,54 @@ def _carafe_shapes(op: str, descs: dict, k: int, g: int, s: int, out_names: tupl
     check_shapes(op, (n, c, h, w), (mask.shape[0], mask.shape[3], mask.shape[1], mask.shape[2]), k, g, s)
 
 
-def _carafe_dtypes(op: str, descs: dict) -> None:
-    first = next(iter(descs.values())).dtype
-    for name, d in descs.items():
-        require(d.dtype in (DataType.HALF, DataType.FLOAT), op, f"{name} dtype must be HALF or FLOAT, got {d.dtype.name}")
-        require(d.dtype == first, op, f"{name} dtype ({d.dtype.name}) must equal the other tensors' ({first.name})")
+def _require_contiguous(check, op: str, **data) -> None:
+    for name, t in data.items():
+        check(not isinstance(t, torch.Tensor) or t.is_contiguous(), op,
+              f"{name} must be contiguous (stride tensors are not supported)")
 
 
-@returns_status
+@entry_point(_FORWARD)
 def carafe_forward(handle: Handle, carafe_desc: CarafeDescriptor, input_desc: TensorDescriptor, input,
                    mask_desc: TensorDescriptor, mask, output_desc: TensorDescriptor, output) -> None:
     """``mluOpCarafeForward``: NHWC input ``[N, H, W, C]``, mask ``[N, sH, sW, G*k*k]`` -> output
-    ``[N, sH, sW, C]`` written in place. k > 45 or s > 5 is NOT_SUPPORTED; an empty tensor is SUCCESS."""
-    op = "mluOpCarafeForward"
+    ``[N, sH, sW, C]`` written in place. k > 45 or s > 5 is NOT_SUPPORTED (before any shape rule);
+    non-contiguous data is BAD_PARAM; an empty tensor is SUCCESS."""
+    op = _FORWARD
     descs = {"input_desc": input_desc, "mask_desc": mask_desc, "output_desc": output_desc}
-    for name, d in descs.items():
-        check_descriptor(op, name, d)
-    k, g, s = _carafe_desc_params(op, carafe_desc)
+    check_descriptors(op, descs)
+    k, g, s = _desc_params(op, carafe_desc)
     require_supported(k <= 45, op, f"kernel_size ({k}) > 45 is not supported")
     require_supported(s <= 5, op, f"scale_factor ({s}) > 5 is not supported")
-    for name, t in (("input", input), ("mask", mask), ("output", output)):
-        require(not isinstance(t, torch.Tensor) or t.is_contiguous(), op, f"{name} must be contiguous")
-    _carafe_dtypes(op, descs)
-    _carafe_shapes(op, descs, k, g, s, ("output_desc",))
+    _require_contiguous(require, op, input=input, mask=mask, output=output)
+    _check_descs(op, descs, k, g, s)
     if any(d.numel == 0 for d in descs.values()):
-        return None
-    x = check_data(op, "input", input_desc, input)
-    m = check_data(op, "mask", mask_desc, mask)
-    y = check_data(op, "output", output_desc, output)
-    with torch.no_grad():
-        y.copy_(_carafe_forward(x, m, k, g, s, layout="NHWC"))
-    return None
+        return
+    x, m, y = data_of(op, input=(input_desc, input), mask=(mask_desc, mask), output=(output_desc, output))
+    y.copy_(_carafe_forward(x, m, k, g, s, layout="NHWC"))
 
 
-@returns_status
+@entry_point(_BACKWARD)
 def carafe_backward(handle: Handle, carafe_desc: CarafeDescriptor, input_desc: TensorDescriptor, input,
                     mask_desc: TensorDescriptor, mask, grad_output_desc: TensorDescriptor, grad_output,
                     grad_input_desc: TensorDescriptor, grad_input, grad_mask_desc: TensorDescriptor,
                     grad_mask) -> None:
     """``mluOpCarafeBackward``: writes grad_input ``[N, H, W, C]`` and grad_mask ``[N, sH, sW, G*k*k]``
-    (NHWC) in place. Non-contiguous data is NOT_SUPPORTED; k > 137 is NOT_SUPPORTED; an empty tensor
-    is SUCCESS. The result is deterministic (gather, no atomics)."""
-    op = "mluOpCarafeBackward"
+    (NHWC) in place. Non-contiguous data is NOT_SUPPORTED; k > 137 is NOT_SUPPORTED (after the null
+    checks); an empty tensor is SUCCESS. The result is deterministic (gather, no atomics)."""
+    op = _BACKWARD
     descs = {"input_desc": input_desc, "mask_desc": mask_desc, "grad_output_desc": grad_output_desc,
              "grad_input_desc": grad_input_desc, "grad_mask_desc": grad_mask_desc}
-    for name, d in descs.items():
-        check_descriptor(op, name, d)
-    k, g, s = _carafe_desc_params(op, carafe_desc)
-    _carafe_shapes(op, descs, k, g, s, ("grad_output_desc", "grad_input_desc", "grad_mask_desc"))
-    _carafe_dtypes(op, descs)
-    for name, t in (("input", input), ("mask", mask), ("grad_output", grad_output), ("grad_input", grad_input),
-                    ("grad_mask", grad_mask)):
-        require_supported(not isinstance(t, torch.Tensor) or t.is_contiguous(), op,
-                          f"{name} must be contiguous (stride tensors are not supported)")
+    check_descriptors(op, descs)
+    k, g, s = _desc_params(op, carafe_desc)
+    _check_descs(op, descs, k, g, s)
+    _require_contiguous(require_supported, op, input=input, mask=mask, grad_output=grad_output,
+                        grad_input=grad_input, grad_mask=grad_mask)
     if any(d.numel == 0 for d in descs.values()):
-        return None
-    x = check_data(op, "input", input_desc, input)
-    m = check_data(op, "mask", mask_desc, mask)
-    gy = check_data(op, "grad_output", grad_output_desc, grad_output)
-    gx = check_data(op, "grad_input", grad_input_desc, grad_input)
-    gm = check_data(op, "grad_mask", grad_mask_desc, grad_mask)
+        return
+    x, m, gy, gx, gm = data_of(op, input=(input_desc, input), mask=(mask_desc, mask),
+                               grad_output=(grad_output_desc, grad_output), grad_input=(grad_input_desc, grad_input),
+                               grad_mask=(grad_mask_desc, grad_mask))
     require_supported(k <= 137, op, f"kernel_size ({k}) > 137 is not supported")
-    with torch.no_grad():
-        gi, gmask = _carafe_backward(gy, x, m, k, g, s, layout="NHWC")
+    gi, gmask = _carafe_backward(gy, x, m, k, g, s, layout="NHWC")
     gx.copy_(gi)
     gm.copy_(gmask)
-    return None

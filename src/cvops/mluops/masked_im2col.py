@@ -1,40 +1,30 @@
-"""MLU-OPS interface of masked_im2col: ``mluOpGetMaskedIm2colForwardWorkspaceSize`` and
-``mluOpMaskedIm2colForward`` (NCHW feature descriptor, int32 index descriptors, caller-allocated data_col)."""
+"""masked_im2col: ``mluOpGetMaskedIm2colForwardWorkspaceSize`` and ``mluOpMaskedIm2colForward`` (NCHW feature
+descriptor, int32 index descriptors, caller-allocated data_col)."""
 from __future__ import annotations
 
-import torch
-
-from .descriptor import (DataType, Layout, check_data, check_descriptor, check_workspace, returns_status,
-                                workspace_query)
 from .._core.errors import Status
 from .._core.validate import check_int, require
 from ..ops.masked_im2col import masked_im2col as _masked_im2col
+from .descriptor import DataType, Layout, check_descriptors, check_workspace, data_of, entry_point, require_each
 
 __all__ = ["get_masked_im2col_forward_workspace_size", "masked_im2col_forward"]
 
-_MASKED_IM2COL = "mluOpMaskedIm2colForward"
+_OP = "mluOpMaskedIm2colForward"
 
 
-def _masked_im2col_pre_check(feature_desc, mask_h_idx_desc, mask_w_idx_desc, data_col_desc, kernel_h, kernel_w):
-    """The MLU-OPS host checks, in their order; returns ``(feature_desc, data_col_desc, M)``."""
-    op = _MASKED_IM2COL
-    feature_desc = check_descriptor(op, "feature_desc", feature_desc)
-    mask_h_idx_desc = check_descriptor(op, "mask_h_idx_desc", mask_h_idx_desc)
-    mask_w_idx_desc = check_descriptor(op, "mask_w_idx_desc", mask_w_idx_desc)
-    data_col_desc = check_descriptor(op, "data_col_desc", data_col_desc)
-    require(feature_desc.layout == Layout.NCHW, op, f"feature layout must be NCHW, got {feature_desc.layout.name}")
-    require(feature_desc.dim == 4, op, f"feature must be 4-D, got {feature_desc.dim}-D")
-    require(feature_desc.dtype in (DataType.FLOAT, DataType.HALF), op,
-            f"feature dtype must be FLOAT or HALF, got {feature_desc.dtype.name}")
-    require(feature_desc.dtype == data_col_desc.dtype, op,
-            f"data_col dtype ({data_col_desc.dtype.name}) must equal feature dtype ({feature_desc.dtype.name})")
-    for name, desc in (("mask_h_idx", mask_h_idx_desc), ("mask_w_idx", mask_w_idx_desc)):
-        require(desc.dtype == DataType.INT32, op, f"{name} dtype must be INT32, got {desc.dtype.name}")
+def _check(feature_desc, mask_h_idx_desc, mask_w_idx_desc, data_col_desc, kernel_h, kernel_w) -> int:
+    """The MLU-OPS host checks, in their order; returns the mask count M."""
+    op = _OP
+    check_descriptors(op, {"feature_desc": feature_desc, "mask_h_idx_desc": mask_h_idx_desc,
+                           "mask_w_idx_desc": mask_w_idx_desc, "data_col_desc": data_col_desc})
+    require_each(op, {"feature": feature_desc, "data_col": data_col_desc}, dtypes=(DataType.FLOAT, DataType.HALF),
+                 same_dtype=True)
+    require_each(op, {"feature": feature_desc}, dim=4, layout=Layout.NCHW)
+    require_each(op, {"mask_h_idx": mask_h_idx_desc, "mask_w_idx": mask_w_idx_desc}, dim=1, dtypes=(DataType.INT32,))
     require(feature_desc.shape[0] == 1, op, f"feature dims[0] (batch) must be 1, got {feature_desc.shape[0]}")
-    require(mask_h_idx_desc.dim == 1, op, f"mask_h_idx must be 1-D, got {mask_h_idx_desc.dim}-D")
-    require(mask_w_idx_desc.dim == 1, op, f"mask_w_idx must be 1-D, got {mask_w_idx_desc.dim}-D")
-    require(mask_h_idx_desc.shape[0] == mask_w_idx_desc.shape[0], op,
-            f"mask_h_idx length ({mask_h_idx_desc.shape[0]}) must equal mask_w_idx length ({mask_w_idx_desc.shape[0]})")
+    mask_cnt = mask_h_idx_desc.shape[0]
+    require(mask_cnt == mask_w_idx_desc.shape[0], op,
+            f"mask_h_idx length ({mask_cnt}) must equal mask_w_idx length ({mask_w_idx_desc.shape[0]})")
     require(data_col_desc.dim == 2, op, f"data_col must be 2-D, got {data_col_desc.dim}-D")
     kernel_h = check_int(op, "kernel_h", kernel_h)
     kernel_w = check_int(op, "kernel_w", kernel_w)
@@ -42,15 +32,16 @@ def _masked_im2col_pre_check(feature_desc, mask_h_idx_desc, mask_w_idx_desc, dat
     require(data_col_desc.shape[0] == channels * kernel_h * kernel_w, op,
             f"data_col dims[0] ({data_col_desc.shape[0]}) must equal channels * kernel_h * kernel_w "
             f"({channels} * {kernel_h} * {kernel_w})")
-    require(data_col_desc.shape[1] == mask_h_idx_desc.shape[0], op,
-            f"data_col dims[1] ({data_col_desc.shape[1]}) must equal the mask count ({mask_h_idx_desc.shape[0]})")
+    require(data_col_desc.shape[1] == mask_cnt, op,
+            f"data_col dims[1] ({data_col_desc.shape[1]}) must equal the mask count ({mask_cnt})")
     require(kernel_h > 0, op, f"kernel_h must be > 0, got {kernel_h}")
     require(kernel_w > 0, op, f"kernel_w must be > 0, got {kernel_w}")
     require(feature_desc.numel > 0 and data_col_desc.shape[0] > 0, op,
             "zero-element feature or data_col dims[0] is not supported (BAD_PARAM)")
-    return feature_desc, data_col_desc, mask_h_idx_desc.shape[0]
+    return mask_cnt
 
 
+@entry_point("mluOpGetMaskedIm2colForwardWorkspaceSize", query=True)
 def get_masked_im2col_forward_workspace_size(handle, feature_desc, mask_h_idx_desc, mask_w_idx_desc, kernel_h,
                                              kernel_w, data_col_desc) -> tuple[Status, int]:
     """``mluOpGetMaskedIm2colForwardWorkspaceSize``: returns ``(status, workspace_size)``.
@@ -58,15 +49,12 @@ def get_masked_im2col_forward_workspace_size(handle, feature_desc, mask_h_idx_de
     The size is the MLU-OPS one: feature bytes + data_col bytes (its NHWC staging copies); the
     transposes here need no extra space. 0 when there are no mask points or on failure.
     """
-    def size_of() -> int:
-        feature_desc_, data_col_desc_, mask_cnt = _masked_im2col_pre_check(
-            feature_desc, mask_h_idx_desc, mask_w_idx_desc, data_col_desc, kernel_h, kernel_w)
-        return 0 if mask_cnt == 0 else (feature_desc_.numel + data_col_desc_.numel) * feature_desc_.itemsize
-
-    return workspace_query(_MASKED_IM2COL, handle, size_of)
+    if _check(feature_desc, mask_h_idx_desc, mask_w_idx_desc, data_col_desc, kernel_h, kernel_w) == 0:
+        return 0
+    return (feature_desc.numel + data_col_desc.numel) * feature_desc.itemsize
 
 
-@returns_status
+@entry_point(_OP)
 def masked_im2col_forward(handle, feature_desc, feature, mask_h_idx_desc, mask_h_idx, mask_w_idx_desc, mask_w_idx,
                           kernel_h, kernel_w, pad_h, pad_w, workspace, workspace_size, data_col_desc, data_col):
     """``mluOpMaskedIm2colForward``: writes ``data_col [C*kh*kw, M]`` in place.
@@ -78,18 +66,12 @@ def masked_im2col_forward(handle, feature_desc, feature, mask_h_idx_desc, mask_h
     MLU-OPS, a padding with ``|pad| + kernel + feature size >= 2**63`` (window coordinates that
     would wrap in int64) is BAD_PARAM.
     """
-    op = _MASKED_IM2COL
-    feature_desc, data_col_desc, mask_cnt = _masked_im2col_pre_check(
-        feature_desc, mask_h_idx_desc, mask_w_idx_desc, data_col_desc, kernel_h, kernel_w)
-    if mask_cnt == 0:
+    if _check(feature_desc, mask_h_idx_desc, mask_w_idx_desc, data_col_desc, kernel_h, kernel_w) == 0:
         return
+    op = _OP
     check_workspace(op, workspace, workspace_size)
-    feature = check_data(op, "feature", feature_desc, feature)
-    mask_h_idx = check_data(op, "mask_h_idx", mask_h_idx_desc, mask_h_idx)
-    mask_w_idx = check_data(op, "mask_w_idx", mask_w_idx_desc, mask_w_idx)
-    data_col = check_data(op, "data_col", data_col_desc, data_col)
-    pad_h = check_int(op, "pad_h", pad_h)
-    pad_w = check_int(op, "pad_w", pad_w)
-    with torch.no_grad():
-        data_col.copy_(_masked_im2col(feature, mask_h_idx, mask_w_idx, (int(kernel_h), int(kernel_w)),
-                                      (pad_h, pad_w)))
+    feature, mask_h_idx, mask_w_idx, data_col = data_of(
+        op, feature=(feature_desc, feature), mask_h_idx=(mask_h_idx_desc, mask_h_idx),
+        mask_w_idx=(mask_w_idx_desc, mask_w_idx), data_col=(data_col_desc, data_col))
+    pad = (check_int(op, "pad_h", pad_h), check_int(op, "pad_w", pad_w))
+    data_col.copy_(_masked_im2col(feature, mask_h_idx, mask_w_idx, (int(kernel_h), int(kernel_w)), pad))
