@@ -7,7 +7,7 @@ import torch
 from cvops import mluops
 from cvops.mluops.descriptor import from_torch_dtype
 from cvops._core.errors import Status
-from cvops._core.metrics import bit_equal
+from cvops.metrics import bit_equal
 from tests.ops.test_masked_im2col import ref_im2col
 
 
