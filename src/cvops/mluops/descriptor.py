@@ -12,7 +12,7 @@ import enum
 import functools
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -179,49 +179,38 @@ def check_workspace(op: str, workspace, workspace_size) -> int:
     return workspace_size
 
 
-def status_of(op: str, handle, call: Callable[[], object]) -> tuple[Status, object]:
-    """Run ``call()`` the way a C entry point behaves: never raise, return ``(status, result)``.
-
-    :class:`CvopsError` gives its own status. Any other exception means an argument slipped past
-    the checks (or a real failure inside torch); it becomes ``INTERNAL_ERROR`` (``ALLOC_FAILED``
-    for out-of-memory) with the reason on the handle, so a caller still gets a status and the test
-    suite, which expects ``BAD_PARAM`` for bad arguments, still notices the missing check.
-    Output tensors are written under ``no_grad`` (they are plain buffers, as in the C API).
-    """
-    try:
-        with torch.no_grad():
-            result = call()
-    except CvopsError as err:
-        status, message, result = err.status, str(err), None
-    except MemoryError as err:
-        status, message, result = Status.ALLOC_FAILED, f"{op}: out of memory: {err}", None
-    except Exception as err:  # noqa: BLE001 -- a C entry point returns a status whatever happens
-        out_of_memory = isinstance(err, getattr(torch, "OutOfMemoryError", ()))
-        status = Status.ALLOC_FAILED if out_of_memory else Status.INTERNAL_ERROR
-        message, result = f"{op}: {type(err).__name__}: {err}", None
-    else:
-        status, message = Status.SUCCESS, ""
-    if isinstance(handle, Handle):
-        handle.last_error = message
-    return status, result
-
-
 def entry_point(name: str, *, handle: bool = True, query: bool = False):
-    """Make a function that raises :class:`CvopsError` the C entry point ``name`` (see :func:`status_of`):
-    it returns a :class:`Status` (the function may return one itself), or for a workspace query
-    (``query``) ``(status, size)`` with size 0 on failure. With ``handle`` the first argument is the
-    handle: anything but a :class:`Handle` is BAD_PARAM, and a failure's reason goes on it."""
+    """Make a function that raises :class:`CvopsError` the C entry point ``name``: it never raises, and
+    returns a :class:`Status` (the function may return one itself), or for a workspace query (``query``)
+    ``(status, size)`` with size 0 on failure. With ``handle`` the first argument is the handle: anything
+    but a :class:`Handle` is BAD_PARAM, and the reason for the status goes on it (``""`` on success).
+
+    :class:`CvopsError` gives its own status. Any other exception means an argument slipped past the
+    checks (or a real failure inside torch); it becomes ``INTERNAL_ERROR`` (``ALLOC_FAILED`` for
+    out-of-memory), so a caller still gets a status and the test suite, which expects ``BAD_PARAM`` for
+    bad arguments, still notices the missing check. Outputs are written under ``no_grad`` (they are
+    plain buffers, as in the C API).
+    """
 
     def decorate(fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             h = (args[0] if args else kwargs.get("handle")) if handle else None
-
-            def call():
+            status, message, result = Status.SUCCESS, "", None
+            try:
                 require(not handle or isinstance(h, Handle), name, "handle is null")
-                return fn(*args, **kwargs)
-
-            status, result = status_of(name, h, call)
+                with torch.no_grad():
+                    result = fn(*args, **kwargs)
+            except CvopsError as err:
+                status, message = err.status, str(err)
+            except MemoryError as err:
+                status, message = Status.ALLOC_FAILED, f"{name}: out of memory: {err}"
+            except Exception as err:  # noqa: BLE001 -- a C entry point returns a status whatever happens
+                out_of_memory = isinstance(err, getattr(torch, "OutOfMemoryError", ()))
+                status = Status.ALLOC_FAILED if out_of_memory else Status.INTERNAL_ERROR
+                message = f"{name}: {type(err).__name__}: {err}"
+            if isinstance(h, Handle):
+                h.last_error = message
             if query:
                 return status, (result if status == Status.SUCCESS else 0)
             return result if status == Status.SUCCESS and result is not None else status
