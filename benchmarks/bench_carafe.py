@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import cvops
 from harness import BACKEND, NO_ANCHOR, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
 from tests.support.cases import load_cases
-from cvops._core.metrics import diff1
+from cvops.metrics import diff1
 
 _ANCHOR_MAX_UNFOLD = 2**28  # elements of the composite's unfolded input (1 GiB in float32)
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import cvops
 from harness import BACKEND, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn, time_pair
 from tests.support.cases import load_cases
-from cvops._core.metrics import bit_equal, diff1
+from cvops.metrics import bit_equal, diff1
 from cvops.ops.masked_im2col import reference
 from tests.support.inputs.masked_im2col import case_inputs, case_mask
 

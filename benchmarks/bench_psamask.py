@@ -10,7 +10,7 @@ import torch
 import cvops
 from harness import BACKEND, NO_CHECK, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
 from tests.support.cases import load_cases
-from cvops._core.metrics import bit_equal
+from cvops.metrics import bit_equal
 
 
 def make_input(case: dict, device, dtype=torch.float32, grad: bool = False) -> torch.Tensor:

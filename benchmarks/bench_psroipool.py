@@ -15,7 +15,7 @@ import torch
 import cvops
 from harness import BACKEND, NO_CHECK, BenchRow, MachineLimits, bench_main, tensor_bytes, time_fn
 from tests.support.cases import load_cases
-from cvops._core.metrics import diff1, diff2
+from cvops.metrics import diff1, diff2
 from tests.support.inputs.psroipool import case_input, case_rois
 from cvops.ops.psroipool.cpu import bin_edges
 

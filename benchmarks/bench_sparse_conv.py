@@ -31,7 +31,7 @@ import cvops
 from harness import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, load_module, module_version,
                               tensor_bytes, time_fn)
 from tests.support.cases import load_cases
-from cvops._core.metrics import diff1, diff2
+from cvops.metrics import diff1, diff2
 
 _EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sparse_encoder.py"
 

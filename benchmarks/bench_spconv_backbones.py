@@ -29,7 +29,7 @@ import cvops
 import cvops.spconv as cvspconv
 from harness import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, load_module, module_version,
                               tensor_bytes, time_fn)
-from cvops._core.metrics import diff1
+from cvops.metrics import diff1
 
 _BACKBONES = Path(__file__).resolve().parents[1] / "tests" / "ops" / "_spconv_backbones.py"
 CASES = {"network": ((41, 1600, 1408), 16000, 2), "unit": ((41, 200, 176), 3000, 2)}

@@ -13,7 +13,7 @@ import torch
 import cvops
 from cvops._core import autocast
 from cvops._core.dispatch import triton_interpreted
-from cvops._core.metrics import bit_equal, diff1, diff2
+from cvops.metrics import bit_equal, diff1, diff2
 from cvops.sparse.functional import indice_conv
 from tests.conftest import CPU_PATHS, requires_triton, selected
 

@@ -14,7 +14,7 @@ import cvops.mmcv as mmcv
 import cvops.spconv as spconv
 import cvops.torchvision as tv
 from cvops._core.errors import BadParamError, CvopsError, NotSupportedError
-from cvops._core.metrics import bit_equal, diff1, diff2
+from cvops.metrics import bit_equal, diff1, diff2
 from cvops.mmcv.psa_mask import psa_mask  # cvops.mmcv.psa_mask is the module, as mmcv.ops.psa_mask
 from cvops.sparse import indice_conv
 from tests.conftest import installed_cpu_paths, selected

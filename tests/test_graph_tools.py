@@ -157,3 +157,9 @@ def test_every_custom_op_passes_torch_library_opcheck():
     for name, (func, args, kwargs) in calls.items():
         result = torch.library.opcheck(func, args, kwargs)
         assert all(v == "SUCCESS" for v in result.values()), (name, result)
+
+
+def test_nn_exports_only_its_modules():
+    public = {name for name in vars(cvops.nn) if not name.startswith("_")}
+    assert public == set(cvops.nn.__all__)
+    assert all(issubclass(getattr(cvops.nn, name), torch.nn.Module) for name in public)

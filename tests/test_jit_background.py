@@ -84,7 +84,7 @@ def test_waiting_mode_compiles_on_the_calling_thread_after_a_background_import(t
 # One first call of every op (forward, and backward where it has one), each result as a tuple of tensors;
 # `exact` says whether the op is pure IO (bit-equal on both paths) or accumulates (diff1/diff2 <= 3e-3).
 _EVERY_OP = """
-from cvops._core.metrics import diff1, diff2
+from cvops.metrics import diff1, diff2
 import cvops.spconv as spconv
 torch.manual_seed(0)
 feat = torch.randn(1, 16, 12, 12, generator=g)

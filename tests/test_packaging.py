@@ -34,6 +34,7 @@ for info in pkgutil.walk_packages(cvops.__path__, "cvops."):
         importlib.import_module(info.name)
 assert os.path.realpath(cvops.__file__).startswith(os.path.realpath(sys.prefix)), cvops.__file__
 assert any(r.startswith("numba") for r in importlib.metadata.requires("cvops")), "numba must be a dependency"
+assert importlib.metadata.version("cvops") == cvops.__version__  # pyproject reads the one version
 assert cvops.psamask(torch.randn(1, 9, 4, 4), "collect", 3).shape == (1, 16, 4, 4)
 hi, wi = torch.tensor([0, 2]), torch.tensor([1, 3])
 assert cvops.masked_im2col(torch.randn(1, 2, 4, 4), hi, wi, 3, 1).shape == (18, 2)

@@ -10,7 +10,7 @@ import torch
 
 import cvops
 from cvops._core.errors import BadParamError
-from cvops._core.metrics import bit_equal, diff1, diff2
+from cvops.metrics import bit_equal, diff1, diff2
 from tests.conftest import CPU_PATHS, requires_triton, select
 
 BACKENDS = ["reference", *CPU_PATHS, pytest.param("triton", marks=requires_triton)]

@@ -107,7 +107,7 @@ def _triton_results():
 
 def test_int64_index_variants_give_the_int32_results():
     from cvops._core.indexing import forced_int64
-    from cvops._core.metrics import bit_equal
+    from cvops.metrics import bit_equal
     narrow = _triton_results()
     with forced_int64():
         wide = _triton_results()

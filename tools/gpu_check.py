@@ -167,7 +167,7 @@ def torchvision_psroipool(harness, limits, dry: bool):
     """cvops (torchvision convention, NCHW) against torchvision.ops.ps_roi_pool on the R-FCN cases."""
     import torch
     import cvops
-    from cvops._core.metrics import diff1
+    from cvops.metrics import diff1
     from torchvision.ops import ps_roi_pool
     from tests.support.cases import load_cases
     from tests.support.inputs.psroipool import case_input, case_rois

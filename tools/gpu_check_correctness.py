@@ -13,7 +13,7 @@ class Checker:
 
     def __init__(self, report, device, dry: bool):
         import torch
-        from cvops._core import metrics
+        from cvops import metrics
         self.torch, self.metrics, self.report, self.device, self.dry = torch, metrics, report, device, dry
         self.rows: dict[tuple, dict] = {}
         self.dtypes = (torch.float32,)

@@ -11,14 +11,14 @@ after ``import cvops``, which registers the ``cvops::`` operators). A forward ha
 - TorchScript cannot compile those Python checks, so a scripted forward checks the shape rules the
   kernels rely on (``_script_require``) and calls the ``torch.ops.cvops`` operators directly.
 """
-import functools
-from typing import List, Optional, Tuple, Union
+import functools as _functools
+from typing import List as _List, Optional as _Optional, Tuple as _Tuple, Union as _Union
 
-import torch
-from torch import Tensor, nn
+import torch as _torch
+from torch import Tensor as _Tensor, nn as _nn
 
-from ._core.errors import BadParamError
-from ._core.validate import check_int, pair, require
+from ._core.errors import BadParamError as _BadParamError
+from ._core.validate import check_int as _check_int, pair as _pair, require as _require
 from .ops.carafe import carafe as _carafe, checks as _carafe_checks
 from .ops.masked_im2col import masked_conv2d as _masked_conv2d
 from .ops.psamask import checks as _psamask_checks, psamask as _psamask
@@ -33,35 +33,35 @@ def _check_sizes(op: str, **limits) -> None:
     construction with ``BadParamError`` instead of building a zero-channel layer."""
     for name, (value, min_value) in limits.items():
         if isinstance(value, (tuple, list)):
-            pair(op, name, value, min_value=min_value)
+            _pair(op, name, value, min_value=min_value)
         else:
-            check_int(op, name, value, min_value=min_value)
-@torch.jit.unused
-def _call_psamask(input: Tensor, psa_type: str, mask_size) -> Tensor:  # mask_size as given (int, pair, None)
+            _check_int(op, name, value, min_value=min_value)
+@_torch.jit.unused
+def _call_psamask(input: _Tensor, psa_type: str, mask_size) -> _Tensor:  # mask_size as given (int, pair, None)
     return _psamask(input, psa_type, mask_size)
 
 
-@torch.jit.unused
-def _call_carafe(features: Tensor, masks: Tensor, kernel_size: int, group_size: int, scale_factor: int) -> Tensor:
+@_torch.jit.unused
+def _call_carafe(features: _Tensor, masks: _Tensor, kernel_size: int, group_size: int, scale_factor: int) -> _Tensor:
     return _carafe(features, masks, kernel_size, group_size, scale_factor)
 
 
-@torch.jit.unused
-def _call_masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], padding: List[int],
-                        stride: List[int], dilation: List[int], groups: int) -> Tensor:
+@_torch.jit.unused
+def _call_masked_conv2d(input: _Tensor, mask: _Tensor, weight: _Tensor, bias: _Optional[_Tensor], padding: _List[int],
+                        stride: _List[int], dilation: _List[int], groups: int) -> _Tensor:
     return _masked_conv2d(input, mask, weight, bias, padding, stride, dilation, groups)
 
 
-@torch.jit.unused
-def _check_channels(module: str, input: Tensor, channels: int) -> None:
+@_torch.jit.unused
+def _check_channels(module: str, input: _Tensor, channels: int) -> None:
     """A module whose first layer is a torch conv: its input checked here, so that a wrong input names the
     module's argument instead of failing inside torch's conv."""
-    require(input.dim() == 4 and input.shape[1] == channels, module,
+    _require(input.dim() == 4 and input.shape[1] == channels, module,
             f"input must be [N, channels={channels}, H, W], got {tuple(input.shape)}")
 
 
 for _name in ("_call_psamask", "_call_carafe", "_call_masked_conv2d", "_check_channels"):
-    torch.fx.wrap(_name)
+    _torch.fx.wrap(_name)
 
 
 def _script_require(ok: bool, message: str) -> None:
@@ -70,21 +70,21 @@ def _script_require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _script_mask_hw(mask_size) -> Tuple[int, int]:
+def _script_mask_hw(mask_size) -> _Tuple[int, int]:
     """``(h_mask, w_mask)`` for the scripted path; ``(0, 0)`` when mask_size is no int or pair of ints
     (the eager path reports it)."""
     hw = (mask_size, mask_size) if isinstance(mask_size, int) else tuple(mask_size or ())
     return hw if len(hw) == 2 and all(type(v) is int for v in hw) else (0, 0)
 
 
-def _script_psamask(input: Tensor, psa_code: int, h_mask: int, w_mask: int) -> Tensor:
+def _script_psamask(input: _Tensor, psa_code: int, h_mask: int, w_mask: int) -> _Tensor:
     _script_require(h_mask >= 1 and w_mask >= 1, "psamask: mask_size must be an int or a pair of ints >= 1")
     _script_require(input.dim() == 4 and input.is_floating_point(), "psamask: input must be a 4-D floating tensor")
     _script_require(input.size(1) == h_mask * w_mask, "psamask: input channels must equal h_mask * w_mask")
-    return torch.ops.cvops.psamask_forward(input, psa_code, h_mask, w_mask, "NCHW", None)
+    return _torch.ops.cvops.psamask_forward(input, psa_code, h_mask, w_mask, "NCHW", None)
 
 
-def _script_carafe(features: Tensor, masks: Tensor, k: int, g: int, s: int) -> Tensor:
+def _script_carafe(features: _Tensor, masks: _Tensor, k: int, g: int, s: int) -> _Tensor:
     _script_require(features.dim() == 4 and masks.dim() == 4 and features.is_floating_point()
                     and masks.dtype == features.dtype, "carafe: features and masks must be 4-D, one floating dtype")
     _script_require(k >= 1 and k % 2 == 1 and g >= 1 and s >= 1,
@@ -92,32 +92,32 @@ def _script_carafe(features: Tensor, masks: Tensor, k: int, g: int, s: int) -> T
     n, c, h, w = features.shape
     _script_require(masks.shape == [n, g * k * k, h * s, w * s] and c % g == 0,
                     "carafe: masks must be [N, group_size * kernel_size^2, H * scale, W * scale], C % group_size == 0")
-    return torch.ops.cvops.carafe_forward(features, masks, k, g, s, "NCHW", None)
+    return _torch.ops.cvops.carafe_forward(features, masks, k, g, s, "NCHW", None)
 
 
-def _script_masked_conv2d(input: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor],
-                          padding: List[int]) -> Tensor:
+def _script_masked_conv2d(input: _Tensor, mask: _Tensor, weight: _Tensor, bias: _Optional[_Tensor],
+                          padding: _List[int]) -> _Tensor:
     _script_require(input.dim() == 4 and input.size(0) == 1 and mask.dim() == 3 and mask.size(0) == 1
                     and input.shape[2:] == mask.shape[1:], "masked_conv2d: input [1, C, H, W] needs mask [1, H, W]")
     out_channels, _, kernel_h, kernel_w = weight.shape
     _script_require(weight.size(1) == input.size(1), "masked_conv2d: weight in-channels must equal input channels")
     out_h, out_w = input.size(2) + 2 * padding[0] - kernel_h + 1, input.size(3) + 2 * padding[1] - kernel_w + 1
     _script_require(out_h > 0 and out_w > 0, "masked_conv2d: kernel larger than the padded input")
-    points = torch.nonzero(mask[0] > 0)
+    points = _torch.nonzero(mask[0] > 0)
     h_idx, w_idx = points[:, 0].contiguous(), points[:, 1].contiguous()
-    col = torch.ops.cvops.masked_im2col(input, h_idx, w_idx, kernel_h, kernel_w, padding[0], padding[1], None)
+    col = _torch.ops.cvops.masked_im2col(input, h_idx, w_idx, kernel_h, kernel_w, padding[0], padding[1], None)
     out = weight.reshape(out_channels, -1).mm(col) if bias is None else \
-        torch.addmm(bias[:, None], weight.reshape(out_channels, -1), col)
-    return torch.ops.cvops.masked_col2im(out, h_idx, w_idx, out_h, out_w, None)
+        _torch.addmm(bias[:, None], weight.reshape(out_channels, -1), col)
+    return _torch.ops.cvops.masked_col2im(out, h_idx, w_idx, out_h, out_w, None)
 
 
 def _carafe_int(name: str, value) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise BadParamError("CARAFE", f"{name} must be an int, got {value!r}")
+        raise _BadParamError("CARAFE", f"{name} must be an int, got {value!r}")
     return value
 
 
-class CARAFE(nn.Module):
+class CARAFE(_nn.Module):
     """CARAFE: Content-Aware ReAssembly of FEatures (mmcv ``CARAFE``; arXiv:1905.02188).
 
     Args:
@@ -133,8 +133,8 @@ class CARAFE(nn.Module):
         self.kernel_size, self.group_size, self.scale_factor = _carafe_checks.check_params(
             kernel_size, group_size, scale_factor, type(self).__name__)
 
-    def forward(self, features: Tensor, masks: Tensor) -> Tensor:
-        if torch.jit.is_scripting():
+    def forward(self, features: _Tensor, masks: _Tensor) -> _Tensor:
+        if _torch.jit.is_scripting():
             return _script_carafe(features, masks, self.kernel_size, self.group_size, self.scale_factor)
         return _call_carafe(features, masks, self.kernel_size, self.group_size, self.scale_factor)
 
@@ -147,7 +147,7 @@ class CARAFENaive(CARAFE):
     speed; :func:`cvops.carafe_naive` is :func:`cvops.carafe`)."""
 
 
-class CARAFEPack(nn.Module):
+class CARAFEPack(_nn.Module):
     """The CARAFE upsampler of mmcv: channel compressor (1x1 conv), content encoder (conv predicting
     ``up_kernel^2 * up_group * scale^2`` channels), pixel shuffle, softmax over the ``k*k`` taps, then
     :func:`cvops.carafe`.
@@ -171,9 +171,9 @@ class CARAFEPack(nn.Module):
         _check_sizes(op, channels=(channels, 1), encoder_kernel=(encoder_kernel, 1),
                      encoder_dilation=(encoder_dilation, 1), compressed_channels=(compressed_channels, 1))
         _carafe_checks.check_params(up_kernel, up_group, scale_factor, op)
-        require(encoder_kernel % 2 == 1, op,
+        _require(encoder_kernel % 2 == 1, op,
                 f"encoder_kernel must be odd (the encoder keeps the spatial size), got {encoder_kernel}")
-        require(channels % up_group == 0, op, f"channels ({channels}) must be divisible by up_group ({up_group})")
+        _require(channels % up_group == 0, op, f"channels ({channels}) must be divisible by up_group ({up_group})")
         self.channels = channels
         self.scale_factor = scale_factor
         self.up_kernel = up_kernel
@@ -181,8 +181,8 @@ class CARAFEPack(nn.Module):
         self.encoder_kernel = encoder_kernel
         self.encoder_dilation = encoder_dilation
         self.compressed_channels = compressed_channels
-        self.channel_compressor = nn.Conv2d(channels, compressed_channels, 1)
-        self.content_encoder = nn.Conv2d(
+        self.channel_compressor = _nn.Conv2d(channels, compressed_channels, 1)
+        self.content_encoder = _nn.Conv2d(
             compressed_channels, up_kernel * up_kernel * up_group * scale_factor * scale_factor, encoder_kernel,
             padding=int((encoder_kernel - 1) * encoder_dilation / 2), dilation=encoder_dilation, groups=1)
         self.init_weights()
@@ -190,32 +190,32 @@ class CARAFEPack(nn.Module):
     def init_weights(self) -> None:
         # mmcv: xavier (uniform, gain 1, zero bias) for every conv, then normal(std=0.001) for the encoder
         for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.xavier_uniform_(m.weight, gain=1)
-                nn.init.constant_(m.bias, 0)
-        nn.init.normal_(self.content_encoder.weight, mean=0, std=0.001)
-        nn.init.constant_(self.content_encoder.bias, 0)
+            if isinstance(m, _nn.Conv2d):
+                _nn.init.xavier_uniform_(m.weight, gain=1)
+                _nn.init.constant_(m.bias, 0)
+        _nn.init.normal_(self.content_encoder.weight, mean=0, std=0.001)
+        _nn.init.constant_(self.content_encoder.bias, 0)
 
-    def kernel_normalizer(self, mask: Tensor) -> Tensor:
-        mask = torch.nn.functional.pixel_shuffle(mask, self.scale_factor)
+    def kernel_normalizer(self, mask: _Tensor) -> _Tensor:
+        mask = _torch.nn.functional.pixel_shuffle(mask, self.scale_factor)
         n, mask_c, h, w = mask.size()
         mask = mask.view(n, mask_c // (self.up_kernel * self.up_kernel), -1, h, w)
-        mask = torch.nn.functional.softmax(mask, dim=2, dtype=mask.dtype)
+        mask = _torch.nn.functional.softmax(mask, dim=2, dtype=mask.dtype)
         return mask.view(n, mask_c, h, w).contiguous()
 
-    def feature_reassemble(self, x: Tensor, mask: Tensor) -> Tensor:
-        if torch.jit.is_scripting():
+    def feature_reassemble(self, x: _Tensor, mask: _Tensor) -> _Tensor:
+        if _torch.jit.is_scripting():
             return _script_carafe(x, mask, self.up_kernel, self.up_group, self.scale_factor)
         return _call_carafe(x, mask, self.up_kernel, self.up_group, self.scale_factor)
 
-    def forward(self, x: Tensor) -> Tensor:
-        if not torch.jit.is_scripting():
+    def forward(self, x: _Tensor) -> _Tensor:
+        if not _torch.jit.is_scripting():
             _check_channels("CARAFEPack", x, self.channels)
         mask = self.content_encoder(self.channel_compressor(x))
         return self.feature_reassemble(x, self.kernel_normalizer(mask))
 
 
-class MaskedConv2d(nn.Conv2d):
+class MaskedConv2d(_nn.Conv2d):
     """mmcv's ``MaskedConv2d``: a ``Conv2d`` evaluated only where ``mask > 0``, trainable here.
 
     ``forward(input, mask=None)``: without a mask it is the plain ``Conv2d``; with ``mask [1, H, W]``
@@ -232,10 +232,10 @@ class MaskedConv2d(nn.Conv2d):
                      **({} if isinstance(padding, str) else {"padding": (padding, 0)}))
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)
 
-    def forward(self, input: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+    def forward(self, input: _Tensor, mask: _Optional[_Tensor] = None) -> _Tensor:
         if mask is None:
             return self._conv_forward(input, self.weight, self.bias)
-        if torch.jit.is_scripting():
+        if _torch.jit.is_scripting():
             _script_require(self.stride == (1, 1) and self.dilation == (1, 1) and self.groups == 1,
                             "masked_conv2d: the masked path needs stride, dilation and groups of 1")
             return _script_masked_conv2d(input, mask, self.weight, self.bias, list(self.padding))
@@ -243,7 +243,7 @@ class MaskedConv2d(nn.Conv2d):
                                    list(self.dilation), self.groups)
 
 
-class PSAMask(nn.Module):
+class PSAMask(_nn.Module):
     """PSANet's point-wise spatial attention mask (mmcv ``PSAMask``).
 
     Args:
@@ -256,13 +256,13 @@ class PSAMask(nn.Module):
     def __init__(self, psa_type: str, mask_size=None):
         super().__init__()
         self.psa_code = _psamask_checks.psa_type_code(psa_type)  # reject unknown modes at construction, as mmcv does
-        pair(_psamask_checks.OP, "mask_size", mask_size, min_value=1)  # and sizes no input could match
+        _pair(_psamask_checks.OP, "mask_size", mask_size, min_value=1)  # and sizes no input could match
         self.psa_type = psa_type
         self.mask_size = mask_size
         self.mask_hw = _script_mask_hw(mask_size)
 
-    def forward(self, input: Tensor) -> Tensor:
-        if torch.jit.is_scripting():
+    def forward(self, input: _Tensor) -> _Tensor:
+        if _torch.jit.is_scripting():
             return _script_psamask(input, self.psa_code, self.mask_hw[0], self.mask_hw[1])
         return _call_psamask(input, self.psa_type, self.mask_size)
 
@@ -270,39 +270,39 @@ class PSAMask(nn.Module):
         return f"psa_type={self.psa_type!r}, mask_size={self.mask_size}"
 
 
-def _rois_from_boxes(boxes, op: str) -> torch.Tensor:
+def _rois_from_boxes(boxes, op: str) -> _torch.Tensor:
     """``Tensor[R, 5]`` as given, or a list of per-image ``Tensor[L_i, 4]`` (torchvision) -> ``[R, 5]``."""
-    if isinstance(boxes, torch.Tensor):
+    if isinstance(boxes, _torch.Tensor):
         return boxes
-    require(isinstance(boxes, (list, tuple)) and all(isinstance(b, torch.Tensor) for b in boxes), op,
+    _require(isinstance(boxes, (list, tuple)) and all(isinstance(b, _torch.Tensor) for b in boxes), op,
             "rois must be a Tensor[R, 5] or a list of Tensor[L_i, 4]")
     for i, b in enumerate(boxes):
-        require(b.dim() == 2 and b.shape[1] == 4, op, f"boxes[{i}] must be [L, 4], got {tuple(b.shape)}")
+        _require(b.dim() == 2 and b.shape[1] == 4, op, f"boxes[{i}] must be [L, 4], got {tuple(b.shape)}")
     if not boxes:
-        return torch.zeros((0, 5))
+        return _torch.zeros((0, 5))
     # one dtype for all, by torch's type promotion (as torch.cat of the list): a float16 first box must not
     # round the float32 boxes after it
-    dtype = functools.reduce(torch.promote_types, [b.dtype for b in boxes])
+    dtype = _functools.reduce(_torch.promote_types, [b.dtype for b in boxes])
     device = boxes[0].device
-    index = torch.cat([torch.full((b.shape[0], 1), i, dtype=dtype, device=device) for i, b in enumerate(boxes)])
-    return torch.cat((index, torch.cat([b.to(dtype) for b in boxes])), 1)
+    index = _torch.cat([_torch.full((b.shape[0], 1), i, dtype=dtype, device=device) for i, b in enumerate(boxes)])
+    return _torch.cat((index, _torch.cat([b.to(dtype) for b in boxes])), 1)
 
 
-@torch.fx.wrap
-@torch.jit.ignore
-def _psroi_pool_layer(input: torch.Tensor, rois: Union[torch.Tensor, List[torch.Tensor]],
-                      pooled_size: Tuple[int, int], spatial_scale: float, group_size: int,
-                      output_dim: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+@_torch.fx.wrap
+@_torch.jit.ignore
+def _psroi_pool_layer(input: _torch.Tensor, rois: _Union[_torch.Tensor, _List[_torch.Tensor]],
+                      pooled_size: _Tuple[int, int], spatial_scale: float, group_size: int,
+                      output_dim: _Optional[int]) -> _Tuple[_torch.Tensor, _torch.Tensor]:
     """:class:`PSRoIPool`'s call: a leaf for ``torch.fx`` and plain Python under TorchScript (the checks it runs
     are not scriptable); ``torch.export`` / ``torch.compile`` trace through it to the custom op."""
     ph, pw = pooled_size
-    if output_dim is None and isinstance(input, torch.Tensor) and input.dim() == 4:
+    if output_dim is None and isinstance(input, _torch.Tensor) and input.dim() == 4:
         output_dim = max(input.shape[1] // (ph * pw), 1)
     return _psroi_pool(input, _rois_from_boxes(rois, _psroipool_checks.OP), ph, pw, spatial_scale, group_size,
                        output_dim)
 
 
-class PSRoIPool(nn.Module):
+class PSRoIPool(_nn.Module):
     """Position-sensitive RoI average pooling of R-FCN (torchvision ``PSRoIPool`` names, R-FCN numerics; for
     torchvision's numerics use :class:`cvops.torchvision.PSRoIPool`).
 
@@ -318,17 +318,17 @@ class PSRoIPool(nn.Module):
     Works under ``torch.jit.script``, ``torch.fx.symbolic_trace``, ``torch.export.export`` and ``torch.compile``.
     """
 
-    last_mapping_channel: Optional[torch.Tensor]
+    last_mapping_channel: _Optional[_torch.Tensor]
 
     def __init__(self, pooled_size=None, spatial_scale: float = None, group_size=None, output_dim=None,
                  keep_mapping: bool = False, *, output_size=None):
         super().__init__()
         OP = _psroipool_checks.OP
-        require((pooled_size is None) != (output_size is None), OP,
+        _require((pooled_size is None) != (output_size is None), OP,
                 "give pooled_size (or torchvision's name output_size), exactly once")
-        require(spatial_scale is not None, OP, "spatial_scale is required")
+        _require(spatial_scale is not None, OP, "spatial_scale is required")
         pooled_size = pooled_size if output_size is None else output_size
-        self.pooled_size = pair(OP, "pooled_size", pooled_size, min_value=1)
+        self.pooled_size = _pair(OP, "pooled_size", pooled_size, min_value=1)
         ph, pw = self.pooled_size
         self.group_size = ph if group_size is None else group_size
         _psroipool_checks.check_pool_params(OP, ph, pw, spatial_scale, 1 if output_dim is None else output_dim,
@@ -338,7 +338,7 @@ class PSRoIPool(nn.Module):
         self.keep_mapping = keep_mapping
         self.last_mapping_channel = None
 
-    def forward(self, input: torch.Tensor, rois: Union[torch.Tensor, List[torch.Tensor]]) -> torch.Tensor:
+    def forward(self, input: _torch.Tensor, rois: _Union[_torch.Tensor, _List[_torch.Tensor]]) -> _torch.Tensor:
         pooled = _psroi_pool_layer(input, rois, self.pooled_size, self.spatial_scale, self.group_size,
                                    self.output_dim)
         if self.keep_mapping:

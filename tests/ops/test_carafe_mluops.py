@@ -1,4 +1,4 @@
-"""carafe: the MLU-OPS layer (cvops.mluops, ops/carafe/mluops.py): descriptors, statuses, outputs written in place."""
+"""carafe: the MLU-OPS layer (cvops.mluops, mluops/carafe.py): descriptors, statuses, outputs written in place."""
 from __future__ import annotations
 
 import pytest

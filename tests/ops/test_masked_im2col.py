@@ -12,7 +12,7 @@ from cvops import mluops
 from tests.support.cases import case_id, load_cases
 from cvops._core.errors import BadParamError, Status
 from cvops._core.jit import numba_enabled
-from cvops._core.metrics import bit_equal, diff1, diff2
+from cvops.metrics import bit_equal, diff1, diff2
 from cvops.ops.masked_im2col import cpu, reference
 from tests.support.inputs.masked_im2col import case_inputs, case_mask
 from tests.conftest import CPU_PATHS, installed_cpu_paths, requires_numba, requires_triton, select

@@ -1,13 +1,13 @@
-"""masked_im2col: the MLU-OPS layer (cvops.mluops, ops/masked_im2col/mluops.py): workspace query, statuses, data_col written in place."""
+"""masked_im2col: the MLU-OPS layer (cvops.mluops, mluops/masked_im2col.py): workspace query, statuses, data_col written in place."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from cvops import mluops
-from cvops._core.descriptor import from_torch_dtype
+from cvops.mluops.descriptor import from_torch_dtype
 from cvops._core.errors import Status
-from cvops._core.metrics import bit_equal
+from cvops.metrics import bit_equal
 from tests.ops.test_masked_im2col import ref_im2col
 
 

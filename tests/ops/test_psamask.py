@@ -11,7 +11,7 @@ import cvops
 from cvops import mluops
 from tests.support.cases import case_id, load_cases
 from cvops._core.errors import BadParamError, Status
-from cvops._core.metrics import bit_equal, diff3
+from cvops.metrics import bit_equal, diff3
 from tests.conftest import (CPU_PATHS, FAST_BACKENDS, installed_cpu_paths, requires_numba,
                            requires_triton, selected)
 

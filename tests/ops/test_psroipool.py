@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 import cvops
 from tests.support.cases import case_id, load_cases
 from cvops._core.errors import BadParamError, NotSupportedError, Status
-from cvops._core.metrics import bit_equal, diff1, diff2
+from cvops.metrics import bit_equal, diff1, diff2
 from tests.support.inputs.psroipool import case_input, case_rois
 from cvops._core.dispatch import triton_available
 from tests.conftest import CPU_PATHS, FAST_BACKENDS, requires_triton, select

@@ -1,4 +1,4 @@
-"""psroipool: the MLU-OPS layer (cvops.mluops, ops/psroipool/mluops.py): descriptors, statuses, outputs written in place."""
+"""psroipool: the MLU-OPS layer (cvops.mluops, mluops/psroipool.py): descriptors, statuses, outputs written in place."""
 from __future__ import annotations
 
 import pytest

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 import cvops
 from tests.support.cases import case_id, load_cases
-from cvops._core.metrics import bit_equal
+from cvops.metrics import bit_equal
 from tests.support.inputs.psroipool import case_input, case_rois
 from cvops._core.jit import numba_available
 from tests.conftest import requires_numba, selected

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from cvops import sparse
 from cvops._core.errors import BadParamError, NotSupportedError
-from cvops._core.metrics import bit_equal, diff1, diff2
+from cvops.metrics import bit_equal, diff1, diff2
 from tests.conftest import requires_triton
 from tests.ops._sparse_kmap import MAP_CASES, build_kernel_map, map_case, random_sparse
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cvops import sparse
-from cvops._core.metrics import bit_equal, diff1, diff2
+from cvops.metrics import bit_equal, diff1, diff2
 from tests.ops._sparse_kmap import MAP_CASES, map_case
 
 

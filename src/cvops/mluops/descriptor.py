@@ -7,15 +7,17 @@ non-SUCCESS status is kept on the handle (``handle.last_error``), like the libra
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
+import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
-from .errors import BadParamError, CvopsError, Status
-from .validate import LARGE_TENSOR_NUM, check_int, require, require_supported
+from .._core.errors import BadParamError, CvopsError, Status
+from .._core.validate import LARGE_TENSOR_NUM, check_int, require, require_supported
 
 
 class Layout(enum.IntEnum):
@@ -48,10 +50,6 @@ _TORCH_OF = {DataType.HALF: torch.float16, DataType.FLOAT: torch.float32, DataTy
              DataType.INT8: torch.int8, DataType.INT16: torch.int16, DataType.INT32: torch.int32,
              DataType.INT64: torch.int64, DataType.BOOL: torch.bool, DataType.BFLOAT16: torch.bfloat16}
 _DTYPE_OF = {v: k for k, v in _TORCH_OF.items()}
-
-
-def to_torch_dtype(dtype: DataType) -> torch.dtype:
-    return _TORCH_OF[DataType(dtype)]
 
 
 def from_torch_dtype(dtype: torch.dtype) -> DataType:
@@ -98,28 +96,18 @@ class TensorDescriptor:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def itemsize(self) -> int:
         """Bytes per element (1 for ``INVALID``, so byte limits can still be checked)."""
-        if self.dtype == DataType.INVALID:
-            return 1
-        return torch.empty((), dtype=to_torch_dtype(self.dtype)).element_size()
+        return 1 if self.dtype == DataType.INVALID else _TORCH_OF[self.dtype].itemsize
 
 
 def _enum_member(op: str, name: str, enum_type, value):
-    if isinstance(value, enum_type):
-        return value
-    ok = isinstance(value, int) and not isinstance(value, bool)
-    if ok:
-        try:
+    if isinstance(value, int) and not isinstance(value, bool):
+        with contextlib.suppress(ValueError):
             return enum_type(value)
-        except ValueError:
-            pass
     raise BadParamError(op, f"{name} must be a {enum_type.__name__}, got {value!r}")
 
 
@@ -135,12 +123,35 @@ def descriptor_of(t: torch.Tensor, layout: Layout = Layout.ARRAY) -> TensorDescr
     return TensorDescriptor(layout, from_torch_dtype(t.dtype), tuple(t.shape))
 
 
-def check_descriptor(op: str, name: str, desc) -> TensorDescriptor:
+def check_descriptor(op: str, name: str, desc, *, size_limit: bool = True) -> TensorDescriptor:
+    """A descriptor argument: not null, sizes >= 0 (BAD_PARAM); fewer than 2^31 elements unless not
+    ``size_limit`` (NOT_SUPPORTED, MLU-OPS ``LARGE_TENSOR_NUM``)."""
     require(desc is not None, op, f"{name} is null")
     require(isinstance(desc, TensorDescriptor), op, f"{name} must be a TensorDescriptor")
     require(all(s >= 0 for s in desc.shape), op, f"{name} sizes must be >= 0, got {desc.shape}")
-    require_supported(desc.numel < LARGE_TENSOR_NUM, op, f"{name} has 2^31 or more elements")
+    require_supported(not size_limit or desc.numel < LARGE_TENSOR_NUM, op, f"{name} has 2^31 or more elements")
     return desc
+
+
+def check_descriptors(op: str, descs: dict) -> None:
+    """:func:`check_descriptor` of each ``name: descriptor``, all of them before any other rule."""
+    for name, desc in descs.items():
+        check_descriptor(op, name, desc)
+
+
+def require_each(op: str, descs: dict, *, dim: int | None = None, layout: Layout | None = None,
+                 dtypes: tuple = (), same_dtype: bool = False) -> None:
+    """Each ``name: descriptor`` has ``dim`` dimensions, ``layout`` and a dtype among ``dtypes`` (those
+    given), and with ``same_dtype`` the first one's dtype; BAD_PARAM naming the descriptor otherwise."""
+    first_name, first = next(iter(descs.items()))
+    for name, d in descs.items():
+        require(dim is None or d.dim == dim, op, f"{name} must be {dim}-D, got {d.dim}-D")
+        require(layout is None or d.layout == layout, op,
+                f"{name} layout must be {getattr(layout, 'name', '')}, got {d.layout.name}")
+        require(not dtypes or d.dtype in dtypes, op,
+                f"{name} dtype must be {' or '.join(t.name for t in dtypes)}, got {d.dtype.name}")
+        require(not same_dtype or d.dtype == first.dtype, op,
+                f"{name} dtype ({d.dtype.name}) must equal {first_name} dtype ({first.dtype.name})")
 
 
 def check_data(op: str, name: str, desc: TensorDescriptor, data) -> torch.Tensor:
@@ -155,51 +166,9 @@ def check_data(op: str, name: str, desc: TensorDescriptor, data) -> torch.Tensor
     return data
 
 
-def status_of(op: str, handle, call: Callable[[], object]) -> tuple[Status, object]:
-    """Run ``call()`` the way a C entry point behaves: never raise, return ``(status, result)``.
-
-    :class:`CvopsError` gives its own status. Any other exception means an argument slipped past
-    the checks (or a real failure inside torch); it becomes ``INTERNAL_ERROR`` (``ALLOC_FAILED``
-    for out-of-memory) with the reason on the handle, so a caller still gets a status and the test
-    suite, which expects ``BAD_PARAM`` for bad arguments, still notices the missing check.
-    Output tensors are written under ``no_grad`` (they are plain buffers, as in the C API).
-    """
-    try:
-        with torch.no_grad():
-            result = call()
-    except CvopsError as err:
-        status, message, result = err.status, str(err), None
-    except MemoryError as err:
-        status, message, result = Status.ALLOC_FAILED, f"{op}: out of memory: {err}", None
-    except Exception as err:  # noqa: BLE001 -- a C entry point returns a status whatever happens
-        out_of_memory = isinstance(err, getattr(torch, "OutOfMemoryError", ()))
-        status = Status.ALLOC_FAILED if out_of_memory else Status.INTERNAL_ERROR
-        message, result = f"{op}: {type(err).__name__}: {err}", None
-    else:
-        status, message = Status.SUCCESS, ""
-    if isinstance(handle, Handle):
-        handle.last_error = message
-    return status, result
-
-
-def returns_status(fn: Callable[..., None]) -> Callable[..., Status]:
-    """Turn a function that raises :class:`CvopsError` into one that returns a :class:`Status`
-    (see :func:`status_of`); it may also return a status itself.
-
-    The wrapped function receives the handle first; anything but a :class:`Handle` is BAD_PARAM.
-    """
-
-    @functools.wraps(fn)
-    def wrapper(handle, *args, **kwargs) -> Status:
-        def call():
-            if not isinstance(handle, Handle):
-                raise BadParamError(fn.__name__, "handle is null")
-            return fn(handle, *args, **kwargs)
-
-        status, returned = status_of(fn.__name__, handle, call)
-        return returned if status == Status.SUCCESS and returned is not None else status
-
-    return wrapper
+def data_of(op: str, **pairs) -> list[torch.Tensor]:
+    """:func:`check_data` of each ``name=(descriptor, data)``, in order."""
+    return [check_data(op, name, desc, data) for name, (desc, data) in pairs.items()]
 
 
 def check_workspace(op: str, workspace, workspace_size) -> int:
@@ -210,15 +179,42 @@ def check_workspace(op: str, workspace, workspace_size) -> int:
     return workspace_size
 
 
-def workspace_query(op: str, handle, size_of: Callable[[], int]) -> tuple[Status, int]:
-    """A ``mluOpGet*WorkspaceSize`` entry point: ``(status, size_in_bytes)``, never raising.
+def entry_point(name: str, *, handle: bool = True, query: bool = False):
+    """Make a function that raises :class:`CvopsError` the C entry point ``name``: it never raises, and
+    returns a :class:`Status` (the function may return one itself), or for a workspace query (``query``)
+    ``(status, size)`` with size 0 on failure. With ``handle`` the first argument is the handle: anything
+    but a :class:`Handle` is BAD_PARAM, and the reason for the status goes on it (``""`` on success).
 
-    ``size_of`` runs the op's checks and returns the size; any failure gives its status and size 0.
+    :class:`CvopsError` gives its own status. Any other exception means an argument slipped past the
+    checks (or a real failure inside torch); it becomes ``INTERNAL_ERROR`` (``ALLOC_FAILED`` for
+    out-of-memory), so a caller still gets a status and the test suite, which expects ``BAD_PARAM`` for
+    bad arguments, still notices the missing check. Outputs are written under ``no_grad`` (they are
+    plain buffers, as in the C API).
     """
-    def call():
-        if not isinstance(handle, Handle):
-            raise BadParamError(op, "handle is null")
-        return size_of()
 
-    status, size = status_of(op, handle, call)
-    return status, (size if status == Status.SUCCESS else 0)
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            h = (args[0] if args else kwargs.get("handle")) if handle else None
+            status, message, result = Status.SUCCESS, "", None
+            try:
+                require(not handle or isinstance(h, Handle), name, "handle is null")
+                with torch.no_grad():
+                    result = fn(*args, **kwargs)
+            except CvopsError as err:
+                status, message = err.status, str(err)
+            except MemoryError as err:
+                status, message = Status.ALLOC_FAILED, f"{name}: out of memory: {err}"
+            except Exception as err:  # noqa: BLE001 -- a C entry point returns a status whatever happens
+                out_of_memory = isinstance(err, getattr(torch, "OutOfMemoryError", ()))
+                status = Status.ALLOC_FAILED if out_of_memory else Status.INTERNAL_ERROR
+                message = f"{name}: {type(err).__name__}: {err}"
+            if isinstance(h, Handle):
+                h.last_error = message
+            if query:
+                return status, (result if status == Status.SUCCESS else 0)
+            return result if status == Status.SUCCESS and result is not None else status
+
+        return wrapper
+
+    return decorate

@@ -3,19 +3,20 @@
 Mirrors the C interfaces of the design docs (``mluOpPsamaskForward`` -> :func:`psamask_forward`, ...).
 Every function takes a :class:`Handle` first and returns a :class:`Status` (workspace queries return
 ``(status, size)``); the reason for a failure is in ``handle.last_error``. Outputs are written in place
-into the tensors passed as data. Each op's entry points live beside it in ``cvops/ops/<op>/mluops.py``.
+into the tensors passed as data. ``descriptor`` holds the plumbing (handles, descriptors, statuses,
+``entry_point``), one module per op its entry points, which reuse the op's checks in ``cvops/ops/<op>/``.
 """
-from ._core.descriptor import (DataType, Handle, Layout, TensorDescriptor, create_handle, create_tensor_descriptor,
-                               descriptor_of)
-from ._core.errors import Status
-from .ops.carafe.mluops import (CarafeDescriptor, carafe_backward, carafe_forward, create_carafe_descriptor,
-                                set_carafe_descriptor)
-from .ops.get_indice_pairs.mluops import (SparseConvolutionDescriptor, create_sparse_convolution_descriptor,
-                                          get_indice_pairs, get_indice_pairs_workspace_size,
-                                          get_sparse_convolution_num_act_out, set_sparse_convolution_descriptor)
-from .ops.masked_im2col.mluops import get_masked_im2col_forward_workspace_size, masked_im2col_forward
-from .ops.psamask.mluops import psamask_backward, psamask_forward
-from .ops.psroipool.mluops import get_psroipool_workspace_size, psroipool_backward, psroipool_forward
+from .._core.errors import Status
+from .carafe import (CarafeDescriptor, carafe_backward, carafe_forward, create_carafe_descriptor,
+                     set_carafe_descriptor)
+from .descriptor import (DataType, Handle, Layout, TensorDescriptor, create_handle, create_tensor_descriptor,
+                         descriptor_of)
+from .masked_im2col import get_masked_im2col_forward_workspace_size, masked_im2col_forward
+from .psamask import psamask_backward, psamask_forward
+from .psroipool import get_psroipool_workspace_size, psroipool_backward, psroipool_forward
+from .sparse_conv import (SparseConvolutionDescriptor, create_sparse_convolution_descriptor, get_indice_pairs,
+                          get_indice_pairs_workspace_size, get_sparse_convolution_num_act_out,
+                          set_sparse_convolution_descriptor)
 
 __all__ = ["CarafeDescriptor", "DataType", "Handle", "Layout", "SparseConvolutionDescriptor", "Status",
            "TensorDescriptor", "carafe_backward", "carafe_forward", "create_carafe_descriptor", "create_handle",
