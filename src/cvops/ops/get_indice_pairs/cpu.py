@@ -14,11 +14,9 @@ sorting:
 """
 from __future__ import annotations
 
-from contextlib import suppress
-
 import torch
 
-from ..._core.jit import KernelNotReady, numba_kernels
+from ..._core.jit import numba_kernels
 from ..._core.memory import new_empty
 from ..._core.parallel import single_threaded
 from .checks import INVALID_KEY, Geometry, check_no_duplicates
@@ -123,12 +121,11 @@ def _subm_pairs(indices: torch.Tensor, geo: Geometry):
     L = indices.shape[0]
     sorted_keys, order = torch.sort(site_keys(indices, geo.spatial_shape))
     check_no_duplicates(sorted_keys)
-    fused = numba_kernels(__package__, indices, background=True)
+    fused = numba_kernels(__package__, indices)
     if fused is not None:
-        with suppress(KernelNotReady):
-            pairs, indice_num = fused.subm_pairs(indices, sorted_keys, order, geo,
-                                                 grid_strides(geo.spatial_shape)[0])
-            return indices.to(torch.int32).clone(), pairs, indice_num
+        pairs, indice_num = fused.subm_pairs(indices, sorted_keys, order, geo,
+                                             grid_strides(geo.spatial_shape)[0])
+        return indices.to(torch.int32).clone(), pairs, indice_num
     # the search's per-site tables die with its frame, before the [K, 2, L] map is allocated (peak memory)
     s, k, p = _subm_matches(indices, sorted_keys, order, geo)
     i, j = order.index_select(0, s), order.index_select(0, p)

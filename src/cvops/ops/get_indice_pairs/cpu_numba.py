@@ -6,24 +6,24 @@ With the sites sorted by key, the shifted keys of one offset are sorted too, so 
 two sorted lists finds every pair of that offset in ``O(L)`` steps, no search and sequential reads. A key
 match counts only when every coordinate of ``o`` lies inside the grid (a shift can wrap a coordinate into
 the next row). The pairs of each offset are then listed in input-row order, as ``cpu.py``'s torch join
-lists them: the result is the same map, bit for bit. Offsets run in parallel (each writes its own slice).
+lists them: the result is the same map, bit for bit. One thread: ``cpu.get_indice_pairs`` runs the whole
+map on one (a parallel variant never ran there, and numba's parfor pass rejects this loop nest).
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import prange
 
-from ..._core import jit
 from ..._core.bits import numpy_alias
-from ..._core.jit import match_torch_threads, njit_variants
+from ..._core.jit import njit
 
 
+@njit
 def _subm_map(coords, sorted_keys, order, rank, shape, strides, kernel, pad, dil, pairs, counts):
     L = coords.shape[0]
     nd = shape.shape[0]
     K = pairs.shape[0]
-    for k in prange(K):
+    for k in range(K):
         taps = np.empty(nd, dtype=np.int64)
         rest = k
         delta = 0
@@ -59,9 +59,6 @@ def _subm_map(coords, sorted_keys, order, rank, shape, strides, kernel, pad, dil
             pairs[k, 1, x] = -1
 
 
-_serial, _parallel = njit_variants(_subm_map)
-
-
 def supports(indices: torch.Tensor) -> bool:
     """The loop reads CPU memory only."""
     return indices.device.type == "cpu"
@@ -81,10 +78,7 @@ def subm_pairs(indices: torch.Tensor, sorted_keys: torch.Tensor, order: torch.Te
     def vec(values):
         return np.asarray(values, dtype=np.int64)
 
-    kernel = _parallel if jit.use_parallel(K * L * 4) else _serial
-    if kernel is _parallel:
-        match_torch_threads()
-    kernel(numpy_alias(coords), numpy_alias(sorted_keys.contiguous()), numpy_alias(order), numpy_alias(rank),
-           vec(geo.spatial_shape), vec(strides), vec(geo.kernel_size), vec(geo.padding), vec(geo.dilation),
-           numpy_alias(pairs), numpy_alias(counts))
+    _subm_map(numpy_alias(coords), numpy_alias(sorted_keys.contiguous()), numpy_alias(order), numpy_alias(rank),
+              vec(geo.spatial_shape), vec(strides), vec(geo.kernel_size), vec(geo.padding), vec(geo.dilation),
+              numpy_alias(pairs), numpy_alias(counts))
     return pairs, counts
