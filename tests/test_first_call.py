@@ -1,6 +1,6 @@
 """First calls of the numba kernels (``_core.jit``): compiled on the calling thread, so a fresh process gets
 the kernels' bits from its very first call, a fork right after it returns at once and the child computes,
-and deterministic mode changes nothing.
+deterministic mode changes nothing, and ``python -m cvops.precompile`` leaves nothing to compile.
 
 The fresh processes run with their own empty ``NUMBA_CACHE_DIR`` (the cold case; the rest of the suite
 runs on a warm cache): one module fixture runs the first calls of every op once and keeps what the tests
@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -162,3 +163,28 @@ def test_the_switch_is_read_on_every_call(monkeypatch):
     assert jit.numba_enabled() and jit.numba_kernels("cvops.ops.psamask", torch.zeros(1)) is not None
     monkeypatch.delenv("CVOPS_NUMBA")
     assert jit.numba_enabled()  # the default: numba when it imports
+
+
+def test_precompile_leaves_nothing_to_compile(tmp_path):
+    # the sparse layers: the subm map, the compiled layer in two dtypes and two kernels with serial and parallel
+    # variants (small calls run the serial ones; precompile compiles the parallel ones for the same types)
+    cache = tmp_path / "numba-cache"
+    out = _run("import sys; from cvops.precompile import main; sys.exit(main(['--ops', 'sparse_conv']))", cache)
+    assert "kernel signatures compiled or loaded" in out
+    check = textwrap.dedent("""
+        import sys, torch
+        from numba.extending import is_jitted
+        from cvops._core import jit
+        from cvops.precompile import _sparse_conv
+        jit.use_parallel = lambda work, threshold=0: True  # the parallel variants too
+        torch.set_num_threads(2)
+        for dtype in (torch.float32, torch.float64):
+            _sparse_conv(dtype, "-")
+        misses = {f"{name}.{k}": sum(v.stats.cache_misses.values()) for name, m in list(sys.modules.items())
+                  if name.startswith("cvops") and name.endswith("cpu_numba")
+                  for k, v in vars(m).items() if is_jitted(v) and sum(v.stats.cache_misses.values())}
+        hits = sum(sum(v.stats.cache_hits.values()) for pair in jit.VARIANTS for v in pair)
+        print(misses, hits)
+        assert not misses and hits >= 2, (misses, hits)
+        """)
+    _run(check, cache)
