@@ -5,7 +5,6 @@ MLU-OPS-style interface in :mod:`cvops.mluops`, and the drop-in namespaces of th
 :mod:`cvops.spconv`, :mod:`cvops.mmcv` (imported on use) and :mod:`cvops.torchvision`.
 """
 from ._core import autocast as _autocast
-from ._core.dispatch import defer_dynamo_import as _defer_dynamo_import
 from ._core.errors import BadParamError, CvopsError, NotSupportedError, Status
 from ._core.memory import empty_cache
 from .ops.carafe import carafe, carafe_backward, carafe_forward, carafe_naive
@@ -16,7 +15,6 @@ from .ops.psroipool import psroi_pool, psroi_pool_backward
 from . import mluops, nn, sparse, spconv, torchvision  # the layers over the ops above
 
 _autocast.register()  # torch.autocast policies of every custom op, once all are defined
-_defer_dynamo_import()  # the first op call imports no compiler stack it does not use
 
 __version__ = "0.1.0"
 __all__ = ["BadParamError", "CvopsError", "NotSupportedError", "Status", "carafe", "carafe_backward",
