@@ -1,4 +1,4 @@
-"""Optional numba kernels for CPU backends (the ``numba`` extra; torch stays the fallback).
+"""numba kernels for CPU backends (torch code stays the fallback).
 
 The project rule: CPU backends are vectorised torch, and numba is allowed only where a benchmark shows
 torch cannot reach the goal. Such an op keeps its torch path and adds a fused loop kernel that is used when
