@@ -1,17 +1,17 @@
-"""First call of each op in a fresh process, with an empty and with a filled numba cache.
+"""First calls of each op in a fresh process, with an empty and with a filled numba cache.
 
-    python benchmarks/bench_first_call.py [--ops carafe psamask ...]
+    python benchmarks/bench_first_call.py [--ops carafe psamask ...] [--calls 20]
 
 Each measurement is its own subprocess (a fresh interpreter: nothing imported, nothing compiled),
 started with ``NUMBA_CACHE_DIR`` pointing at a new temporary folder. The first run of an op finds that
-cache empty ("cold": numba compiles the kernels the call needs), the second run of the same op finds
-what the first wrote ("warm"). Each subprocess imports torch and cvops, builds a small network-like
-input, then times the op's first two calls (forward, and backward where the op has one), the time until
-the background worker has every kernel they asked for ready, and which of ``torch._dynamo``, ``triton``
-and ``numba`` were imported meanwhile. Both modes run: the default (kernels load and compile on a worker
-thread while the calls run the torch path) and ``CVOPS_NUMBA=1`` (each call waits for its kernels).
-The ``numba start-up`` row times numba alone (its import and one cached one-loop kernel): the part of a
-waiting first call that no op code can remove.
+cache empty ("cold": numba compiles the kernels the calls need, on the calling thread), the second run of
+the same op finds what the first wrote ("warm"). Each subprocess imports torch and cvops, builds a
+network-like input, then times the op's first ``--calls`` calls (forward, and backward where the op has one)
+and notes which of ``torch._dynamo``, ``triton`` and ``numba`` the calls imported. A third run with
+``CVOPS_NUMBA=0`` times the torch code for comparison. ``carafepack`` (CARAFEPack(256, 2) forward +
+backward on [2, 256, 52, 84]) and ``sparse_step`` (SubMConv3d + SparseConv3d forward + backward on 20,000
+LiDAR-like voxels) are the first-call figures of docs/ARCHITECTURE.md. The ``numba start-up`` row times
+numba alone (its import and one cached one-loop kernel): the part of a first call no op code can remove.
 """
 from __future__ import annotations
 
@@ -70,6 +70,22 @@ def call():
 """,
 }
 
+SNIPPETS["carafepack"] = """
+up = cvops.nn.CARAFEPack(256, 2)
+x = torch.randn(2, 256, 52, 84, requires_grad=True)
+def call():
+    up(x).sum().backward()
+"""
+SNIPPETS["sparse_step"] = """
+import cvops.spconv as spconv
+from cvops.sparse.synthetic import lidar_voxels
+idx = lidar_voxels(20000, 1, [41, 400, 352])
+feats = torch.randn(len(idx), 16, requires_grad=True)
+net = spconv.SparseSequential(spconv.SubMConv3d(16, 16, 3, indice_key="s1"), spconv.SparseConv3d(16, 32, 3, 2, 1))
+def call():
+    net(spconv.SparseConvTensor(feats, idx, [41, 400, 352], 1)).features.sum().backward()
+"""
+
 # The floor under every numba op: numba's import and the first call of a one-loop kernel from its disk cache.
 SNIPPETS["numba start-up"] = """
 import os, pathlib, sys
@@ -89,62 +105,56 @@ t1 = time.perf_counter()
 {snippet}
 before = set(sys.modules)
 t2 = time.perf_counter()
-call()
-t3 = time.perf_counter()
-call()
-t4 = time.perf_counter()
+calls = []
+for _ in range({calls}):
+    call()
+    calls.append(time.perf_counter() - t2)
 loaded = set(sys.modules) - before
-from cvops._core import jit_background
-jit_background.run_until_ready(call)
-t5 = time.perf_counter()
-print(json.dumps({{"import_s": t1 - t0, "first_s": t3 - t2, "second_s": t4 - t3, "ready_s": t5 - t2,
+print(json.dumps({{"import_s": t1 - t0, "calls_s": calls,
                   "imported": [m for m in ("torch._dynamo", "triton", "numba") if m in loaded]}}))
 """
 
-# CVOPS_NUMBA per mode: the default compiles in the background, "1" makes each call wait for its kernels
-MODES = {"background": None, "wait": "1"}
+# CVOPS_NUMBA per mode: unset (the default: numba) and "0" (the torch code)
+MODES = {"numba": None, "torch": "0"}
 
 
-def measure(op: str, cache_dir: str, mode: str) -> dict:
+def measure(op: str, cache_dir: str, mode: str, calls: int) -> dict:
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
     env.pop("CVOPS_NUMBA", None)
     if MODES[mode] is not None:
         env["CVOPS_NUMBA"] = MODES[mode]
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, "-c", _RUNNER.format(snippet=SNIPPETS[op])], env=env,
+    done = subprocess.run([sys.executable, "-c", _RUNNER.format(snippet=SNIPPETS[op], calls=calls)], env=env,
                           capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run(ops) -> list[dict]:
+def run(ops, calls: int = 20) -> list[dict]:
     rows = []
     for op in ops:
-        row = {"op": op}
-        for mode in MODES:
-            with tempfile.TemporaryDirectory(prefix="cvops-numba-") as cache:
-                row[mode] = {"cold": measure(op, cache, mode), "warm": measure(op, cache, mode)}
+        with tempfile.TemporaryDirectory(prefix="cvops-numba-") as cache:
+            row = {"op": op, "calls": calls, "cold": measure(op, cache, "numba", calls),
+                   "warm": measure(op, cache, "numba", calls), "torch": measure(op, cache, "torch", calls)}
         rows.append(row)
     return rows
 
 
-TITLE = ("first call of each op in a fresh process (s); cold = empty numba cache, warm = filled; "
-         "default: kernels compile in the background, the torch path runs until they are ready; "
-         "CVOPS_NUMBA=1: each call waits for its kernels")
-COLUMNS = ("op", "import", "first call cold", "first call warm", "2nd call warm", "kernels ready cold",
-           "kernels ready warm", "CVOPS_NUMBA=1 cold", "CVOPS_NUMBA=1 warm", "imported meanwhile (warm)")
+TITLE = ("first calls of each op in a fresh process, seconds from the first call's start to the end of call k; "
+         "cold = empty numba cache, warm = filled, torch = CVOPS_NUMBA=0")
+COLUMNS = ("op", "import", "1st cold", "1st warm", "2nd warm", "Nth cold", "Nth warm", "1st torch", "Nth torch",
+           "imported by the calls (warm)")
 
 
 def _cells(r: dict) -> tuple:
-    bg, wait = r["background"], r["wait"]
-    return (r["op"], f"{bg['warm']['import_s']:.2f}", f"{bg['cold']['first_s']:.2f}", f"{bg['warm']['first_s']:.2f}",
-            f"{bg['warm']['second_s']:.3f}", f"{bg['cold']['ready_s']:.2f}", f"{bg['warm']['ready_s']:.2f}",
-            f"{wait['cold']['first_s']:.2f}", f"{wait['warm']['first_s']:.2f}",
-            ", ".join(bg["warm"]["imported"]) or "-")
+    cold, warm, plain = r["cold"]["calls_s"], r["warm"]["calls_s"], r["torch"]["calls_s"]
+    return (r["op"], f"{r['warm']['import_s']:.2f}", f"{cold[0]:.2f}", f"{warm[0]:.2f}",
+            f"{warm[min(1, len(warm) - 1)] - warm[0]:.3f}", f"{cold[-1]:.2f}", f"{warm[-1]:.2f}", f"{plain[0]:.2f}",
+            f"{plain[-1]:.2f}", ", ".join(r["warm"]["imported"]) or "-")
 
 
 def print_rows(rows) -> None:
-    print(TITLE)
+    print(TITLE + (f" (N = {rows[0]['calls']})" if rows else ""))
     for cells in [COLUMNS] + [_cells(r) for r in rows]:
         print(f"{cells[0]:16s} " + " ".join(f"{c:>{len(h)}s}" for c, h in zip(cells[1:-1], COLUMNS[1:-1]))
               + f"  {cells[-1]}")
@@ -152,14 +162,17 @@ def print_rows(rows) -> None:
 
 def markdown(rows) -> list[str]:
     """The rows as a markdown table (``run_all.py --results`` appends it to the results file)."""
-    lines = [f"{TITLE}:", "", "| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    lines = [f"{TITLE}" + (f" (N = {rows[0]['calls']})" if rows else "") + ":", "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
     return lines + ["| " + " | ".join(_cells(r)) + " |" for r in rows]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ops", nargs="*", default=list(SNIPPETS), choices=list(SNIPPETS))
-    print_rows(run(parser.parse_args().ops))
+    parser.add_argument("--calls", type=int, default=20, help="calls timed per process (N)")
+    args = parser.parse_args()
+    print_rows(run(args.ops, args.calls))
 
 
 if __name__ == "__main__":

@@ -19,8 +19,7 @@ from typing import Callable, Sequence
 
 import torch
 
-# Benchmarks time the compiled kernels: calls compile what they need on the calling thread instead of
-# running the torch path until a background worker is done (CVOPS_NUMBA=0 still times the torch path).
+# Benchmarks time the compiled kernels (the default; CVOPS_NUMBA=0 in the environment times the torch path).
 os.environ.setdefault("CVOPS_NUMBA", "1")
 
 # The bench files read their cases and input generators from the checkout's tests/support package.

@@ -8,8 +8,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Ops wait for their numba kernels (compile on the calling thread), so which CPU path ran never depends on
-# a background worker's progress; tests/test_jit_background.py covers the background mode.
+# The numba kernels on (the default too, unless the caller's environment says CVOPS_NUMBA=0); tests that
+# need the torch path select it with `selected` / `select` below.
 os.environ.setdefault("CVOPS_NUMBA", "1")
 
 import pytest  # noqa: E402

@@ -1,5 +1,7 @@
 """The numba helpers of ``_core/jit_intrinsics.py``: the register transpose, the prefetches, the whole-line
-streaming store and the compile switches."""
+streaming store, the 8-lane sums and the scalar-loop index."""
+import re
+
 import numpy as np
 import pytest
 
@@ -74,25 +76,71 @@ def test_prefetches_compile_into_a_kernel_and_change_nothing():
 
 
 @requires_numba
-def test_compile_switches_apply_to_one_compilation_and_are_restored():
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lanes8_sum_eight_lanes_exactly_as_scalar_additions(dtype):
     import numba
 
-    from cvops._core.jit_intrinsics import compile_scalar, compile_slp
+    from cvops._core.jit_intrinsics import add8, load8, store8, zero8
 
-    def add_into(a, b):
-        for i in range(a.shape[0]):
-            a[i] += b[i]
+    @numba.njit
+    def run(src, dst, at, rows, step):
+        acc = zero8(dst)
+        for r in range(rows):
+            acc = add8(acc, load8(src, np.uint64(r * step + at)))
+        store8(dst, 3, add8(acc, load8(dst, 3)))
 
-    a, b = np.arange(20.0), np.ones(20)
-    signature = (numba.typeof(a), numba.typeof(b))
-    before = (numba.config.LOOP_VECTORIZE, numba.config.SLP_VECTORIZE)
-    for compile_with in (compile_scalar, compile_slp):
-        kernel = numba.njit(add_into)
-        compile_with(kernel, signature)
-        assert len(kernel.signatures) == 1
-        compile_with(kernel, signature)  # already compiled: nothing new
-        assert len(kernel.signatures) == 1
-        assert (numba.config.LOOP_VECTORIZE, numba.config.SLP_VECTORIZE) == before
-        out = a.copy()
-        kernel(out, b)
-        np.testing.assert_array_equal(out, a + 1)
+    rng = np.random.default_rng(0)
+    src = rng.standard_normal(400).astype(dtype)
+    src[5 + 2 * 40 + 3] = np.inf  # one lane overflows, the others do not notice
+    dst = np.full(16, -7.0, dtype)
+    dst[3:11] = rng.standard_normal(8)
+    expected = dst.copy()
+    acc = np.zeros(8, dtype)
+    for r in range(9):  # the same additions in the same order, lane by lane
+        acc = acc + src[r * 40 + 5:r * 40 + 13]
+    expected[3:11] = acc + expected[3:11]
+    run(src, dst, 5, 9, 40)
+    np.testing.assert_array_equal(dst, expected)
+
+
+@requires_numba
+def test_lanes8_reject_what_they_cannot_hold():
+    import numba
+
+    from cvops._core.jit_intrinsics import load8
+
+    @numba.njit
+    def run(a):
+        return load8(a, 0)
+
+    with pytest.raises(numba.errors.TypingError):
+        run(np.zeros(8, np.int32))  # integers: no Lanes8
+    with pytest.raises(numba.errors.TypingError):
+        run(np.zeros((2, 8), np.float32))  # 1-D arrays only
+
+
+@requires_numba
+def test_scalar_index_keeps_a_loop_scalar_and_changes_nothing():
+    import numba
+
+    from cvops._core.jit_intrinsics import scalar_index
+
+    @numba.njit
+    def plain(dst, src):
+        for i in range(dst.shape[0]):
+            dst[i] = src[i]
+
+    @numba.njit
+    def scalar(dst, src):
+        for i in range(dst.shape[0]):
+            dst[i] = src[scalar_index(i)]
+
+    src = np.arange(100, dtype=np.float32)
+    for kernel in (plain, scalar):
+        dst = np.zeros(100, np.float32)
+        kernel(dst, src)
+        np.testing.assert_array_equal(dst, src)
+    def vector_code(kernel):  # LLVM's vector types in the optimised IR (the wrapper's stack copies aside)
+        return re.search(r"<\d+ x float>", kernel.inspect_llvm(kernel.signatures[0])) is not None
+
+    assert vector_code(plain) and not vector_code(scalar)

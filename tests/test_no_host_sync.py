@@ -117,12 +117,21 @@ def test_gpu_path_reads_nothing_back(name):
 
 
 def test_value_checks_stay_on_the_device():
-    """A bad batch index still fails on the CUDA path: as an asynchronous assertion (here it fires at once)."""
+    """A bad batch index still fails on the CUDA path: as a device-side bounds assertion (on a GPU it fires at
+    the next synchronisation; here, on a CPU tensor, at once as the CPU's index error)."""
     t = _inputs()
     rois = t["rois"].clone()
+    with no_host_syncs():  # good values: the queued check passes
+        cvops.psroi_pool(t["p"], rois, 2, 2, 1.0, 2, 2, backend="triton")
     rois[1, 0] = 5
     with no_host_syncs():
-        with pytest.raises(RuntimeError, match="batch indices"):
+        with pytest.raises(IndexError, match="out of range"):
             cvops.psroi_pool(t["p"], rois, 2, 2, 1.0, 2, 2, backend="triton")
+    rois[1, 0], rois[0, 2] = 1, float("nan")  # a corner that is not finite
+    with no_host_syncs():
+        with pytest.raises(IndexError, match="out of range"):
+            cvops.psroi_pool(t["p"], rois, 2, 2, 1.0, 2, 2, backend="triton")
+    rois[0, 2] = 1.0
+    rois[1, 0] = 5
     with pytest.raises(cvops.BadParamError, match=r"rois\[1, 0\]"):   # on the host: the detailed error
         cvops.psroi_pool(t["p"], rois, 2, 2, 1.0, 2, 2, backend="triton")

@@ -6,7 +6,6 @@ drop-in namespaces of the peers in :mod:`cvops.spconv`, :mod:`cvops.mmcv` (impor
 :mod:`cvops.torchvision`.
 """
 from ._core import autocast as _autocast
-from ._core.dispatch import defer_dynamo_import as _defer_dynamo_import
 from ._core.errors import BadParamError, CvopsError, NotSupportedError, Status
 from ._core.memory import empty_cache
 from .ops.carafe import carafe, carafe_backward, carafe_forward, carafe_naive
@@ -17,7 +16,6 @@ from .ops.psroipool import psroi_pool, psroi_pool_backward
 from . import metrics, mluops, nn, sparse, spconv, torchvision  # the layers over the ops above
 
 _autocast.register()  # torch.autocast policies of every custom op, once all are defined
-_defer_dynamo_import()  # the first op call imports no compiler stack it does not use
 
 __version__ = "0.1.0"  # the one source of the version (pyproject reads it)
 __all__ = ["BadParamError", "CvopsError", "NotSupportedError", "Status", "carafe", "carafe_backward",

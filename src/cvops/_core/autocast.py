@@ -13,6 +13,9 @@ Policies, one per op (:data:`POLICIES`):
 
 The casts run through the dispatcher, so autograd records them and gradients flow back in the caller's
 dtypes. :func:`register` installs the kernels once (``cvops/__init__.py`` calls it after the ops exist).
+Why not ``torch.library.register_autocast``: it casts the inputs only, so a FLOAT32 op's forward would
+return float32 under autocast and a direct call of a backward op would not give each gradient its
+tensor's dtype.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ KEEP = "keep"
 FLOAT32 = "float32"
 _HALF = (torch.float16, torch.bfloat16)
 DEVICES = ("cpu", "cuda")
+AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}  # the dispatch keys autocast adds per device
 
 # op name -> (policy, for each floating result: the index of the argument whose dtype it takes, or None for
 # the autocast dtype). Results that are not floating (mapping_channel, kernel maps) are never cast.
@@ -48,12 +52,10 @@ _lib: Optional[torch.library.Library] = None
 
 
 def _float32_kernel(op, device_type: str, result_like: tuple[Optional[int], ...]):
-    key = getattr(torch._C.DispatchKey, "Autocast" + torch._C._dispatch_key_for_device(device_type))
-
-    def kernel(_keyset, *args):
+    def kernel(*args):
         wide = any(isinstance(a, torch.Tensor) and a.dtype == torch.float64 for a in args)
         cast = [a.to(torch.float32) if isinstance(a, torch.Tensor) and a.dtype in _HALF else a for a in args]
-        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+        with torch.autocast(device_type, enabled=False):
             out = op(*cast)
         if wide:
             return out
@@ -68,17 +70,17 @@ def _float32_kernel(op, device_type: str, result_like: tuple[Optional[int], ...]
 
 
 def _keep_kernel(op, device_type: str):
-    key = getattr(torch._C.DispatchKey, "Autocast" + torch._C._dispatch_key_for_device(device_type))
-
-    def kernel(_keyset, *args):
-        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+    def kernel(*args):
+        with torch.autocast(device_type, enabled=False):
             return op(*args)
 
     return kernel
 
 
 def register() -> None:
-    """Installs the autocast kernel of every op in :data:`POLICIES` for CPU and CUDA (idempotent)."""
+    """Installs the autocast kernel of every op in :data:`POLICIES` for CPU and CUDA (idempotent): a Python
+    kernel per op under the ``Autocast<device>`` dispatch key, through the public ``torch.library.Library.impl``.
+    Inside it ``torch.autocast(device, enabled=False)`` lets the call through to the op's own kernels."""
     global _registered, _lib
     if _registered:
         return
@@ -88,7 +90,7 @@ def register() -> None:
         for device_type in DEVICES:
             kernel = (_keep_kernel(op, device_type) if policy == KEEP
                       else _float32_kernel(op, device_type, result_like))
-            _lib.impl(name, kernel, "Autocast" + torch._C._dispatch_key_for_device(device_type), with_keyset=True)
+            _lib.impl(name, kernel, AUTOCAST_KEYS[device_type])
     _registered = True
 
 

@@ -4,17 +4,14 @@
 tests run ``"triton"`` on CPU tensors under ``TRITON_INTERPRET=1``. The triton modules are imported
 only when chosen, so cvops imports and runs with torch alone.
 
-Availability is looked up with ``importlib.util.find_spec`` (no import): importing triton, or torch's
-compiler stack, costs about a second, which the first op call of a process should not pay when it
-runs on the CPU. :func:`defer_dynamo_import` keeps ``torch.library.custom_op`` from importing
-``torch._dynamo`` (and with it triton) on the first call of each op.
+Availability is looked up with ``importlib.util.find_spec`` (no import): importing triton costs about a
+second, which a process whose ops run on the CPU should not pay.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import os
-import sys
 from functools import lru_cache
 from types import ModuleType
 
@@ -33,46 +30,6 @@ def triton_available() -> bool:
         return importlib.util.find_spec("triton") is not None
     except (ImportError, ValueError):
         return False
-
-
-def _dynamo_disabled_when_loaded(plain):
-    """``plain`` wrapped in ``torch._dynamo.disable`` once ``torch._dynamo`` is loaded, and called as is
-    before: code that dynamo could trace only runs after ``torch._dynamo`` has been imported."""
-    disabled = None
-
-    def call(*args, **kwargs):
-        nonlocal disabled
-        if disabled is None:
-            if "torch._dynamo" not in sys.modules:
-                return plain(*args, **kwargs)
-            import torch._dynamo
-            disabled = torch._dynamo.disable(plain, recursive=True, wrapping=False)
-        return disabled(*args, **kwargs)
-
-    return call
-
-
-def defer_dynamo_import(namespace: str = "cvops") -> None:
-    """Make the custom ops of ``namespace`` import ``torch._dynamo`` only when it is in use.
-
-    ``torch.library.custom_op`` wraps each kernel in ``torch._disable_dynamo``, which imports
-    ``torch._dynamo`` (sympy, triton: about a second) on the kernel's first call, only to build a
-    wrapper that keeps dynamo from tracing the kernel. That wrapper looks for a prebuilt one on the
-    kernel first; this supplies one that builds the real wrapper once ``torch._dynamo`` is loaded
-    (``torch.compile`` loads it before it traces anything) and calls the kernel directly until then.
-    Does nothing where torch's internals differ from this layout.
-    """
-    try:
-        from torch._library.custom_ops import OPDEFS
-    except ImportError:
-        return
-    for name, opdef in list(OPDEFS.items()):
-        if not name.startswith(namespace + "::"):
-            continue
-        for wrapper in getattr(opdef, "_backend_fns", {}).values():
-            plain = getattr(wrapper, "__wrapped__", None)
-            if plain is not None and getattr(plain, "__dynamo_disable", None) is None:
-                plain.__dynamo_disable = _dynamo_disabled_when_loaded(plain)
 
 
 def triton_interpreted() -> bool:

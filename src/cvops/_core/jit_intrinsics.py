@@ -1,36 +1,39 @@
-"""Low-level helpers for numba kernels: a cache prefetch hint, streaming (non-temporal) stores, an 8 x 8
-register transpose, and compiling a kernel with LLVM's loop vectoriser off or its SLP vectoriser on. Imports
-numba, so import it only from kernel modules (the ops' ``cpu_numba``, which ``jit.numba_kernels`` imports
-when numba is on).
+"""Low-level helpers for numba kernels: a cache prefetch hint, streaming (non-temporal) stores and an 8 x 8
+register transpose, written with numba's public ``numba.extending.intrinsic`` and llvmlite's ``ir`` builder.
+Imports numba, so import it only from kernel modules (the ops' ``cpu_numba``, which ``jit.numba_kernels``
+imports when numba is on).
 
 Why these exist: gather/scatter kernels whose inner loop reads with a large stride (a new cache line
 per element) are latency-bound; the hardware prefetchers do not follow dozens of such streams, so the
 kernel prefetches the next row's lines itself (:func:`prefetch`, or :func:`prefetch_l2` for rows that
-share a few L1 sets). And LLVM turns such strided loops into AVX-512 gathers, which on AMD EPYC CPUs run
-slower than plain scalar loads; numba has no per-function switch, so :func:`compile_scalar` compiles with
-``numba.config.LOOP_VECTORIZE`` off (the documented ``NUMBA_LOOP_VECTORIZE`` setting, which numba reads at
-each compilation); :func:`compile_slp` likewise turns ``SLP_VECTORIZE`` on for kernels written as short
-straight-line runs. A kernel that writes a large output once and never reads it back can skip reading
+share a few L1 sets). A kernel that writes a large output once and never reads it back can skip reading
 each destination line into the cache first with :func:`stream_store` or, a whole cache line at a time,
 :func:`stream_line` (+ :func:`store_fence` before the threads join). Results never change.
+
+Two helpers steer LLVM's vectorisers per loop, where numba only has process-wide switches: :func:`load8`,
+:func:`add8` and :func:`store8` keep 8 lanes of sums in one vector register (:class:`Lanes8`), which numba's
+default pipeline (SLP vectoriser off) would otherwise leave as 8 scalar chains; and :func:`scalar_index`
+keeps the loop vectoriser off one loop (strided copies it would turn into AVX-512 gathers, slower than
+scalar loads on the CPUs measured). Both compute exactly what the plain loop computes.
 """
 from __future__ import annotations
 
-import functools
 import platform
-import threading
 
-import numba
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, models, register_model
 
-from .jit_background import compile_elsewhere
-
-_compile_lock = threading.Lock()
 # Non-temporal stores are emitted on x86-64 only; elsewhere stream_store is a plain store.
 STREAMING = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _declare(module: ir.Module, signature: ir.FunctionType, name: str) -> ir.Function:
+    """The LLVM function ``name`` declared in ``module`` (once: a kernel may use an intrinsic many times)."""
+    try:
+        return module.get_global(name)
+    except KeyError:
+        return ir.Function(module, signature, name)
 
 
 def _prefetch_intrinsic(name: str, locality: int, doc: str):
@@ -45,8 +48,8 @@ def _prefetch_intrinsic(name: str, locality: int, doc: str):
             offset = context.cast(builder, args[1], index_type, types.intp)
             byte_ptr = ir.IntType(8).as_pointer()
             i32 = ir.IntType(32)
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]), "llvm.prefetch.p0")
+            fn = _declare(builder.module, ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]),
+                          "llvm.prefetch.p0")
             # (address, read, temporal locality, data cache)
             builder.call(fn, [builder.bitcast(builder.gep(data, [offset]), byte_ptr), i32(0), i32(locality),
                               i32(1)])
@@ -64,41 +67,6 @@ prefetch = _prefetch_intrinsic("prefetch", 3, """Hint the CPU to bring ``array[i
 prefetch_l2 = _prefetch_intrinsic("prefetch_l2", 2, """As :func:`prefetch`, into L2 but not L1: for rows a
     large power of two apart, which all map to the same few L1 sets, where lines prefetched into L1
     evict the ones in use.""")
-
-
-def _compile_with(dispatcher, signature, **settings) -> None:
-    """Compile (or load from numba's cache) ``dispatcher`` for ``signature`` with numba.config ``settings``
-    (e.g. ``LOOP_VECTORIZE=0``) in force. numba has no per-function switch for these; it reads them when
-    it builds each compilation's pass manager, so they are set for that moment only. Another kernel
-    compiled by another thread at the same moment gets them too (slower at worst, never wrong). A kernel
-    whose compilation is deferred (``jit_background``) goes to the worker instead: KernelNotReady."""
-    if any(tuple(s) == tuple(signature) for s in dispatcher.signatures):
-        return
-    compile_elsewhere(dispatcher, tuple(signature), functools.partial(_compile_with, dispatcher, signature, **settings))
-    with _compile_lock:
-        if any(tuple(s) == tuple(signature) for s in dispatcher.signatures):
-            return
-        previous = {name: getattr(numba.config, name) for name in settings}
-        for name, value in settings.items():
-            setattr(numba.config, name, value)
-        try:
-            dispatcher.compile(tuple(signature))
-        finally:
-            for name, value in previous.items():
-                setattr(numba.config, name, value)
-
-
-def compile_scalar(dispatcher, signature) -> None:
-    """Compile ``dispatcher`` for ``signature`` with loop vectorisation off. Call before the first call of
-    that signature."""
-    _compile_with(dispatcher, signature, LOOP_VECTORIZE=0)
-
-
-def compile_slp(dispatcher, signature) -> None:
-    """Compile ``dispatcher`` for ``signature`` with LLVM's SLP vectoriser on (numba leaves it off): it
-    packs runs of straight-line scalar code, such as eight loads from consecutive addresses followed by
-    eight stores, into vector instructions. Call before the first call of that signature."""
-    _compile_with(dispatcher, signature, SLP_VECTORIZE=1)
 
 
 @intrinsic
@@ -151,13 +119,11 @@ def store_fence(typingctx):
     """``sfence`` on x86-64: streaming stores before it are visible before any store after it."""
     def codegen(context, builder, signature, args):
         if STREAMING:
-            sfence = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
-                                                    "llvm.x86.sse.sfence")
+            sfence = _declare(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse.sfence")
             builder.call(sfence, [])
         return context.get_dummy_value()
 
     return types.void(), codegen
-
 
 
 _LANES = 8  # transpose8's block size
@@ -214,3 +180,99 @@ def transpose8(typingctx, src, src_at, src_stride, dst, dst_at, dst_stride):
         return context.get_dummy_value()
 
     return types.void(src, src_at, src_stride, dst, dst_at, dst_stride), codegen
+
+
+_VECTOR_FLOATS = {types.float32: ir.FloatType(), types.float64: ir.DoubleType()}
+
+
+class Lanes8(types.Type):
+    """Eight floats of one dtype (float32 or float64) in one LLVM vector, i.e. one register: see :func:`load8`."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        super().__init__(name=f"Lanes8({dtype})")
+
+
+@register_model(Lanes8)
+class _Lanes8Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, ir.VectorType(_VECTOR_FLOATS[fe_type.dtype], _LANES))
+
+
+def _flat_floats(array) -> bool:
+    return isinstance(array, types.Array) and array.ndim == 1 and array.dtype in _VECTOR_FLOATS
+
+
+def _lane_pointer(context, builder, array_type, array, index_type, index):
+    data = context.make_array(array_type)(context, builder, array).data
+    at = context.cast(builder, index, index_type, types.intp)
+    vector = ir.VectorType(_VECTOR_FLOATS[array_type.dtype], _LANES)
+    return builder.bitcast(builder.gep(data, [at]), vector.as_pointer())
+
+
+@intrinsic
+def load8(typingctx, array, index):
+    """``array[index:index + 8]`` as :class:`Lanes8` (1-D contiguous float32/float64 array, every element in
+    range: the caller's duty)."""
+    if not (_flat_floats(array) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        pointer = _lane_pointer(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+        return builder.load(pointer, align=signature.args[0].dtype.bitwidth // 8)
+
+    return Lanes8(array.dtype)(array, index), codegen
+
+
+@intrinsic
+def store8(typingctx, array, index, lanes):
+    """``array[index:index + 8] = lanes`` (as :func:`load8`)."""
+    if not (_flat_floats(array) and isinstance(index, types.Integer) and lanes == Lanes8(array.dtype)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        pointer = _lane_pointer(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+        builder.store(args[2], pointer, align=signature.args[0].dtype.bitwidth // 8)
+        return context.get_dummy_value()
+
+    return types.void(array, index, lanes), codegen
+
+
+@intrinsic
+def add8(typingctx, a, b):
+    """Lane-wise ``a + b`` of two :class:`Lanes8` (IEEE additions, each lane as the scalar one)."""
+    if not (isinstance(a, Lanes8) and a == b):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fadd(args[0], args[1])
+
+    return a(a, b), codegen
+
+
+@intrinsic
+def zero8(typingctx, array):
+    """Eight zeros of ``array``'s dtype as :class:`Lanes8`."""
+    if not _flat_floats(array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return ir.Constant(ir.VectorType(_VECTOR_FLOATS[signature.args[0].dtype], _LANES), None)
+
+    return Lanes8(array.dtype)(array), codegen
+
+
+@intrinsic
+def scalar_index(typingctx, index):
+    """``index`` unchanged, through an empty ``asm`` statement that LLVM cannot see through: a loop that reads
+    ``array[scalar_index(i)]`` is not vectorised (the vectoriser cannot widen the statement), and costs
+    nothing more (no instruction, no memory effect)."""
+    if not isinstance(index, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        value = args[0].type
+        identity = ir.InlineAsm(ir.FunctionType(value, [value]), "", "=r,0", side_effect=False)
+        return builder.call(identity, [args[0]], attrs=("nounwind", "readnone"))
+
+    return index(index), codegen

@@ -18,8 +18,7 @@ with autograd costs a few list operations more than a hand-written ``setup_conte
 autograd nothing.
 
 The registered op is the same ``torch.ops.cvops.<name>`` that ``torch.library`` would build by hand, so
-``_core/autocast.py`` (autocast kernels by op name) and ``_core/dispatch.defer_dynamo_import`` (every
-``cvops::`` op) apply to it unchanged.
+``_core/autocast.py`` (autocast kernels by op name) applies to it unchanged.
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """CPU backend of the sparse convolution: gather-GEMM-scatter in blocks of destination rows.
 
 With numba on, each direction is one compiled call (``cpu_numba.conv_forward`` / ``conv_backward``); the torch
-loops below are the same algorithm for ``CVOPS_NUMBA=0``, for devices numba does not serve and for calls made
-while a background worker compiles the kernels:
+loops below are the same algorithm for ``CVOPS_NUMBA=0`` and for devices numba does not serve:
 
     for each block of destination rows [r0, r1)  (the blocks run in parallel, one per core)
         for each round: the block's pairs, offsets ascending, cut into runs of at most CHUNK_BYTES rows
@@ -31,12 +30,11 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import wait
-from contextlib import suppress
 
 import numpy as np
 import torch
 
-from .._core.jit import KernelNotReady, numba_kernels
+from .._core.jit import numba_kernels
 from .._core.memory import new_empty
 from .._core.parallel import pool, single_threaded
 from .kmap import sort_pairs_by_column
@@ -76,10 +74,9 @@ def _segments(pairs: torch.Tensor, counts: list[int], col: int, block_rows: int,
     num = torch.tensor(counts, dtype=torch.int64)
     for attempt in range(2):
         bounds = None
-        fused = numba_kernels(__package__, background=True) if pairs.device.type == "cpu" else None
+        fused = numba_kernels(__package__) if pairs.device.type == "cpu" else None
         if fused is not None:
-            with suppress(KernelNotReady):
-                bounds, ascending = fused.block_bounds(pairs, num, col, block_rows, n_blocks)
+            bounds, ascending = fused.block_bounds(pairs, num, col, block_rows, n_blocks)
         if bounds is None:
             starts = torch.arange(n_blocks + 1, dtype=torch.int64, device=pairs.device) * block_rows
             rows, ascending = [], True
@@ -166,10 +163,9 @@ def _rounds(todo, bounds, b: int, chunk: int):
 
 
 def _compiled(*tensors):
-    """The compiled layer (``cpu_numba``) when numba is on and takes these tensors, else None (torch loops).
-    Its calls raise KernelNotReady while a background worker compiles it; the caller then runs the torch
-    loops, which agree to rounding (another BLAS)."""
-    return numba_kernels(__package__, *tensors, background=True) if tensors[0].device.type == "cpu" else None
+    """The compiled layer (``cpu_numba``) when numba is on and takes these tensors, else None (the torch loops,
+    which agree with it to rounding: another BLAS)."""
+    return numba_kernels(__package__, *tensors) if tensors[0].device.type == "cpu" else None
 
 
 def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, identity_offset: int):
@@ -188,10 +184,9 @@ def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, id
     chunk = _chunk_rows(max(c_in, c_out), itemsize)
     kernels = _compiled(out, f, w)
     if kernels is not None:
-        with suppress(KernelNotReady):
-            kernels.conv_forward(out, f, w, pairs.contiguous(), bounds, np.array([k for k, _ in todo], np.int64),
-                                 identity_offset, src_col, dst_col, block, chunk)
-            return out.to(features.dtype)
+        kernels.conv_forward(out, f, w, pairs.contiguous(), bounds, np.array([k for k, _ in todo], np.int64),
+                             identity_offset, src_col, dst_col, block, chunk)
+        return out.to(features.dtype)
     bounds = bounds.tolist()
 
     def body(b, bufs):
@@ -231,11 +226,10 @@ def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, ident
     chunk = _chunk_rows(max(c_in, c_out), itemsize)
     kernels = _compiled(grad_features, g, f, w)
     if kernels is not None:
-        with suppress(KernelNotReady):
-            kernels.conv_backward(grad_features, grad_weight, g, f, w, pairs.contiguous(), bounds,
-                                  np.array([k for k, _ in todo], np.int64), identity_offset, src_col, dst_col,
-                                  block, chunk)
-            return grad_features.to(features.dtype), grad_weight.to(weight.dtype)
+        kernels.conv_backward(grad_features, grad_weight, g, f, w, pairs.contiguous(), bounds,
+                              np.array([k for k, _ in todo], np.int64), identity_offset, src_col, dst_col,
+                              block, chunk)
+        return grad_features.to(features.dtype), grad_weight.to(weight.dtype)
     bounds = bounds.tolist()
     # per-block weight-gradient partials, added to grad_weight in block order as blocks finish
     added = threading.Condition()

@@ -2,12 +2,11 @@
 identity offset, and each offset's pairs in the order a scatter wants them."""
 from __future__ import annotations
 
-from contextlib import suppress
 from typing import Sequence
 
 import torch
 
-from .._core.jit import KernelNotReady, numba_kernels
+from .._core.jit import numba_kernels
 
 
 def conv_output_size(spatial_shape: Sequence[int], kernel_size, stride, padding, dilation) -> list[int]:
@@ -46,15 +45,14 @@ def sort_pairs_by_column(indice_pairs: torch.Tensor, indice_num: torch.Tensor, c
     K, _, L = indice_pairs.shape
     if L < 2:
         return indice_pairs
-    fused = (numba_kernels(__package__, background=True)
+    fused = (numba_kernels(__package__)
              if indice_pairs.device.type == "cpu" and indice_pairs.is_contiguous() else None)
     if fused is not None:
         # one pass to check, a per-offset merge sort only where needed, no int64 copy of the map
         counts = indice_num.cpu().clamp(0, L)
-        with suppress(KernelNotReady):
-            if fused.block_bounds(indice_pairs, counts, col, 1 << 62, 0)[1]:
-                return indice_pairs
-            return fused.sort_pairs_by_column(indice_pairs, counts, col)
+        if fused.block_bounds(indice_pairs, counts, col, 1 << 62, 0)[1]:
+            return indice_pairs
+        return fused.sort_pairs_by_column(indice_pairs, counts, col)
     counts = indice_num.to(indice_pairs.device).clamp(0, L)
     keys = indice_pairs[:, col]
     # pair j of offset k is in order when it is past the valid ones or not below pair j - 1

@@ -26,7 +26,7 @@ from typing import List, Union
 
 import torch
 from torch import Tensor, nn
-from torch._jit_internal import BroadcastingList2
+from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
 __all__ = ["ps_roi_pool", "PSRoIPool"]

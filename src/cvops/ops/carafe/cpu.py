@@ -39,11 +39,10 @@ loops with the channel loop innermost; this module is the fallback.
 from __future__ import annotations
 
 import threading
-from contextlib import suppress
 
 import torch
 
-from ..._core.jit import KernelNotReady, numba_kernels
+from ..._core.jit import numba_kernels
 from cvops._core.memory import new_empty
 from cvops._core.parallel import run_split
 
@@ -333,10 +332,9 @@ def forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int, group
             scale_factor: int, layout: str = "NCHW") -> torch.Tensor:
     """features ``[N, C, H, W]`` and masks ``[N, G*k*k, sH, sW]`` (logical NCHW views) ->
     output ``[N, C, sH, sW]`` (logical NCHW view, stored in ``layout``)."""
-    fused = numba_kernels(__package__, features, masks, background=True)
+    fused = numba_kernels(__package__, features, masks)
     if fused is not None:
-        with suppress(KernelNotReady):
-            return fused.forward(features, masks, kernel_size, group_size, scale_factor, layout)
+        return fused.forward(features, masks, kernel_size, group_size, scale_factor, layout)
     n, c, h, w = features.shape
     geo = _Geometry(n, c, h, w, kernel_size, group_size, scale_factor)
     s, ss, cg, rw = geo.s, geo.s * geo.s, c // geo.g, geo.rw
@@ -374,10 +372,9 @@ def backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Ten
              group_size: int, scale_factor: int, layout: str = "NCHW"):
     """Returns ``(grad_input [N, C, H, W], grad_mask [N, G*k*k, sH, sW])`` as logical NCHW views
     stored in ``layout``."""
-    fused = numba_kernels(__package__, grad_output, features, masks, background=True)
+    fused = numba_kernels(__package__, grad_output, features, masks)
     if fused is not None:
-        with suppress(KernelNotReady):
-            return fused.backward(grad_output, features, masks, kernel_size, group_size, scale_factor, layout)
+        return fused.backward(grad_output, features, masks, kernel_size, group_size, scale_factor, layout)
     n, c, h, w = features.shape
     geo = _Geometry(n, c, h, w, kernel_size, group_size, scale_factor)
     k, kh, kw, rh, rw, s, ss, cg = geo.k, geo.kh, geo.kw, geo.rh, geo.rw, geo.s, geo.s * geo.s, c // geo.g

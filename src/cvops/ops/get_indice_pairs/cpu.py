@@ -14,11 +14,9 @@ sorting:
 """
 from __future__ import annotations
 
-from contextlib import suppress
-
 import torch
 
-from ..._core.jit import KernelNotReady, numba_kernels
+from ..._core.jit import numba_kernels
 from ..._core.memory import new_empty
 from ..._core.parallel import single_threaded
 from .checks import INVALID_KEY, Geometry, check_no_duplicates
@@ -215,9 +213,8 @@ def get_indice_pairs(indices: torch.Tensor, geo: Geometry):
     if indices.device.type != "cpu":
         return (_subm_pairs if geo.subm else _conv_pairs)(indices, geo)
     if geo.subm:
-        fused = numba_kernels(__package__, indices, background=True)
+        fused = numba_kernels(__package__, indices)
         if fused is not None:
-            with suppress(KernelNotReady):
-                return _compiled_subm_pairs(fused, indices, geo)
+            return _compiled_subm_pairs(fused, indices, geo)
     with single_threaded():
         return (_subm_pairs if geo.subm else _conv_pairs)(indices, geo)

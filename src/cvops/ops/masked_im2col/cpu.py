@@ -12,11 +12,9 @@ code is the fallback and gives the same bits.
 """
 from __future__ import annotations
 
-from contextlib import suppress
-
 import torch
 
-from ..._core.jit import KernelNotReady, numba_kernels
+from ..._core.jit import numba_kernels
 from ..._core.memory import new_empty, new_zeros
 
 
@@ -35,10 +33,9 @@ def tap_positions(mask_h_idx, mask_w_idx, height, width, kernel_h, kernel_w, pad
 
 def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w):
     """``feature [1, C, H, W]`` -> ``data_col [C*kh*kw, M]`` (see the module docstring)."""
-    fused = numba_kernels(__package__, feature, mask_h_idx, mask_w_idx, background=True)
+    fused = numba_kernels(__package__, feature, mask_h_idx, mask_w_idx)
     if fused is not None:
-        with suppress(KernelNotReady):
-            return fused.im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w)
+        return fused.im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w)
     _, channels, height, width = feature.shape
     mask_cnt = mask_h_idx.shape[0]
     taps = kernel_h * kernel_w

@@ -16,12 +16,11 @@ faster at PSANet scale; this module is the fallback.
 from __future__ import annotations
 
 import itertools
-from contextlib import suppress
 from typing import NamedTuple
 
 import torch
 
-from ..._core.jit import KernelNotReady, numba_kernels
+from ..._core.jit import numba_kernels
 from ..._core.layout import empty_nchw
 from ..._core.parallel import run_split
 from ..._core.strided import View, strided_copy, zero_fill
@@ -102,10 +101,9 @@ def _covers(t_size_h, t_size_w, h_mask, w_mask) -> bool:
 
 def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
     """x: logical NCHW ``[N, h_mask*w_mask, H, W]`` -> logical NCHW ``[N, H*W, H, W]`` stored in ``layout``."""
-    fast = numba_kernels(__package__, x, background=True)
+    fast = numba_kernels(__package__, x)
     if fast is not None:
-        with suppress(KernelNotReady):
-            return fast.forward(x, psa_type, h_mask, w_mask, layout)
+        return fast.forward(x, psa_type, h_mask, w_mask, layout)
     n, _, h, w = x.shape
     # Uncovered positions must read as zero; when the window covers everything none are left.
     out = empty_nchw((n, h * w, h, w), layout, like=x, zero=not _covers(h, w, h_mask, w_mask))
@@ -116,10 +114,9 @@ def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: st
 
 def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
     """dy: logical NCHW ``[N, H*W, H, W]`` -> dx logical NCHW ``[N, h_mask*w_mask, H, W]``."""
-    fast = numba_kernels(__package__, dy, background=True)
+    fast = numba_kernels(__package__, dy)
     if fast is not None:
-        with suppress(KernelNotReady):
-            return fast.backward(dy, psa_type, h_mask, w_mask, layout)
+        return fast.backward(dy, psa_type, h_mask, w_mask, layout)
     n, _, h, w = dy.shape
     dx = empty_nchw((n, h_mask * w_mask, h, w), layout, like=dy)
     # dx is mostly zeros (3/4 at PSANet scale). Zeroing all of it first and then scattering the values

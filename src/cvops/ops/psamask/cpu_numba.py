@@ -17,8 +17,8 @@ What makes it fast:
 * the sources of the next row are prefetched (``jit_intrinsics.prefetch``): with a strided source each
   element sits on its own cache line, and the hardware prefetchers do not follow ~100 such streams;
   strided sources go into L2 only (``prefetch_l2``), where they do not evict the lines in use;
-* the kernels compile without LLVM's loop vectoriser (``jit_intrinsics.compile_scalar``): it turns the
-  strided loops into AVX-512 gathers, slower than scalar loads on AMD CPUs;
+* the copy loops stay scalar (``jit_intrinsics.scalar_index``): LLVM's loop vectoriser turns these strided
+  loops into AVX-512 gathers, slower than scalar loads;
 * array indices are unsigned (no negative-index wrap test per access).
 
 Contiguous NCHW maps whose mask does not cover the whole width (PSANet's whole-image test map) take the
@@ -32,13 +32,12 @@ and each output element has one writer, so the result does not depend on the num
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 import torch
 
 from ..._core.bits import as_bits, numpy_alias, storage_bits
 from ..._core.jit import njit
-from ..._core.jit_intrinsics import (STREAMING, compile_scalar, prefetch, prefetch_l2, store_fence, stream_line,
+from ..._core.jit_intrinsics import (STREAMING, prefetch, prefetch_l2, scalar_index, store_fence, stream_line,
                                      transpose8)
 from ..._core.layout import empty_nchw
 from ..._core.parallel import even_parts, run_parts
@@ -162,7 +161,7 @@ def _forward_q_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, t
                     o = (b * w + qw) * hwsz + ph * w - base
                     s = src_row + (qw + hw) * sdw + a * step
                     for pw in range(a, e):
-                        stage[np.uint64(o + pw)] = x[np.uint64(s)]
+                        stage[np.uint64(o + pw)] = x[np.uint64(scalar_index(s))]
                         s += step
             _stream_out(out, start, stop, stage, base, lead, line)
     store_fence()
@@ -196,7 +195,7 @@ def _forward_p_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, t
                     o = (b * w + pw) * hwsz + qh * w - base
                     s = src_row + pw * spw + (a - pw + hw) * sdw
                     for qw in range(a, e):
-                        stage[np.uint64(o + qw)] = x[np.uint64(s)]
+                        stage[np.uint64(o + qw)] = x[np.uint64(scalar_index(s))]
                         s += sdw
             _stream_out(out, start, stop, stage, base, lead, line)
     store_fence()
@@ -236,7 +235,7 @@ def _d_major_rows(out, shift, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, d
             else:
                 s = src_row + (dw - hw) * sqw + a * step
                 for pw in range(a, e):
-                    out[np.uint64(o + pw)] = dy[np.uint64(s)]
+                    out[np.uint64(o + pw)] = dy[np.uint64(scalar_index(s))]
                     s += step
 
 
@@ -280,7 +279,7 @@ def _p_major_rows(out, shift, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, p
             else:
                 s = src_row + pw * spw + (pw + a - hw) * sqw
                 for dw in range(a, e):
-                    out[np.uint64(o + dw)] = dy[np.uint64(s)]
+                    out[np.uint64(o + dw)] = dy[np.uint64(scalar_index(s))]
                     s += sqw
 
 
@@ -482,7 +481,6 @@ def _launch(kernel, tile, out: torch.Tensor, src: torch.Tensor, strides, h, w, h
     out_bits, src_bits = storage_bits(out), storage_bits(src)
     args = (out_bits, src_bits, src.storage_offset(), *strides, h, w, hm, wm)
     tail = (max(1, tile), 64 // out.element_size())  # planes per tile, elements per cache line
-    compile_scalar(kernel, tuple(numba.typeof(a) for a in args + (0, blocks) + tail))
     _split(kernel, args, tail, blocks, out.numel())
 
 

@@ -27,12 +27,10 @@ this torch code is the fallback and gives the same results within the accumulati
 """
 from __future__ import annotations
 
-from contextlib import suppress
-
 import torch
 import torch.nn.functional as F
 
-from ..._core.jit import KernelNotReady, numba_kernels
+from ..._core.jit import numba_kernels
 from ..._core.layout import empty_nchw
 from . import checks
 
@@ -151,12 +149,11 @@ def _integral_table(values: torch.Tensor, dtype: torch.dtype, centre: bool):
 def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
             spatial_scale: float, output_dim: int, out_layout: str = "NCHW", convention: str = "rfcn"):
     """(output, mapping_channel int32) as logical NCHW views of tensors stored in ``out_layout``."""
-    fused = (numba_kernels(__package__, input, rois, background=True)
+    fused = (numba_kernels(__package__, input, rois)
              if input.numel() > 0 and rois.shape[0] > 0 else None)
     if fused is not None:
-        with suppress(KernelNotReady):
-            return fused.forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout,
-                                 convention)
+        return fused.forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout,
+                             convention)
     n, c, h, w = input.shape
     r = rois.shape[0]
     ph_n, pw_n, od = pooled_height, pooled_width, output_dim
@@ -244,12 +241,11 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
     ``trusted_mapping``: mapping_channel comes from this library's forward (autograd), so its range and
     canonical form need no check.
     """
-    fused = (numba_kernels(__package__, top_grad, rois, mapping_channel, background=True)
+    fused = (numba_kernels(__package__, top_grad, rois, mapping_channel)
              if top_grad.numel() > 0 and 0 not in input_shape else None)
     if fused is not None:
-        with suppress(KernelNotReady):
-            return fused.backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape,
-                                  out_layout, trusted_mapping, convention)
+        return fused.backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape,
+                              out_layout, trusted_mapping, convention)
     n, c, h, w = input_shape
     r, od, ph_n, pw_n = top_grad.shape
     groups = ph_n * pw_n

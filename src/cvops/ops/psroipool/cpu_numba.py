@@ -45,7 +45,7 @@ import torch
 from ..._core.bits import numpy_alias
 from ..._core.jit import njit, use_parallel
 from ..._core.jit_access import load, store, transpose
-from ..._core.jit_intrinsics import compile_slp
+from ..._core.jit_intrinsics import add8 as _add8, load8 as _get8, store8 as _put8, zero8 as _zero8
 from ..._core.layout import empty_nchw
 from ..._core.memory import new_empty
 from ..._core.parallel import even_parts, run_parts
@@ -55,7 +55,6 @@ SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 BAND_BYTES = 1 << 20  # band scratch: regrouped rows stay in L2 while the bins read them
 _LANES = 8
 _STAGED_CHANNELS = 2048  # NHWC backward: pixels with more channels go out through a staging run
-_U1, _U2, _U3, _U4, _U5, _U6, _U7 = (np.uint64(j) for j in range(1, _LANES))
 
 
 def supports(*tensors: torch.Tensor) -> bool:
@@ -157,27 +156,6 @@ def _run_length(od: int) -> int:
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _get8(a, i):
-    return a[i], a[i + _U1], a[i + _U2], a[i + _U3], a[i + _U4], a[i + _U5], a[i + _U6], a[i + _U7]
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _put8(a, i, t):
-    a[i], a[i + _U1], a[i + _U2], a[i + _U3], a[i + _U4], a[i + _U5], a[i + _U6], a[i + _U7] = t
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _zero8(a):
-    z = a.dtype.type(0)
-    return z, z, z, z, z, z, z, z
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _add8(p, q):
-    return p[0] + q[0], p[1] + q[1], p[2] + q[2], p[3] + q[3], p[4] + q[4], p[5] + q[5], p[6] + q[6], p[7] + q[7]
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _spread_window(src, s, dst, first, row_step, rows, cols, col_step, length):
     """The adjoint of :func:`_sum_window`: ``dst[first + y*row_step + x*col_step + j] += src[s + j]`` over the window:
     one loop over its pixels (the step to the next row taken without a branch) and the run's 8-lane blocks
@@ -212,8 +190,8 @@ def _sum3(src, first, row_step, rows, cols, col_step, dst, d, u0, u1, u2, fresh)
 def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length, fresh):
     """``dst[d + j] += sum of src[first + y*row_step + x*col_step + j]`` over y < rows, x < cols (rows then
     columns, the reference's order), for j < length (whole 8-lane blocks): 24 lanes (:func:`_sum3`), then the
-    blocks left 8 at a time, held in registers while the window's pixels are added (vector code with the SLP
-    vectoriser, see :func:`_split`; one chain of additions per block is bound by the adder's latency, so three
+    blocks left 8 at a time, held in registers while the window's pixels are added (``_core.jit_intrinsics.load8``
+    and friends: one vector register per block; one chain of additions per block is bound by the adder's latency, so three
     run side by side); unsigned indices."""
     b = 0
     while length - b >= 3 * _LANES:
@@ -416,7 +394,6 @@ def _mapping_kind(mapping, pattern, limit, kinds, i0, i1):
 
 
 # ----------------------------------------------------------------------------------------------------- wrappers
-_COMPILED: set = set()  # (kernel, argument types) compiled with the SLP vectoriser
 _SCRATCH = threading.local()
 PARALLEL_WORK = 1e6  # elements read or summed from which a call goes to the threads (jit.use_parallel)
 BACKWARD_PARTS = 2  # per thread (a forward has one per thread: each also regroups the rows its bins reach)
@@ -434,12 +411,7 @@ def _split(kernel, args, parts, scratch: int, acc, work: int) -> None:
     """``kernel(*args, lo, hi, band_scratch)`` for each ``(lo, hi)`` of ``parts``: on the calling thread, or,
     when the call has ``work`` enough, claimed one by one by the calling thread and the pool workers
     (``_core.parallel.run_parts``), each thread with its own band scratch. The parts write disjoint outputs,
-    so the result does not depend on who runs them. Each kernel is compiled on first use per signature with
-    LLVM's SLP vectoriser on (``_sum_window``'s 8-lane blocks become vector code; numba leaves SLP off)."""
-    key = (kernel, tuple(a.dtype if isinstance(a, np.ndarray) else type(a) for a in args))
-    if key not in _COMPILED:
-        compile_slp(kernel, tuple(numba.typeof(a) for a in (*args, 0, 0, _band_scratch(scratch, acc))))
-        _COMPILED.add(key)
+    so the result does not depend on who runs them."""
 
     def run(lo: int, hi: int) -> None:
         kernel(*args, lo, hi, _band_scratch(scratch, acc))
