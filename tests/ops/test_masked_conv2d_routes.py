@@ -16,9 +16,14 @@ ROUTES = ("gather", "dense")
 
 
 def _force(monkeypatch, which: str) -> list:
-    """Makes the rule pick ``which`` (a moved value costs +-10**30 flops) and returns the list that
-    records each call of the dense route."""
-    monkeypatch.setattr(route, "MOVE_FLOPS", 10**30 if which == "dense" else -10**30)
+    """Makes the rule pick ``which`` (a moved value and the fixed cost count +-10**30 flops) and returns
+    the list that records each call of the dense route."""
+    for name in ("MOVE_FLOPS", "CALL_FLOPS"):
+        monkeypatch.setattr(route, name, 10**30 if which == "dense" else -10**30)
+    return _record_dense(monkeypatch)
+
+
+def _record_dense(monkeypatch) -> list:
     taken = []
     dense = route.dense
     monkeypatch.setattr(route, "dense", lambda *args: taken.append(1) or dense(*args))
@@ -49,32 +54,56 @@ def _off_points(out, mask):
 
 
 # ----------------------------------------------------------------------------------------------- the rule
+def _least_dense_points(positions, out_channels, window):
+    """The fewest points from which the rule takes the dense route (its inequality solved for M)."""
+    dense_work = positions * window * 2 * out_channels
+    return -(-(dense_work - route.CALL_FLOPS) // (window * (2 * out_channels + route.MOVE_FLOPS)))
+
+
 @pytest.mark.parametrize("out_channels", [1, 4, 80, 256])
-def test_the_rule_switches_at_its_threshold(out_channels):
-    """Dense exactly where its 2*O*P flops are no more than the gather's M*(2*O + MOVE_FLOPS)."""
-    positions = 10_000
-    threshold = -(-positions * 2 * out_channels // (2 * out_channels + route.MOVE_FLOPS))  # the least M for dense
-    assert not route.dense_is_cheaper(threshold - 1, positions, out_channels)
-    assert route.dense_is_cheaper(threshold, positions, out_channels)
-    assert not route.dense_is_cheaper(0, positions, out_channels)  # no points: nothing to convolve
+@pytest.mark.parametrize("positions", [77, 16_800])  # GA-RetinaNet's P7 and P3 maps
+def test_the_rule_switches_at_its_threshold(out_channels, positions):
+    """Dense exactly where its 2*O*K*P flops are no more than the gather's M*K*(2*O + MOVE_FLOPS) + CALL_FLOPS."""
+    window = 256 * 9
+    least = _least_dense_points(positions, out_channels, window)
+    for points in (least - 1, least):
+        if 0 <= points <= positions:
+            assert route.dense_is_cheaper(points, positions, out_channels, window) == (points == least)
+    if least > positions:  # the gather even of every position is less work
+        assert not route.dense_is_cheaper(positions, positions, out_channels, window)
+    if least <= 0:  # the gather's fixed cost alone outweighs the dense convolution
+        assert route.dense_is_cheaper(0, positions, out_channels, window)
 
 
-@pytest.mark.parametrize("points, dense", [(9, False), (10, True)])
-def test_masked_conv2d_takes_the_route_of_the_rule(points, dense, monkeypatch, cpu_path):
-    # 4 output channels: dense from M/P = 8/72 = 1/9 on, i.e. from 10 of the 90 positions of a 9x10 map
-    taken = []
-    original = route.dense
-    monkeypatch.setattr(route, "dense", lambda *args: taken.append(1) or original(*args))
-    x, _, weight, bias = _inputs(torch.float32, 4, shape=(3, 9, 10))
-    mask = torch.zeros(1, 9, 10)
-    mask.view(-1)[torch.randperm(90, generator=torch.Generator().manual_seed(0))[:points]] = 1
+def test_the_rule_on_ga_retinanet():
+    """256 -> 256 channels gather at 10% and 30% masked on P3-P7; 256 -> 4 gather at 10% of the P3 map and
+    convolve densely on P7, where the gather's fixed cost outweighs the whole convolution."""
+    window = 256 * 9
+    for positions in (16_700, 4_200, 1_050, 273, 77):
+        for share in (0.1, 0.3):
+            assert not route.dense_is_cheaper(round(share * positions), positions, 256, window)
+    assert not route.dense_is_cheaper(1_670, 16_700, 4, window)
+    assert route.dense_is_cheaper(8, 77, 4, window)
+    assert route.dense_is_cheaper(16_700, 16_700, 256, window)  # every position masked: dense
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_masked_conv2d_takes_the_route_of_the_rule(dense, monkeypatch, cpu_path):
+    # 64 -> 4 channels on a 64x64 map: the rule's threshold lies between 0 and 4096 points
+    x, _, weight, bias = _inputs(torch.float32, 4, shape=(64, 64, 64))
+    least = _least_dense_points(64 * 64, 4, 64 * 9)
+    assert 0 < least < 64 * 64
+    mask = torch.zeros(1, 64, 64)
+    mask.view(-1)[torch.randperm(64 * 64, generator=torch.Generator().manual_seed(0))[:least - 1 + dense]] = 1
+    taken = _record_dense(monkeypatch)
     out = cvops.masked_conv2d(x, mask, weight, bias, 1)
     assert bool(taken) == dense
     assert diff1(out, _dense(x, mask, weight, bias, 1)) <= 1e-5
     # other backends and dtypes: the gather route, whatever the rule says
-    assert not route.takes_dense(x, weight, 90, mask[0] > 0, "reference")
-    assert not route.takes_dense(x.half(), weight.half(), 90, mask[0] > 0, None)
-    assert route.takes_dense(x, weight, 90, mask[0] > 0, None)
+    keep = torch.ones(64, 64, dtype=torch.bool)
+    assert route.takes_dense(x, weight, 4096, keep, None)
+    assert not route.takes_dense(x, weight, 4096, keep, "reference")
+    assert not route.takes_dense(x.half(), weight.half(), 4096, keep, None)
 
 
 # ----------------------------------------------------------------------------------------- both routes

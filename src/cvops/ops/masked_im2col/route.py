@@ -1,18 +1,20 @@
 """How ``masked_conv2d`` computes on the CPU: two routes, one rule that counts their work.
 
 * *gather*: ``masked_im2col`` of the windows of the M output points to compute (K = C*kh*kw values
-  each), one ``[O, K] x [K, M]`` product, ``masked_col2im`` into a zero map. Work: 2*O*K*M flops, and
+  each), one ``[O, K] x [K, M]`` product, its columns copied into a zero map. Work: 2*O*K*M flops, and
   K*M window values moved through memory (written by the gather and read by the product; the
   backward moves them again, scattering their gradients).
 * *dense*: ``conv2d`` over all P = out_h*out_w output positions, then exact zeros filled in off the
   points. Work: 2*O*K*P flops and nothing gathered. Its backward is the dense convolution's backward
   of the masked gradient.
 
-Counting one moved value as :data:`MOVE_FLOPS` flops, the gather route costs ``M*K*(2*O + MOVE_FLOPS)``
-and the dense one ``P*K*2*O``; :func:`dense_is_cheaper` takes the smaller. K cancels, so the rule reads
-"dense when the masked fraction M/P is at least ``2*O / (2*O + MOVE_FLOPS)``": with O = 256 output
-channels above 89%, with 80 above 71%, with 4 above 11%. Both routes give the same values within the
-accumulating-op tolerance, and exact zeros off the points.
+Counting one moved value as :data:`MOVE_FLOPS` flops and the gather route's extra fixed cost as
+:data:`CALL_FLOPS`, the gather route costs ``M*K*(2*O + MOVE_FLOPS) + CALL_FLOPS`` and the dense one
+``P*K*2*O``; :func:`dense_is_cheaper` takes the smaller, forward and backward alike (the backward does
+twice the flops and moves the values twice). On large maps this reads "dense when the masked fraction M/P
+is at least ``2*O / (2*O + MOVE_FLOPS)``": with O = 256 output channels above 89%, with 80 above 71%,
+with 4 above 11%; on small maps with few output channels the fixed cost tips it to dense. Both routes
+give the same values within the accumulating-op tolerance, and exact zeros off the points.
 """
 from __future__ import annotations
 
@@ -22,15 +24,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# A value moved to memory and back costs a CPU core about the time of 64 multiply-add flops (tens of
-# GFLOP/s of matmul against a few GB/s of gathered copies), on AMD and Intel cores alike.
+# A value moved to memory and back costs a CPU core about the time of 64 flops of a matmul (tens of
+# GFLOP/s against a few GB/s of gathered copies), on AMD and Intel cores alike.
 MOVE_FLOPS = 64
+# The gather route's fixed cost beyond the dense route's: about ten more torch calls (the point list, the
+# gather's plan, the product, the copy into the map; 0.1-0.2 ms), counted as the flops of that time.
+CALL_FLOPS = 2**24
 
 
-def dense_is_cheaper(points: int, positions: int, out_channels: int) -> bool:
+def dense_is_cheaper(points: int, positions: int, out_channels: int, window: int) -> bool:
     """Whether the dense route's work (``positions`` output positions) is no more than the gather
-    route's (``points`` gathered windows), counted as in the module docstring."""
-    return positions * 2 * out_channels <= points * (2 * out_channels + MOVE_FLOPS)
+    route's (``points`` gathered windows of ``window`` values), counted as in the module docstring."""
+    return positions * window * 2 * out_channels <= points * window * (2 * out_channels + MOVE_FLOPS) + CALL_FLOPS
 
 
 def output_keep(mask: Tensor, out_h: int, out_w: int) -> Tensor:
@@ -51,7 +56,7 @@ def takes_dense(features: Tensor, weight: Tensor, points: int, keep: Tensor, bac
     gradient sums over every position, and a zero gradient times an inf away from the points is NaN."""
     if (features.device.type != "cpu" or backend not in (None, "cpu") or torch.compiler.is_compiling()
             or features.dtype not in (torch.float32, torch.float64)
-            or not dense_is_cheaper(points, keep.numel(), weight.shape[0])):
+            or not dense_is_cheaper(points, keep.numel(), weight.shape[0], weight[0].numel())):
         return False
     return not (torch.is_grad_enabled() and weight.requires_grad) or bool(torch.isfinite(features).all())
 
