@@ -121,7 +121,8 @@ def test_each_route_matches_the_reference_forward_and_backward(which, dtype, pad
     want = cvops.masked_conv2d(want_leaves[0], mask, *want_leaves[1:], pad, backend="reference")
     grad = torch.randn_like(want)
     tol = 3e-3 if dtype == torch.float32 else 1e-10
-    pairs = [(got, want)] + list(zip(torch.autograd.grad(got, leaves, grad), torch.autograd.grad(want, want_leaves, grad)))
+    grads = zip(torch.autograd.grad(got, leaves, grad), torch.autograd.grad(want, want_leaves, grad))
+    pairs = [(got, want), *grads]
     for a, b in pairs:
         assert a.shape == b.shape and a.dtype == dtype
         assert diff1(a, b) <= tol and diff2(a, b) <= tol
@@ -169,7 +170,8 @@ def _strided_masks(h, w):
     base = (torch.rand(1, w, h, generator=torch.Generator().manual_seed(3)) > 0.6).float()
     wide = torch.zeros(1, h, 2 * w)
     wide[..., ::2] = base.transpose(1, 2)
-    return {"transposed": base.transpose(1, 2), "sliced": wide[..., ::2], "contiguous": base.transpose(1, 2).contiguous()}
+    return {"transposed": base.transpose(1, 2), "sliced": wide[..., ::2],
+            "contiguous": base.transpose(1, 2).contiguous()}
 
 
 @pytest.mark.parametrize("which", ROUTES)
