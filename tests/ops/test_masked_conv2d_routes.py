@@ -54,44 +54,49 @@ def _off_points(out, mask):
 
 
 # ----------------------------------------------------------------------------------------------- the rule
-def _least_dense_points(positions, out_channels, window):
+def _least_dense_points(positions, weight):
     """The fewest points from which the rule takes the dense route (its inequality solved for M)."""
-    dense_work = positions * window * 2 * out_channels
+    out_channels, window = weight.shape[0], weight[0].numel()
+    vector = max(out_channels, route.VECTOR_BYTES // weight.element_size())
+    dense_work = positions * window * 2 * vector
     return -(-(dense_work - route.CALL_FLOPS) // (window * (2 * out_channels + route.MOVE_FLOPS)))
 
 
-@pytest.mark.parametrize("out_channels", [1, 4, 80, 256])
-@pytest.mark.parametrize("positions", [77, 16_800])  # GA-RetinaNet's P7 and P3 maps
-def test_the_rule_switches_at_its_threshold(out_channels, positions):
-    """Dense exactly where its 2*O*K*P flops are no more than the gather's M*K*(2*O + MOVE_FLOPS) + CALL_FLOPS."""
-    window = 256 * 9
-    least = _least_dense_points(positions, out_channels, window)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("out_channels", [1, 4, 16, 80, 256])
+@pytest.mark.parametrize("positions", [77, 1_050, 16_800])  # GA-RetinaNet's P7, P5 and P3 maps
+def test_the_rule_switches_at_its_threshold(positions, out_channels, dtype):
+    """Dense exactly where its 2*O'*K*P flops (O' = O rounded up to a vector) are no more than the gather's
+    M*K*(2*O + MOVE_FLOPS) + CALL_FLOPS."""
+    weight = torch.empty(out_channels, 256, 3, 3, dtype=dtype)
+    least = _least_dense_points(positions, weight)
     for points in (least - 1, least):
         if 0 <= points <= positions:
-            assert route.dense_is_cheaper(points, positions, out_channels, window) == (points == least)
+            assert route.dense_is_cheaper(points, positions, weight) == (points == least)
     if least > positions:  # the gather even of every position is less work
-        assert not route.dense_is_cheaper(positions, positions, out_channels, window)
+        assert not route.dense_is_cheaper(positions, positions, weight)
     if least <= 0:  # the gather's fixed cost alone outweighs the dense convolution
-        assert route.dense_is_cheaper(0, positions, out_channels, window)
+        assert route.dense_is_cheaper(0, positions, weight)
 
 
 def test_the_rule_on_ga_retinanet():
-    """256 -> 256 channels gather at 10% and 30% masked on P3-P7; 256 -> 4 gather at 10% of the P3 map and
-    convolve densely on P7, where the gather's fixed cost outweighs the whole convolution."""
-    window = 256 * 9
+    """256 -> 256 channels gather at 10% and 30% masked on P3-P7; so do 256 -> 4 at 10% and 30% of P3 (the
+    dense convolution computes 16 float32 output channels for the cost of 4); on P7 256 -> 4 convolve
+    densely, the gather's fixed cost outweighing the whole convolution. Every position masked: dense."""
+    wide, narrow = torch.empty(256, 256, 3, 3), torch.empty(4, 256, 3, 3)
     for positions in (16_700, 4_200, 1_050, 273, 77):
         for share in (0.1, 0.3):
-            assert not route.dense_is_cheaper(round(share * positions), positions, 256, window)
-    assert not route.dense_is_cheaper(1_670, 16_700, 4, window)
-    assert route.dense_is_cheaper(8, 77, 4, window)
-    assert route.dense_is_cheaper(16_700, 16_700, 256, window)  # every position masked: dense
+            assert not route.dense_is_cheaper(round(share * positions), positions, wide)
+    assert not route.dense_is_cheaper(1_670, 16_700, narrow) and not route.dense_is_cheaper(5_010, 16_700, narrow)
+    assert route.dense_is_cheaper(8, 77, narrow)
+    assert route.dense_is_cheaper(16_700, 16_700, wide)
 
 
 @pytest.mark.parametrize("dense", [False, True])
 def test_masked_conv2d_takes_the_route_of_the_rule(dense, monkeypatch, cpu_path):
     # 64 -> 4 channels on a 64x64 map: the rule's threshold lies between 0 and 4096 points
     x, _, weight, bias = _inputs(torch.float32, 4, shape=(64, 64, 64))
-    least = _least_dense_points(64 * 64, 4, 64 * 9)
+    least = _least_dense_points(64 * 64, weight)
     assert 0 < least < 64 * 64
     mask = torch.zeros(1, 64, 64)
     mask.view(-1)[torch.randperm(64 * 64, generator=torch.Generator().manual_seed(0))[:least - 1 + dense]] = 1

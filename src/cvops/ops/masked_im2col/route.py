@@ -5,16 +5,17 @@
   K*M window values moved through memory (written by the gather and read by the product; the
   backward moves them again, scattering their gradients).
 * *dense*: ``conv2d`` over all P = out_h*out_w output positions, then exact zeros filled in off the
-  points. Work: 2*O*K*P flops and nothing gathered. Its backward is the dense convolution's backward
-  of the masked gradient.
+  points. Work: 2*O'*K*P flops, O' = O rounded up to a vector of output channels (the convolution computes
+  them a vector at a time), and nothing gathered. Its backward is the dense convolution's backward of the
+  masked gradient.
 
 Counting one moved value as :data:`MOVE_FLOPS` flops and the gather route's extra fixed cost as
 :data:`CALL_FLOPS`, the gather route costs ``M*K*(2*O + MOVE_FLOPS) + CALL_FLOPS`` and the dense one
-``P*K*2*O``; :func:`dense_is_cheaper` takes the smaller, forward and backward alike (the backward does
+``P*K*2*O'``; :func:`dense_is_cheaper` takes the smaller, forward and backward alike (the backward does
 twice the flops and moves the values twice). On large maps this reads "dense when the masked fraction M/P
-is at least ``2*O / (2*O + MOVE_FLOPS)``": with O = 256 output channels above 89%, with 80 above 71%,
-with 4 above 11%; on small maps with few output channels the fixed cost tips it to dense. Both routes
-give the same values within the accumulating-op tolerance, and exact zeros off the points.
+is at least ``2*O' / (2*O + MOVE_FLOPS)``": in float32 with O = 256 output channels from 89% on, with 80
+from 71%, with 4 from 44%; on small maps with few output channels the fixed cost tips it to dense. Both
+routes give the same values within the accumulating-op tolerance, and exact zeros off the points.
 """
 from __future__ import annotations
 
@@ -30,12 +31,18 @@ MOVE_FLOPS = 64
 # The gather route's fixed cost beyond the dense route's: about ten more torch calls (the point list, the
 # gather's plan, the product, the copy into the map; 0.1-0.2 ms), counted as the flops of that time.
 CALL_FLOPS = 2**24
+# The dense convolution's vector of output channels: 64 bytes (AVX-512; 16 float32, 8 float64). With fewer
+# output channels it takes as long as with a full vector of them (AVX2 cores: half that, so the rule
+# overrates the dense work there by at most 2x below 16 float32 channels).
+VECTOR_BYTES = 64
 
 
-def dense_is_cheaper(points: int, positions: int, out_channels: int, window: int) -> bool:
+def dense_is_cheaper(points: int, positions: int, weight: Tensor) -> bool:
     """Whether the dense route's work (``positions`` output positions) is no more than the gather
-    route's (``points`` gathered windows of ``window`` values), counted as in the module docstring."""
-    return positions * window * 2 * out_channels <= points * window * (2 * out_channels + MOVE_FLOPS) + CALL_FLOPS
+    route's (``points`` gathered windows), counted as in the module docstring."""
+    out_channels, window = weight.shape[0], weight[0].numel()
+    vector = max(out_channels, VECTOR_BYTES // weight.element_size())
+    return positions * window * 2 * vector <= points * window * (2 * out_channels + MOVE_FLOPS) + CALL_FLOPS
 
 
 def output_keep(mask: Tensor, out_h: int, out_w: int) -> Tensor:
@@ -56,7 +63,7 @@ def takes_dense(features: Tensor, weight: Tensor, points: int, keep: Tensor, bac
     gradient sums over every position, and a zero gradient times an inf away from the points is NaN."""
     if (features.device.type != "cpu" or backend not in (None, "cpu") or torch.compiler.is_compiling()
             or features.dtype not in (torch.float32, torch.float64)
-            or not dense_is_cheaper(points, keep.numel(), weight.shape[0], weight[0].numel())):
+            or not dense_is_cheaper(points, keep.numel(), weight)):
         return False
     return not (torch.is_grad_enabled() and weight.requires_grad) or bool(torch.isfinite(features).all())
 
