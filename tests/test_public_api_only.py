@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "cvops"
-# masked_im2col/route.py's oneDNN call (torch.ops.mkldnn) is replaced on another branch: drop this at that merge
-PENDING = {"ops/masked_im2col/route.py": "route.py: other branch"}
 
 
 def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
@@ -80,8 +78,7 @@ def private_uses(source: str) -> list[str]:
 def _files():
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
-        marks = [pytest.mark.xfail(reason=PENDING[rel], strict=True)] if rel in PENDING else []
-        yield pytest.param(path, id=rel, marks=marks)
+        yield pytest.param(path, id=rel)
 
 
 @pytest.mark.parametrize("path", list(_files()))

@@ -365,7 +365,7 @@ def test_masked_conv2d_float32_network_scale_kernel_and_unmasked_path():
 
 
 def test_masked_conv2d_inference_path_agrees_with_training_path():
-    """Under no_grad float32 CPU uses oneDNN's matmul; with grads, torch.addmm (mmcv's formula)."""
+    """Under no_grad and with grads (the custom ops' backward in the graph) the same values."""
     torch.manual_seed(4)
     module = cvops.nn.MaskedConv2d(16, 8, 3, padding=1)
     x = torch.randn(1, 16, 20, 24)
@@ -435,7 +435,7 @@ def test_masked_conv2d_triton_backend_matches_cpu():
     weight, bias = torch.randn(4, 3, 3, 3), torch.randn(4)
     mask = (torch.rand(1, 6, 5) > 0.5).float()
     a = cvops.masked_conv2d(x, mask, weight, bias, 1, backend="triton")
-    b = cvops.masked_conv2d(x, mask, weight, bias, 1, backend="cpu")  # an inference route: its own sum order
+    b = cvops.masked_conv2d(x, mask, weight, bias, 1, backend="cpu")  # the cpu route: its own sum order
     assert torch.equal(a == 0, b == 0) and torch.allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
@@ -507,89 +507,3 @@ def test_masked_conv2d_every_argument_checked_before_use(change, error, fragment
     args.update(change)
     with pytest.raises(error, match=fragment):
         cvops.masked_conv2d(**args)
-
-
-# -------------------------------------------------------------------------------- masked_conv2d route choice (speed work)
-def _routes(monkeypatch, route):
-    """Force masked_conv2d's CPU inference route (one of route.ROUTES) through its fixed cost."""
-    from cvops.ops.masked_im2col import route as routes
-    monkeypatch.setattr(routes, route.upper() + "_FIXED_NS", -1e18)
-
-
-@pytest.mark.parametrize("dtype, blas", [(torch.float64, False), (torch.float32, False), (torch.float32, True)])
-@pytest.mark.parametrize("pad", [(1, 1), (2, 0), (0, 1)])
-def test_masked_conv2d_inference_routes_agree(pad, dtype, blas, monkeypatch):
-    """Every inference route gives the custom-op (autograd) route's values (within the accumulating
-    tolerance) and exact zeros off the mask, even with inf/NaN in the feature; outputs larger or
-    smaller than the mask; points on the border. With either product (oneDNN or BLAS) for float32."""
-    from cvops.ops.masked_im2col import route as routes
-    asked = []
-    monkeypatch.setattr(routes, "_blas_faster", lambda *_: asked.append(blas) or blas)
-    torch.manual_seed(5)
-    x = torch.randn(1, 6, 9, 11, dtype=dtype)
-    x[0, 1, 0, 0] = float("inf")
-    x[0, 2, 8, 10] = float("nan")
-    weight = torch.randn(5, 6, 3, 3, dtype=dtype)
-    bias = torch.randn(5, dtype=dtype)
-    mask = (torch.rand(1, 9, 11) > 0.6).double()
-    mask[0, 0, 0] = mask[0, 8, 10] = mask[0, 4, 5] = 1
-    expected = cvops.masked_conv2d(x, mask, weight, bias.requires_grad_(), pad).detach()  # custom ops
-    bias = bias.detach()
-    tol = 1e-12 if dtype == torch.float64 else 1e-5
-    for route in routes.ROUTES:
-        if route == "direct" and not numba_enabled():
-            continue
-        with monkeypatch.context() as m:
-            _routes(m, route)
-            assert routes.plan(x, mask, weight, bias, *expected.shape[2:], None).route == route
-            got = cvops.masked_conv2d(x, mask, weight, bias, pad)
-        assert got.shape == expected.shape and got.dtype == dtype
-        assert torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.isinf(), expected.isinf()), route
-        assert (got.isnan() | got.isinf()).any()
-        finite = got.isfinite()
-        assert torch.allclose(got[finite], expected[finite], rtol=tol, atol=tol), route
-        keep = torch.zeros(got.shape[2:], dtype=torch.bool)
-        rows, cols = min(got.shape[2], 9), min(got.shape[3], 11)
-        keep[:rows, :cols] = mask[0, :rows, :cols] > 0
-        assert bool((got[:, :, ~keep] == 0).all()) and not torch.signbit(got[:, :, ~keep]).any(), route
-    assert bool(asked) == (dtype == torch.float32)  # the masked route's float32 product took the chosen one
-
-
-def test_masked_conv2d_empty_mask_gives_zeros():
-    out = cvops.masked_conv2d(torch.randn(1, 3, 5, 5), torch.zeros(1, 5, 5), torch.randn(2, 3, 3, 3),
-                              torch.randn(2), 1)
-    assert out.shape == (1, 2, 5, 5) and bool((out == 0).all())
-
-
-def test_masked_conv2d_route_follows_the_cost_rule():
-    """The GA-RetinaNet head: masking 10% of P3 (100x168, 256 -> 80) gathers; the whole P4 map convolves
-    densely; 4 output channels take the tap products; a few points of the 7x11 P7 map take the direct
-    loop (numba installed); other backends, dtypes and training take the custom ops (None)."""
-    from cvops.ops.masked_im2col import route as routes
-    weight, loc = torch.zeros(80, 256, 3, 3), torch.zeros(4, 256, 3, 3)
-    p3 = torch.zeros(1, 256, 100, 168)
-    sparse = (torch.rand(1, 100, 168, generator=torch.Generator().manual_seed(0)) < 0.1).float()
-    assert routes.plan(p3, sparse, weight, None, 100, 168, None).route == "masked"
-    assert routes.plan(p3, sparse, loc, None, 100, 168, None).route == "taps"
-    p4 = torch.zeros(1, 256, 50, 84)
-    assert routes.plan(p4, torch.ones(1, 50, 84), weight, None, 50, 84, None).route == "dense"
-    p7, few = torch.zeros(1, 256, 7, 11), torch.zeros(1, 7, 11)
-    few[0, 3, :4] = 1
-    chosen = routes.plan(p7, few, weight, None, 7, 11, None)
-    assert chosen.route == ("direct" if numba_enabled() else "masked")
-    assert torch.equal(chosen.keep, few[0] > 0) and chosen.points.tolist() == [33, 34, 35, 36]
-    ones = torch.ones(1, 7, 11)
-    assert routes.plan(p7, ones, weight, None, 7, 11, "reference") is None
-    assert routes.plan(p7.half(), ones, weight.half(), None, 7, 11, None) is None
-    assert routes.plan(p7, ones, weight.requires_grad_(), None, 7, 11, None) is None  # training: custom ops
-
-
-def test_masked_conv2d_taps_route_follows_in_place_weight_changes(monkeypatch):
-    """The taps route keeps a tap-major copy per weight tensor; an in-place update is seen."""
-    _routes(monkeypatch, "taps")
-    x, mask = torch.randn(1, 3, 6, 7), (torch.rand(1, 6, 7) > 0.5).float()
-    weight = torch.randn(2, 3, 3, 3)
-    first = cvops.masked_conv2d(x, mask, weight, None, 1)
-    weight.mul_(2)
-    second = cvops.masked_conv2d(x, mask, weight, None, 1)
-    assert torch.allclose(second, 2 * first, rtol=1e-5, atol=1e-5) and bool((first != 0).any())

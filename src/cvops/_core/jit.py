@@ -45,11 +45,6 @@ REASSOCIATE = frozenset({"reassoc", "contract"})
 VARIANTS: list[tuple] = []
 
 
-class KernelNotReady(Exception):
-    """Never raised (kernels compile on the calling thread). Kept only because ``masked_im2col/route.py``,
-    rewritten on another branch, still names it: drop it with that merge."""
-
-
 @lru_cache(maxsize=None)
 def numba_available() -> bool:
     """numba imports (checked once)."""
@@ -66,11 +61,10 @@ def numba_enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "").strip() not in _OFF and numba_available()
 
 
-def numba_kernels(package: str, *tensors, background: bool = False):
+def numba_kernels(package: str, *tensors):
     """The op's compiled loops (``<package>.cpu_numba``) when numba is enabled and they take these
     tensors (``cpu_numba.supports``; no tensors: the module itself); None selects the op's torch code.
-    Every op decides here. ``background`` is ignored (``masked_im2col/route.py`` still passes it until
-    the other branch lands)."""
+    Every op decides here."""
     if not numba_enabled():
         return None
     module = _kernels_module(package)

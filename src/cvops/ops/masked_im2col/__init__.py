@@ -2,9 +2,10 @@
 
 ``masked_im2col`` gathers the ``kh x kw`` window around each mask point into a column,
 ``masked_col2im`` scatters one column per mask point back into a feature map. Each is the other's
-autograd adjoint; ``masked_conv2d`` (and :class:`cvops.nn.MaskedConv2d`) chains them with a matmul,
-or, on the CPU where that costs more, runs the dense convolution and keeps the mask points
-(:mod:`.route`: the same values within the accumulating-op tolerance).
+autograd adjoint. ``masked_conv2d`` (and :class:`cvops.nn.MaskedConv2d`) gathers the mask points' windows
+with ``masked_im2col``, multiplies them by the weight and copies the columns into a zero map, or, on the
+CPU where that is more work, runs the dense convolution and keeps the mask points (:mod:`.route`: the
+same values within the accumulating-op tolerance).
 """
 from __future__ import annotations
 
@@ -190,11 +191,13 @@ def masked_conv2d(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional
     if out_h <= 0 or out_w <= 0:  # the message built only on failure: this runs on every call
         require(False, op, f"output size ({out_h}, {out_w}) must be positive: kernel {kernel_h}x{kernel_w} is larger "
                 f"than the padded input {features.shape[2] + 2 * pad_h}x{features.shape[3] + 2 * pad_w}")
-    chosen = route.plan(features, mask, weight, bias, out_h, out_w, backend)
-    if chosen is not None:
-        return route.run(chosen, features, weight, bias, (pad_h, pad_w))
-    mask_h_idx, mask_w_idx = torch.nonzero(mask[0] > 0, as_tuple=True)  # row-major: sorted by (h, w)
-    data_col = masked_im2col(features, mask_h_idx, mask_w_idx, (kernel_h, kernel_w), (pad_h, pad_w),
+    keep = route.output_keep(mask, out_h, out_w)
+    points = keep.reshape(-1).nonzero().view(-1)  # flat h*out_w + w, ascending (row-major for a strided mask too)
+    if route.takes_dense(features, weight, points.shape[0], keep, backend):
+        return route.dense(features, keep, weight, bias, (pad_h, pad_w))
+    data_col = masked_im2col(features, points // out_w, points % out_w, (kernel_h, kernel_w), (pad_h, pad_w),
                              backend=backend)
-    masked_out = route.project(weight.reshape(out_channels, -1), data_col, bias)
-    return masked_col2im(masked_out, mask_h_idx, mask_w_idx, out_h, out_w, backend=backend)
+    values = route.product(weight.reshape(out_channels, -1), data_col, bias)
+    # the points are distinct and inside the output: one differentiable copy instead of masked_col2im's scatter
+    out = values.new_zeros((out_channels, out_h * out_w)).index_copy(1, points, values)
+    return out.view(1, out_channels, out_h, out_w)
