@@ -66,7 +66,7 @@ def _least_dense_points(positions, weight):
 @pytest.mark.parametrize("out_channels", [1, 4, 16, 80, 256])
 @pytest.mark.parametrize("positions", [77, 1_050, 16_800])  # GA-RetinaNet's P7, P5 and P3 maps
 def test_the_rule_switches_at_its_threshold(positions, out_channels, dtype):
-    """Dense exactly where its 2*O'*K*P flops (O' = O rounded up to a vector) are no more than the gather's
+    """Dense exactly where its 2*O'*K*P flops (O' = max(O, a vector of channels)) are no more than the gather's
     M*K*(2*O + MOVE_FLOPS) + CALL_FLOPS."""
     weight = torch.empty(out_channels, 256, 3, 3, dtype=dtype)
     least = _least_dense_points(positions, weight)

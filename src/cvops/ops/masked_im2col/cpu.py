@@ -53,30 +53,16 @@ def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, p
     return data_col.view(channels * taps, mask_cnt)
 
 
-def _duplicate_rank(keys):
-    """For each entry, how many earlier entries (in index order) share its key."""
-    sorted_keys, order = torch.sort(keys, stable=True)
-    n = keys.numel()
-    pos = torch.arange(n, device=keys.device)
-    new_group = torch.ones(n, dtype=torch.bool, device=keys.device)
-    new_group[1:] = sorted_keys[1:] != sorted_keys[:-1]
-    group_start = torch.cummax(torch.where(new_group, pos, 0), 0).values
-    rank = torch.empty_like(pos)
-    rank[order] = pos - group_start
-    return rank
-
-
 def im2col_backward(grad_col, mask_h_idx, mask_w_idx, channels, height, width, kernel_h, kernel_w, pad_h, pad_w):
     """Adjoint of im2col: ``grad_col [C*kh*kw, M]`` -> ``grad_feature [1, C, H, W]``.
 
-    Deterministic: taps are added in a fixed order, and mask points that share a window origin
-    are added in rounds (the r-th duplicate in round r), so no destination is hit twice at once.
+    One ``index_add_`` into a buffer padded by (k-1) on every side, so every tap of a window that touches
+    the feature lands inside it (windows that miss the feature entirely are dropped). It adds the columns
+    in index order, tap-major: each position sums its taps in order and, within a tap, mask points that
+    share a window origin in the order of m, on any thread count.
     """
     mask_cnt = mask_h_idx.shape[0]
     taps = kernel_h * kernel_w
-    grad_col = grad_col.reshape(channels, taps, mask_cnt)
-    # Window origins, in a buffer padded by (k-1) on every side so every tap of a window that
-    # touches the feature lands inside it; windows that miss the feature entirely are dropped.
     top = mask_h_idx.to(torch.int64) - pad_h
     left = mask_w_idx.to(torch.int64) - pad_w
     touches = (top > -kernel_h) & (top < height) & (left > -kernel_w) & (left < width)
@@ -84,16 +70,14 @@ def im2col_backward(grad_col, mask_h_idx, mask_w_idx, channels, height, width, k
     # fp16/bf16 gradients are summed in fp32 and rounded once at the end
     acc_dtype = torch.float64 if grad_col.dtype == torch.float64 else torch.float32
     buffer = new_zeros((channels, buf_h * buf_w), acc_dtype, grad_col.device)
-    points = touches.nonzero().squeeze(1)
-    if points.numel():
-        origin = (top[points] + kernel_h - 1) * buf_w + (left[points] + kernel_w - 1)
-        rank = _duplicate_rank(origin)
-        rounds = [points] if int(rank.max()) == 0 else [points[rank == r] for r in range(int(rank.max()) + 1)]
-        origins = [origin] if len(rounds) == 1 else [origin[rank == r] for r in range(len(rounds))]
-        for t in range(taps):
-            shift = (t // kernel_w) * buf_w + t % kernel_w
-            for pts, org in zip(rounds, origins):
-                buffer.index_add_(1, org + shift, grad_col[:, t].index_select(1, pts).to(acc_dtype))
+    grad_col = grad_col.reshape(channels * taps, mask_cnt)
+    if not bool(touches.all()):
+        points = touches.nonzero().squeeze(1)
+        top, left, grad_col = top[points], left[points], grad_col.index_select(1, points)
+    origin = (top + kernel_h - 1) * buf_w + (left + kernel_w - 1)
+    shift = (torch.arange(kernel_h, device=origin.device).view(-1, 1) * buf_w
+             + torch.arange(kernel_w, device=origin.device)).view(-1, 1)
+    buffer.index_add_(1, (shift + origin).view(-1), grad_col.reshape(channels, taps * top.shape[0]).to(acc_dtype))
     inner = (slice(None), slice(kernel_h - 1, kernel_h - 1 + height), slice(kernel_w - 1, kernel_w - 1 + width))
     buffer = buffer.view(channels, buf_h, buf_w)[inner]
     return buffer.unsqueeze(0).to(grad_col.dtype).contiguous()

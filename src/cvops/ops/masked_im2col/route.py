@@ -5,7 +5,7 @@
   K*M window values moved through memory (written by the gather and read by the product; the
   backward moves them again, scattering their gradients).
 * *dense*: ``conv2d`` over all P = out_h*out_w output positions, then exact zeros filled in off the
-  points. Work: 2*O'*K*P flops, O' = O rounded up to a vector of output channels (the convolution computes
+  points. Work: 2*O'*K*P flops with O' = max(O, one vector of output channels: the convolution computes
   them a vector at a time), and nothing gathered. Its backward is the dense convolution's backward of the
   masked gradient.
 

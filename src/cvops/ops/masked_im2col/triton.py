@@ -114,6 +114,19 @@ def _scatter_columns(src, cols, targets, dst, accumulate):
                                   num_warps=NUM_WARPS)
 
 
+def _duplicate_rank(keys):
+    """For each entry, how many earlier entries (in index order) share its key."""
+    sorted_keys, order = torch.sort(keys, stable=True)
+    n = keys.numel()
+    pos = torch.arange(n, device=keys.device)
+    new_group = torch.ones(n, dtype=torch.bool, device=keys.device)
+    new_group[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    group_start = torch.cummax(torch.where(new_group, pos, 0), 0).values
+    rank = torch.empty_like(pos)
+    rank[order] = pos - group_start
+    return rank
+
+
 def im2col_backward(grad_col, mask_h_idx, mask_w_idx, channels, height, width, kernel_h, kernel_w, pad_h, pad_w):
     mask_cnt = mask_h_idx.shape[0]
     taps = kernel_h * kernel_w
@@ -128,7 +141,7 @@ def im2col_backward(grad_col, mask_h_idx, mask_w_idx, channels, height, width, k
     points = touches.nonzero().squeeze(1)
     if points.numel():
         origin = (top[points] + kernel_h - 1) * buf_w + (left[points] + kernel_w - 1)
-        rank = cpu._duplicate_rank(origin)
+        rank = _duplicate_rank(origin)
         rounds = [(points[rank == r], origin[rank == r]) for r in range(int(rank.max()) + 1)]
         for t in range(taps):  # same order as the cpu backend: taps, then duplicate rounds
             shift = (t // kernel_w) * buf_w + t % kernel_w
