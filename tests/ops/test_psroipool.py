@@ -197,7 +197,8 @@ def test_non_contiguous_input_and_rois(cpu_path):
 
 @pytest.mark.parametrize("finite", [True, False])
 def test_torch_path_in_column_chunks(finite, monkeypatch):
-    # tables of one or two output_dim columns at a time (cpu.TABLE_BYTES tiny): the same results as one table
+    # tables of a few output_dim columns and a few bins at a time, then one of each (cpu.TABLE_BYTES tiny):
+    # the same results as one table
     from cvops.ops.psroipool import cpu
     monkeypatch.setenv("CVOPS_NUMBA", "0")
     case = next(c for c in UNIT if c["name"] == "fractional_rois")
@@ -216,6 +217,17 @@ def test_torch_path_in_column_chunks(finite, monkeypatch):
         for m in (canonical, mapping):
             assert_close(cvops.psroi_pool_backward(g, rois, m, scale, od, shape, backend="cpu"),
                          cvops.psroi_pool_backward(g, rois, m, scale, od, shape, backend="reference"))
+
+
+def test_one_pixel_map_whose_strides_read_as_both_layouts(cpu_path):
+    # [1, C, 1, 1] is contiguous in NCHW and in NHWC: the gradient of channels no bin reaches (the only RoI's bins
+    # are all empty) must still be zeros in every channel, not only in the first
+    rois = torch.tensor([[0.0, 0.5, 1.5, 1.5, 0.9]], dtype=torch.float16)
+    for layout in LAYOUTS:
+        x = to_layout(torch.randn(1, 1, 1, 2, dtype=torch.float16), layout)
+        out, mapping = cvops.psroi_pool(x, rois, 1, 1, 1.0, 1, 2, layout)
+        grad = cvops.psroi_pool_backward(torch.ones_like(out), rois, mapping, 1.0, 2, tuple(x.shape), layout)
+        assert torch.equal(out, torch.zeros_like(out)) and torch.equal(grad, torch.zeros_like(grad))
 
 
 @pytest.mark.parametrize("backend", FAST_BACKENDS)

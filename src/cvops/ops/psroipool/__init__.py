@@ -60,9 +60,11 @@ def _forward_grad(s, grad_output, _grad_mapping):
 def _backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor, spatial_scale: float,
               output_dim: int, input_shape: Sequence[int], layout: str, backend: Optional[str], convention: str,
               trusted_mapping: bool = False) -> torch.Tensor:
-    """The backward on real tensors: the RoI values are checked here once, as in the forward."""
+    """The backward on real tensors: the RoI values are checked here once, as in the forward (not when autograd
+    calls it: the forward checked them, and autograd saved them unchanged)."""
     shape = nchw_shape(input_shape, layout)
-    checks.check_roi_values(checks.OP_BACKWARD, rois, shape[0])
+    if not trusted_mapping:
+        checks.check_roi_values(checks.OP_BACKWARD, rois, shape[0])
     impl = backend_module(__package__, checks.OP_BACKWARD, backend, top_grad.device)
     bottom = impl.backward(as_nchw(top_grad, layout), rois, as_nchw(mapping_channel, layout), spatial_scale,
                            output_dim, shape, layout, trusted_mapping, convention)

@@ -130,6 +130,8 @@ def _check_roi_values_on_host(op: str, rois: torch.Tensor, batch: int) -> None:
         r = rois.detach()
         r = numpy_alias(r if r.dtype in (torch.float32, torch.float64) else r.float())
         b = r[:, 0]
+        if b.min() > -1 and b.max() < batch and np.isfinite(r[:, 1:5]).all():  # a NaN fails the comparisons
+            return
         bad_batch = ~((b > -1) & (b < batch))  # NaN fails both comparisons
         bad_coord = ~np.isfinite(r[:, 1:5])
         any_batch, any_coord = bool(bad_batch.any()), bool(bad_coord.any())

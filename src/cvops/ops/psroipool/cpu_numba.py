@@ -8,14 +8,15 @@ One method per direction, whose cost follows the RoIs' work:
   together; every bin then adds its pixels' runs, rows then columns, into its accumulators (24 lanes held in
   registers, three chains of additions side by side), and the last pass divides by the bin area. The
   regrouping is made of 8 x 8 register transposes (``_core.jit_access.transpose``) of each pixel's channels
-  (NHWC) or of each plane's rows (NCHW).
+  (NHWC) or of each plane's rows (NCHW; there only the box around each group's bins is read, as a plane holds one
+  group, and a few RoIs' bins of a group cover little of the box around all of them).
   That is the reference's summation order, so the output has the reference's bits, NaN/inf included.
-  mapping_channel, the same for every RoI, is one RoI's pattern tiled R times.
+  mapping_channel, the same for every RoI, is one RoI's pattern copied R times.
 * backward: the adjoint, band by band over every row of the used images: each bin adds ``top_grad / area``
   to its pixels' runs in the band scratch, RoI by RoI (the reference's order: the same bits, deterministic,
-  no atomics), and the band is written out in the input's channel order (zeros where no bin reaches) by the
-  inverse transposes. A mapping_channel other than the forward's sends each value to the run of its own channel
-  instead.
+  no atomics), and the box around the band's bins (NCHW: around each group's bins) is written out in the
+  input's channel order by the inverse transposes, zeros everywhere else. A mapping_channel other than the
+  forward's sends each value to the run of its own channel instead.
 
 Threads: calls with enough work are split over torch's thread count (the shared pool of ``_core.parallel``).
 The forward splits the bins by the row they start on (each bin is summed by one thread, which regroups the
@@ -47,7 +48,6 @@ from ..._core.jit import njit, use_parallel
 from ..._core.jit_access import load, store, transpose
 from ..._core.jit_intrinsics import add8 as _add8, load8 as _get8, store8 as _put8, zero8 as _zero8
 from ..._core.layout import empty_nchw
-from ..._core.memory import new_empty
 from ..._core.parallel import even_parts, run_parts
 from . import checks
 
@@ -158,16 +158,18 @@ def _run_length(od: int) -> int:
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _spread_window(src, s, dst, first, row_step, rows, cols, col_step, length):
     """The adjoint of :func:`_sum_window`: ``dst[first + y*row_step + x*col_step + j] += src[s + j]`` over the window:
-    one loop over its pixels (the step to the next row taken without a branch) and the run's 8-lane blocks
-    innermost, so a window costs one loop exit however its rows and columns fall; unsigned indices."""
+    for each 8-lane block of the run (held in registers), one loop over the window's pixels (the step to the next
+    row taken without a branch), so a window costs one loop exit per block however its rows and columns fall;
+    unsigned indices. Each destination gets one addition, so the order of the loops changes no bits."""
     wrap = row_step - np.uint64(cols - 1) * col_step
-    at, x = first, 1
-    for _ in range(rows * cols):
-        for b in range(0, length, _LANES):
-            u = np.uint64(b)
-            _put8(dst, at + u, _add8(_get8(dst, at + u), _get8(src, s + u)))
-        at += wrap if x == cols else col_step
-        x = 1 if x == cols else x + 1
+    for b in range(0, length, _LANES):
+        u = np.uint64(b)
+        value = _get8(src, s + u)
+        at, x = first + u, 1
+        for _ in range(rows * cols):
+            _put8(dst, at, _add8(_get8(dst, at), value))
+            at += wrap if x == cols else col_step
+            x = 1 if x == cols else x + 1
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -209,11 +211,13 @@ def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length, fres
 
 
 @njit(error_model="numpy")
-def _regroup(x, xs, b, y0, y1, x0, x1, groups, od, run, plane, g):
+def _regroup(x, xs, b, y0, y1, x0, x1, groups, od, run, plane, g, boxes):
     """Rows [y0, y1) x columns [x0, x1) of image b into ``g`` as ``[k, y, x, 0:od]`` runs of ``run`` entries (input
     channel ``ctop*K + k`` at ``k*plane + pixel*run + ctop``), so that a bin's pixels lie close together: 8 x 8
     register transposes of each pixel's ``[ctop, k]`` channels (NHWC storage) or of each plane's ``[ctop, x]``
-    rows (NCHW storage)."""
+    rows (NCHW storage). From NCHW storage only the box ``boxes[k]`` (y0, y1, x0, x1) around the bins of group k
+    is read: a plane holds one group's channels, and a few RoIs' bins of one group cover a small part of the box
+    around all of them."""
     wc = x1 - x0
     for y in range(y0, y1):
         row, at = (y - y0) * wc * run, b * xs[0] + y * xs[2]
@@ -222,30 +226,75 @@ def _regroup(x, xs, b, y0, y1, x0, x1, groups, od, run, plane, g):
                 transpose(x, at + xx * xs[3], groups, od, groups, g, row + (xx - x0) * run, plane)
         else:
             for k in range(groups):
-                transpose(x, at + k * xs[1] + x0, groups * xs[1], od, wc, g, k * plane + row, run)
+                if boxes[k, 0] <= y < boxes[k, 1] and boxes[k, 3] > boxes[k, 2]:
+                    transpose(x, at + k * xs[1] + boxes[k, 2], groups * xs[1], od, boxes[k, 3] - boxes[k, 2], g,
+                              k * plane + row + (boxes[k, 2] - x0) * run, run)
 
 
 @njit(error_model="numpy")
-def _ungroup(acc, b, y0, y1, width, groups, od, run, plane, bottom, bs):
-    """The inverse of :func:`_regroup` over whole rows: ``acc`` ``[k, y, x, 0:od]`` runs -> image b of bottom; the
-    rows of ``acc`` read are zeroed again (while they are in cache) for the next band."""
-    for y in range(y0, y1):
-        row, at = (y - y0) * width * run, b * bs[0] + y * bs[2]
-        if bs[1] == 1 and groups * od <= _STAGED_CHANNELS:
-            for xx in range(width):
-                transpose(acc, row + xx * run, plane, groups, od, bottom, at + xx * bs[3], groups)
-        elif bs[1] == 1:  # a long pixel: transposed into a staging run after the planes, then copied out whole
-            stage = np.uint64(groups * plane)
-            for xx in range(width):
-                transpose(acc, row + xx * run, plane, groups, od, acc, stage, groups)
-                d = np.uint64(at + xx * bs[3])
-                for c in range(groups * od):
-                    store(bottom, d + np.uint64(c), acc[stage + np.uint64(c)])
-        else:
-            for k in range(groups):
-                transpose(acc, k * plane + row, run, width, od, bottom, at + k * bs[1], groups * bs[1])
-    for k in range(groups):
-        acc[k * plane:k * plane + (y1 - y0) * width * run] = 0
+def _group_boxes(rois, edges, b, yb, ye, y_lo, y_hi, ph_n, pw_n, boxes):
+    """``boxes[k]`` = (y0, y1, x0, x1): the box around the pixels in rows [yb, ye) of the bins of group k of image
+    b whose first row is in [y_lo, y_hi) (empty where there are none)."""
+    boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3] = ye, yb, 1 << 30, 0
+    for i in range(rois.shape[0]):
+        if int(rois[i, 0]) != b or edges[i, 0, 0] >= ye or edges[i, 1, ph_n - 1] <= yb:
+            continue
+        for ph in range(ph_n):
+            hs, he = max(edges[i, 0, ph], yb), min(edges[i, 1, ph], ye)
+            if he <= hs or not y_lo <= edges[i, 0, ph] < y_hi:
+                continue
+            for pw in range(pw_n):
+                k = ph * pw_n + pw
+                boxes[k, 0], boxes[k, 1] = min(boxes[k, 0], hs), max(boxes[k, 1], he)
+                boxes[k, 2], boxes[k, 3] = min(boxes[k, 2], edges[i, 2, pw]), max(boxes[k, 3], edges[i, 3, pw])
+
+
+@njit(error_model="numpy")
+def _ungroup(acc, b, yb, ye, width, groups, od, run, plane, bottom, bs, boxes):
+    """The inverse of :func:`_regroup` for rows [yb, ye) (the band in ``acc``): ``acc`` ``[k, y - yb, x, 0:od]`` runs
+    -> image b of bottom, group k over the box ``boxes[k]`` (NHWC storage: ``boxes[0]``, the box around all
+    groups) and zeros elsewhere; the entries of ``acc`` read are zeroed again (while they are in cache) for the
+    next band."""
+    for k in range(groups if bs[1] != 1 else 1):
+        y0, y1, x0, x1 = max(boxes[k, 0], yb), min(boxes[k, 1], ye), boxes[k, 2], boxes[k, 3]
+        if x1 <= x0:
+            y0, y1, x0, x1 = ye, ye, width, width
+        for y in range(yb, ye):
+            lo, hi = (x0, x1) if y0 <= y < y1 else (width, width)
+            if lo > 0 or hi < width:
+                _zero_row(bottom, bs, b, y, k, groups, od, lo, hi, width)
+        for y in range(y0, y1):
+            row, at = ((y - yb) * width + x0) * run, b * bs[0] + y * bs[2] + x0 * bs[3]
+            if bs[1] != 1:
+                transpose(acc, k * plane + row, run, x1 - x0, od, bottom, at + k * bs[1], groups * bs[1])
+                acc[k * plane + row:k * plane + row + (x1 - x0) * run] = 0
+                continue
+            for xx in range(x1 - x0):
+                if groups * od <= _STAGED_CHANNELS:
+                    transpose(acc, row + xx * run, plane, groups, od, bottom, at + xx * bs[3], groups)
+                else:  # a long pixel: transposed into a staging run after the planes, then copied out whole
+                    stage = np.uint64(groups * plane)
+                    transpose(acc, row + xx * run, plane, groups, od, acc, stage, groups)
+                    d = np.uint64(at + xx * bs[3])
+                    for c in range(groups * od):
+                        store(bottom, d + np.uint64(c), acc[stage + np.uint64(c)])
+            for kk in range(groups):
+                acc[kk * plane + row:kk * plane + row + (x1 - x0) * run] = 0
+
+
+@njit(error_model="numpy")
+def _zero_row(bottom, bs, b, y, k, groups, od, lo, hi, width):
+    """Zeros in row y of image b of bottom outside columns [lo, hi): in the channels of group k (NCHW storage) or
+    in all channels (NHWC storage). Zero bits are +0.0 in every float dtype."""
+    if bs[1] != 1:
+        for ctop in range(od):
+            at = b * bs[0] + (ctop * groups + k) * bs[1] + y * bs[2]
+            bottom[at:at + lo] = 0
+            bottom[at + hi:at + width] = 0
+    else:  # NHWC: pixels of groups*od channels (bs[3] is 1, not that, when H = W = 1)
+        at, pixel = b * bs[0] + y * bs[2], groups * od
+        bottom[at:at + lo * pixel] = 0
+        bottom[at + hi * pixel:at + width * pixel] = 0
 
 
 # ------------------------------------------------------------------------------------------------------ kernels
@@ -258,6 +307,7 @@ def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_row
     r = rois.shape[0]
     groups = ph_n * pw_n
     u_run = np.uint64(run)
+    boxes = np.empty((groups, 4), np.int64)
     for b in range(n):
         y0, y1, x0, x1 = height, np.int64(0), width, np.int64(0)  # the rows and columns this call's bins cover
         for i in range(r):
@@ -270,7 +320,9 @@ def _forward(x, xs, n, height, width, rois, edges, ph_n, pw_n, od, run, band_row
         plane = np.uint64(band_rows) * wc * u_run
         for yb in range(y0, y1, band_rows):
             ye = min(yb + band_rows, y1)
-            _regroup(x, xs, b, yb, ye, x0, x1, groups, od, run, plane, g)
+            if xs[1] != 1:
+                _group_boxes(rois, edges, b, yb, ye, y_lo, y_hi, ph_n, pw_n, boxes)
+            _regroup(x, xs, b, yb, ye, x0, x1, groups, od, run, plane, g, boxes)
             for i in range(r):
                 if int(rois[i, 0]) != b or edges[i, 0, 0] >= ye or edges[i, 1, ph_n - 1] <= yb:
                     continue
@@ -329,16 +381,23 @@ def _backward(diffs, rois, edges, dest, canonical, ph_n, pw_n, od, run, n, heigh
     """The backward of rows [y_lo, y_hi) of every image (see the module docstring). ``diffs``: top_grad / area
     of every bin (:func:`_scaled_top`); ``acc``: the band scratch (accumulation dtype); ``canonical``:
     mapping_channel is the forward's, else value ``ctop`` of bin ``(i, k)`` goes to entry
-    ``dest[(i*K + k)*od + ctop]`` of a pixel's runs (its own channel's)."""
+    ``dest[(i*K + k)*od + ctop]`` of a pixel's runs (its own channel's). Only the box around a band's bins goes
+    through the scratch (from NCHW storage with the forward's mapping: the box around each group's bins); the rest of
+    the band is zero-filled."""
     r = rois.shape[0]
     groups = ph_n * pw_n
     u_run = np.uint64(run)
     plane = band_rows * width * run  # acc entries per channel group k
     u_width = np.uint64(width)
-    acc[:groups * plane] = 0  # zero once: each band's rows are zeroed again as they are written out
+    acc[:groups * plane] = 0  # zero once: the entries written are zeroed again as they are written out
+    boxes = np.empty((groups, 4), np.int64)
     for b in range(n):
         for yb in range(y_lo, y_hi, band_rows):
             ye = min(yb + band_rows, y_hi)
+            _group_boxes(rois, edges, b, yb, ye, 0, height + 1, ph_n, pw_n, boxes)
+            if not canonical or bs[1] == 1:  # one box around every group's bins
+                boxes[:, 0], boxes[:, 1] = boxes[:, 0].min(), boxes[:, 1].max()
+                boxes[:, 2], boxes[:, 3] = boxes[:, 2].min(), boxes[:, 3].max()
             for i in range(r):
                 if int(rois[i, 0]) != b or edges[i, 0, 0] >= ye or edges[i, 1, ph_n - 1] <= yb:
                     continue
@@ -363,16 +422,7 @@ def _backward(diffs, rois, edges, dest, canonical, ph_n, pw_n, od, run, n, heigh
                                 pixel = (np.uint64(y - yb) * u_width + np.uint64(xx)) * u_run
                                 for ctop in range(od):
                                     acc[pixel + np.uint64(dest[e + ctop])] += diffs[s + np.uint64(ctop)]
-            _ungroup(acc, b, yb, ye, width, groups, od, run, plane, bottom, bs)
-
-
-@njit(error_model="numpy")
-def _tile(pattern, mapping, i0, i1, _unused):
-    """``mapping`` (flat storage) of RoIs [i0, i1) = ``pattern``, one RoI's forward mapping_channel."""
-    size = pattern.shape[0]
-    for i in range(i0, i1):
-        for j in range(size):
-            mapping[np.uint64(i * size + j)] = pattern[j]
+            _ungroup(acc, b, yb, ye, width, groups, od, run, plane, bottom, bs, boxes)
 
 
 @njit(error_model="numpy")
@@ -407,19 +457,15 @@ def _band_scratch(size: int, dtype) -> np.ndarray:
     return buf
 
 
-def _split(kernel, args, parts, scratch: int, acc, work: int) -> None:
-    """``kernel(*args, lo, hi, band_scratch)`` for each ``(lo, hi)`` of ``parts``: on the calling thread, or,
-    when the call has ``work`` enough, claimed one by one by the calling thread and the pool workers
-    (``_core.parallel.run_parts``), each thread with its own band scratch. The parts write disjoint outputs,
-    so the result does not depend on who runs them."""
-
-    def run(lo: int, hi: int) -> None:
-        kernel(*args, lo, hi, _band_scratch(scratch, acc))
-    if use_parallel(work, PARALLEL_WORK):
-        run_parts(run, parts)
+def _split(kernel, args, parts, scratch: int, acc) -> None:
+    """``kernel(*args, lo, hi, band_scratch)`` for each ``(lo, hi)`` of ``parts``: one part on the calling thread,
+    several claimed one by one by the calling thread and the pool workers (``_core.parallel.run_parts``), each
+    thread with its own band scratch. The parts write disjoint outputs, so the result does not depend on who runs
+    them."""
+    if len(parts) == 1:
+        kernel(*args, *parts[0], _band_scratch(scratch, acc))
     else:
-        for lo, hi in parts:
-            run(lo, hi)
+        run_parts(lambda lo, hi: kernel(*args, lo, hi, _band_scratch(scratch, acc)), parts)
 
 
 @functools.lru_cache(maxsize=16)
@@ -441,6 +487,11 @@ def _plan(rois: torch.Tensor, dtype: torch.dtype, ph_n, pw_n, spatial_scale, hei
     return r, edges, area, box, acc, run, band_rows
 
 
+def _threads(work: float) -> int:
+    """Threads for a call of about ``work`` elements read or summed: torch's count, or 1 for a short call."""
+    return torch.get_num_threads() if use_parallel(work, PARALLEL_WORK) else 1
+
+
 def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout="NCHW",
             convention="rfcn"):
     """As :func:`cpu.forward`: (output, mapping_channel) as logical NCHW views of tensors stored in ``out_layout``.
@@ -449,20 +500,33 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     r, od, groups = rois.shape[0], output_dim, pooled_height * pooled_width
     rois_np, edges, area, box, acc, run, band_rows = _plan(rois, input.dtype, pooled_height, pooled_width,
                                                            spatial_scale, h, w, od, convention)
-    work = box * c + area * od
-    count = min(torch.get_num_threads(), h) if use_parallel(work, PARALLEL_WORK) else 1
-    parts = [(lo, hi if hi < h else h + 1) for lo, hi in even_parts(h, count)]  # the last takes bins clamped to H
     shape = (r, od, pooled_height, pooled_width)
     output = empty_nchw(shape, out_layout, like=input)
-    mapping = empty_nchw(shape, out_layout, like=input.new_empty(0, dtype=torch.int32))
-    pattern = _pattern(od, pooled_height, pooled_width, out_layout)  # the same for every RoI
-    _split(_tile, (pattern, _dense(mapping)[0]), even_parts(r, torch.get_num_threads()), 1, acc, r * groups * od)
-    x, xs = _dense(input)
-    out, os = _dense(output)
-    sums = numpy_alias(new_empty((r * groups * run,), torch.from_numpy(np.empty(0, acc)).dtype))
+    mapping = empty_nchw(shape, out_layout, like=rois.new_empty(0, dtype=torch.int32))
+    mapping.copy_(torch.from_numpy(_pattern(od, pooled_height, pooled_width, "NCHW")).view(1, *shape[1:]).expand(shape))
+    (x, xs), (out, os) = _dense(input), _dense(output)
+    sums = np.empty(r * groups * run, acc)
+    parts = [(lo, hi if hi < h else h + 1) for lo, hi in even_parts(h, _threads(box * c + area * od))]
     _split(_forward, (x, xs, n, h, w, rois_np, edges, pooled_height, pooled_width, od, run, band_rows, sums, out, os),
-           parts, band_rows * w * groups * run, acc, work)
+           parts, band_rows * w * groups * run, acc)  # the last part also takes the bins clamped to row H
     return output, mapping
+
+
+def _mapping_is_canonical(mapping_channel, channels: int) -> bool:
+    """Whether mapping_channel is the forward's (every RoI's channels ``(ctop*PH + ph)*PW + pw``); raises naming
+    the value where an entry is outside [0, channels)."""
+    r, od, ph_n, pw_n = mapping_channel.shape
+    m = mapping_channel.detach()
+    m = m if m.is_contiguous() or m.is_contiguous(memory_format=torch.channels_last) else m.contiguous()
+    pattern = _pattern(od, ph_n, pw_n, "NCHW" if m.is_contiguous() else "NHWC")  # _dense's storage order
+    flat = _dense(m)[0]
+    kinds = np.zeros(max(r, 1), np.int64)
+    limit = np.array([channels], np.uint32 if flat.itemsize == 4 else np.uint64)
+    run_parts(lambda lo, hi: _mapping_kind(flat, pattern, limit, kinds, lo, hi),
+              even_parts(r, _threads(r * od * ph_n * pw_n)))
+    if kinds.min() < 0:
+        checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, channels)  # raises, naming the value
+    return kinds.max() == 0
 
 
 def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, out_layout="NCHW",
@@ -473,20 +537,7 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
     n, c, h, w = input_shape
     r, od, ph_n, pw_n = top_grad.shape
     groups = ph_n * pw_n
-    canonical = True
-    if not trusted_mapping:
-        m = mapping_channel.detach()
-        m = m if m.is_contiguous() or m.is_contiguous(memory_format=torch.channels_last) else m.contiguous()
-        pattern = _pattern(od, ph_n, pw_n, "NCHW" if m.is_contiguous() else "NHWC")  # _dense's storage order
-        kinds = np.zeros(max(r, 1), np.int64)
-        flat = _dense(m)[0]
-        parts = even_parts(r, torch.get_num_threads() if use_parallel(r * groups * od, PARALLEL_WORK) else 1)
-        limit = np.array([c], np.uint32 if flat.itemsize == 4 else np.uint64)
-        run_parts(lambda lo, hi: _mapping_kind(flat, pattern, limit, kinds, lo, hi), parts)
-        kind = -1 if kinds.min() < 0 else int(kinds.max())
-        if kind < 0:
-            checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)  # raises, naming the value
-        canonical = kind == 0
+    canonical = trusted_mapping or _mapping_is_canonical(mapping_channel, c)
     rois_np, edges, area, _, acc, run, band_rows = _plan(rois, top_grad.dtype, ph_n, pw_n, spatial_scale, h, w, od,
                                                          convention)
     plane = band_rows * w * run
@@ -496,13 +547,12 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
         dest = numpy_alias(torch.remainder(ch, groups) * plane + torch.div(ch, groups, rounding_mode="floor"))
     bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad)
     (top, ts), (b_flat, bs) = _dense(top_grad), _dense(bottom)
-    diffs = numpy_alias(new_empty((r * groups * run,), torch.from_numpy(np.empty(0, acc)).dtype))
-    _split(_scaled_top, (top, ts, edges, ph_n, pw_n, od, run, diffs), even_parts(r, 2 * torch.get_num_threads()), 1,
-           acc, r * groups * od)
-    work = n * h * w * c + area * od
+    diffs = np.empty(r * groups * run, acc)
+    _split(_scaled_top, (top, ts, edges, ph_n, pw_n, od, run, diffs), even_parts(r, _threads(r * groups * od)), 1,
+           acc)
     bands = -(-h // band_rows)
-    count = min(BACKWARD_PARTS * torch.get_num_threads(), bands) if use_parallel(work, PARALLEL_WORK) else 1
-    parts = [(lo * band_rows, min(hi * band_rows, h)) for lo, hi in even_parts(bands, count)]
+    threads = _threads(n * h * w * c + area * od)
+    parts = even_parts(bands, BACKWARD_PARTS * threads if threads > 1 else 1)
     _split(_backward, (diffs, rois_np, edges, dest, canonical, ph_n, pw_n, od, run, n, h, w, band_rows, b_flat, bs),
-           parts, groups * plane + c, acc, work)
+           [(lo * band_rows, min(hi * band_rows, h)) for lo, hi in parts], groups * plane + c, acc)
     return bottom
