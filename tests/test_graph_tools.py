@@ -41,7 +41,7 @@ def _module(name, ns="nn"):
 
 
 def _same(actual, expected):
-    # the masked conv's eager projection may use oneDNN, the scripted one addmm: equal to rounding
+    # the masked conv's eager route may be the dense conv, the scripted one a gather and addmm: equal to rounding
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
 
 
