@@ -1,21 +1,21 @@
-"""carafe: every layer against the loop reference (diff1/diff2), checks, autograd, determinism,
-compile, modules (the MLU-OPS layer has a file of its own)."""
+"""carafe: the shared op tester's checks (every backend against the loop reference with diff1/diff2, in every
+dtype and layout, contiguity, NaN and infinities, zero elements, bad input, autograd, opcheck, compile, export,
+script) and what is carafe's own: hand-computed taps, an independent unfold formula, network scale, the
+modules, float32 accumulation of half types, both cpu paths at the FPN shape (the MLU-OPS layer has a file of
+its own)."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings, strategies as st
+from hypothesis import strategies as st
 
 import cvops
 from tests.support.cases import case_id, load_cases
-from cvops._core.errors import BadParamError, NotSupportedError, Status
+from cvops._core.errors import BadParamError
 from cvops.metrics import bit_equal, diff1, diff2
 from tests.conftest import CPU_PATHS, requires_triton, selected
-
-LAYOUTS = ("NCHW", "NHWC")
-FAST_BACKENDS = ["cpu", pytest.param("triton", marks=requires_triton)]
-DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+from tests.support.op_tester import LAYOUTS, OpTester, Sample
 
 
 def make(shape_nchw, layout, dtype=torch.float32, seed=0, positive=False):
@@ -34,32 +34,20 @@ def inputs(n, c, h, w, k, g, s, layout, dtype=torch.float32):
     return x, m, gy
 
 
+def sample(n, c, h, w, k, g, s, layout, dtype=torch.float32):
+    x, m, gy = inputs(n, c, h, w, k, g, s, layout, dtype)
+    return Sample(x=x, m=m, gy=gy, k=k, g=g, s=s, layout=layout)
+
+
 def assert_close(actual, expected, tol):
     assert actual.shape == expected.shape and actual.dtype == expected.dtype
     assert diff1(actual, expected) <= tol and diff2(actual, expected) <= tol, \
         (diff1(actual, expected), diff2(actual, expected))
 
 
-def tol_of(dtype, backend="cpu"):
-    if dtype == torch.float64:
-        return 1e-12
-    if dtype == torch.bfloat16 and backend == "triton" and cvops._core.dispatch.triton_interpreted():
-        # the interpreter converts float32 -> bfloat16 by truncation (GPUs round to nearest even),
-        # which costs up to one bfloat16 ulp (2^-8 relative) per element
-        return 8e-3
-    return 3e-3
-
-
 def check_layers(backend, n, c, h, w, k, g, s, layout, dtype=torch.float32):
-    x, m, gy = inputs(n, c, h, w, k, g, s, layout, dtype)
-    expected = cvops.carafe_forward(x, m, k, g, s, layout, backend="reference")
-    actual = cvops.carafe_forward(x, m, k, g, s, layout, backend=backend)
-    assert_close(actual, expected, tol_of(dtype, backend))
-    eg = cvops.carafe_backward(gy, x, m, k, g, s, layout, backend="reference")
-    ag = cvops.carafe_backward(gy, x, m, k, g, s, layout, backend=backend)
-    for a, e in zip(ag, eg):
-        assert_close(a, e, tol_of(dtype, backend))
-    return x, m, gy, actual
+    """Forward and backward of one sample on ``backend`` against the reference (the tester's tolerance)."""
+    TestCarafe().check(sample(n, c, h, w, k, g, s, layout, dtype), backend, what=str((n, c, h, w, k, g, s, layout)))
 
 
 def unfold_composite(x, m, k, g, s):
@@ -68,6 +56,137 @@ def unfold_composite(x, m, k, g, s):
     u = F.unfold(x, k, padding=(k - 1) // 2).view(n, g, c // g, k * k, h, w)
     u = u.repeat_interleave(s, 4).repeat_interleave(s, 5)
     return (u * m.view(n, g, 1, k * k, h * s, w * s)).sum(3).view(n, c, h * s, w * s)
+
+
+_X, _M = (1, 4, 3, 3), (1, 9, 6, 6)
+
+
+def _bad_scalars(k, g, s, rule):
+    return (f"k={k} g={g} s={s}", lambda b: cvops.carafe(torch.randn(_X), torch.randn(_M), k, g, s, backend=b),
+            BadParamError, rule)
+
+
+def _bad_shapes(x_shape, m_shape, g, rule):
+    return (f"{x_shape} {m_shape} g={g}",
+            lambda b: cvops.carafe(torch.randn(x_shape), torch.randn(m_shape), 3, g, 2, backend=b), BadParamError, rule)
+
+
+def _bad_call(name, call, rule):
+    return (name, lambda b: call(torch.randn(_X), torch.randn(_M), torch.randn(1, 4, 6, 6), b), BadParamError, rule)
+
+
+class TestCarafe(OpTester):
+    op = "carafe"
+    exact = False
+    layouts = LAYOUTS
+    special_inputs = ("x", "m", "gy")
+    pointwise = (1e-5, 1e-5)   # with NaN and inf planted, the finite float32/float64 results within 1e-5 pointwise
+    double_backward = True
+    gradcheck_fast = ("reference", "triton")   # the loop reference: seconds per call of the full Jacobian
+    gradgradcheck_fast = ("reference", "cpu-torch")   # the full second-order check on the numba path
+    property_examples = {"cpu-torch": 12, "cpu-numba": 12, "triton": 4}
+    bad_inputs = (
+        _bad_scalars(4, 1, 2, "kernel_size must be odd"), _bad_scalars(0, 1, 2, "kernel_size must be >= 1"),
+        _bad_scalars(-3, 1, 2, "kernel_size must be >= 1"), _bad_scalars(3, 0, 2, "group_size must be >= 1"),
+        _bad_scalars(3, 1, 0, "scale_factor must be >= 1"), _bad_scalars(3.0, 1, 2, "kernel_size must be an int"),
+        _bad_scalars(3, True, 2, "group_size must be an int"), _bad_scalars(3, 1, 2.0, "scale_factor must be an int"),
+        _bad_shapes((1, 6, 3, 3), (1, 36, 6, 6), 4, r"features channels \(6\) must be divisible by group_size \(4\)"),
+        _bad_shapes((1, 4, 3, 3), (1, 8, 6, 6), 1, r"masks channels \(8\) must equal group_size \* kernel_size\^2"),
+        _bad_shapes((1, 4, 3, 3), (1, 9, 6, 5), 1,
+                    r"masks spatial size \(6, 5\) must equal features size \* scale_factor \(6, 6\)"),
+        _bad_shapes((1, 4, 3, 3), (1, 9, 3, 3), 1, "masks spatial size"),
+        _bad_shapes((2, 4, 3, 3), (1, 9, 6, 6), 1, r"masks batch \(1\) must equal features batch \(2\)"),
+        _bad_shapes((4, 3, 3), (1, 9, 6, 6), 1, "features must be 4-D"),
+        _bad_shapes((1, 4, 3, 3), (9, 6, 6), 1, "masks must be 4-D"),
+        _bad_call("masks dtype", lambda x, m, gy, b: cvops.carafe(x, m.double(), 3, 1, 2, backend=b), "masks dtype"),
+        _bad_call("int features", lambda x, m, gy, b: cvops.carafe(x.int(), m.int(), 3, 1, 2, backend=b),
+                  "features dtype must be one of"),
+        _bad_call("numpy features", lambda x, m, gy, b: cvops.carafe(x.numpy(), m, 3, 1, 2, backend=b),
+                  "features must be a torch.Tensor"),
+        _bad_call("layout", lambda x, m, gy, b: cvops.carafe(x, m, 3, 1, 2, layout="HWCN", backend=b), "layout must be"),
+        _bad_call("backend", lambda x, m, gy, b: cvops.carafe(x, m, 3, 1, 2, backend="cuda"), "backend must be one of"),
+        _bad_call("grad_output width", lambda x, m, gy, b: cvops.carafe_backward(gy[:, :, :5], x, m, 3, 1, 2, backend=b),
+                  "grad_output shape"),
+        _bad_call("grad_output channels",
+                  lambda x, m, gy, b: cvops.carafe_backward(torch.randn(1, 3, 6, 6), x, m, 3, 1, 2, backend=b),
+                  "grad_output shape"),
+        _bad_call("grad_output dtype", lambda x, m, gy, b: cvops.carafe_backward(gy.double(), x, m, 3, 1, 2, backend=b),
+                  "grad_output dtype"),
+        _bad_call("backward kernel", lambda x, m, gy, b: cvops.carafe_backward(gy, x, m, 2, 1, 2, backend=b),
+                  "kernel_size must be odd"),
+        # NHWC shapes are read as NHWC: an NCHW tensor passed as NHWC fails the mask size rule
+        _bad_call("NCHW as NHWC", lambda x, m, gy, b: cvops.carafe(x, m, 3, 1, 2, layout="NHWC", backend=b), "masks"),
+    )
+
+    def case_samples(self, case, layout, dtype):
+        return [sample(case["N"], case["C"], case["H"], case["W"], case["kernel_size"], case["group_size"],
+                       case["scale_factor"], layout, dtype)]
+
+    def interpretable(self, case):
+        size = case["N"] * case["C"] * case["H"] * case["W"] * case["scale_factor"] ** 2
+        return size <= 6000 and case["kernel_size"] <= 7
+
+    def small_samples(self, layout, dtype):
+        return [sample(2, 8, 3, 4, 3, 2, 2, layout, dtype)]
+
+    def special_samples(self, layout):
+        x, m, gy = inputs(1, 4, 3, 4, 5, 2, 2, "NCHW")
+        m[0, 0] = float("inf")             # tap (0, 0): outside the map for the top rows -> skipped there
+        x[0, 1, 1, 1] = float("nan")
+        gy[0, 2, 5, 5] = float("inf")
+        to = (lambda t: t) if layout == "NCHW" else (lambda t: t.permute(0, 2, 3, 1).contiguous())
+        return super().special_samples(layout) + [Sample(x=to(x), m=to(m), gy=to(gy), k=5, g=2, s=2, layout=layout)]
+
+    def deterministic_samples(self, layout, backend):
+        # on the cpu a size that takes the parallel paths
+        shape = (2, 64, 12, 10) if backend.startswith("cpu") else (1, 8, 3, 4)
+        return [sample(*shape, 5, 4, 2, layout)]
+
+    def grad_samples(self, layout):
+        # the first (one group, two channels) is the Triton interpreter's
+        return [sample(1, 2, 2, 3, 3, 1, 2, layout, torch.float64), sample(2, 4, 3, 3, 3, 2, 2, layout, torch.float64)]
+
+    def gradgrad_samples(self, layout):
+        return [sample(1, 4, 3, 3, 3, 2, 2, layout, torch.float64)]
+
+    def zero_samples(self, layout):
+        result = []
+        for n, c, h, w in ((0, 4, 3, 3), (2, 0, 3, 3), (2, 4, 0, 3), (2, 4, 3, 0)):
+            s = sample(n, c, h, w, 3, 2, 2, layout)
+            out = (n, c, 2 * h, 2 * w) if layout == "NCHW" else (n, 2 * h, 2 * w, c)
+            result.append((s, (out, s.x.shape, s.m.shape)))
+        return result
+
+    def run(self, s, backend):
+        return (cvops.carafe_forward(s.x, s.m, s.k, s.g, s.s, s.layout, backend=backend),
+                *cvops.carafe_backward(s.gy, s.x, s.m, s.k, s.g, s.s, s.layout, backend=backend))
+
+    def autograd(self, s, backend):
+        return (lambda x, m: cvops.carafe(x, m, s.k, s.g, s.s, s.layout, backend=backend)), (s.x, s.m)
+
+    def module(self, s):
+        return (cvops.nn.CARAFE(s.k, s.g, s.s), (s.x, s.m)) if s.layout == "NCHW" else None
+
+    def strategy(self, backend):
+        if backend == "triton":
+            return st.builds(sample, n=st.just(1), c=st.just(4), h=st.integers(1, 4), w=st.integers(1, 4),
+                             k=st.sampled_from([1, 3, 5]), g=st.just(2), s=st.integers(1, 3),
+                             layout=st.sampled_from(LAYOUTS))
+        return st.builds(lambda n, cg, g, **kw: sample(n, cg * g, g=g, dtype=torch.float64, **kw),
+                         n=st.integers(1, 2), cg=st.integers(1, 3), g=st.integers(1, 3), h=st.integers(1, 5),
+                         w=st.integers(1, 5), k=st.sampled_from([1, 3, 5, 7]), s=st.integers(1, 3),
+                         layout=st.sampled_from(LAYOUTS))
+
+    def tolerance(self, dtype, backend):
+        if dtype == torch.float64:
+            return 1e-12
+        if dtype == torch.float32:
+            return 3e-6
+        if dtype == torch.bfloat16 and backend == "triton" and cvops._core.dispatch.triton_interpreted():
+            # the interpreter converts float32 -> bfloat16 by truncation (GPUs round to nearest even),
+            # which costs up to one bfloat16 ulp (2^-8 relative) per element
+            return 8e-3
+        return 3e-3
 
 
 # -------------------------------------------------------------------------------- the semantics itself
@@ -92,76 +211,9 @@ def test_matches_unfold_composite():
     assert_close(cvops.carafe(x, m, 5, 3, 3), unfold_composite(x, m, 5, 3, 3), 1e-13)
 
 
-# -------------------------------------------------------------------------------- layers vs reference
-@pytest.mark.parametrize("backend", FAST_BACKENDS)
-@pytest.mark.parametrize("case", load_cases("carafe", "unit"), ids=case_id)
-def test_unit_cases(backend, case):
-    size = case["N"] * case["C"] * case["H"] * case["W"] * case["scale_factor"] ** 2
-    if backend == "triton" and (size > 6000 or case["kernel_size"] > 7):
-        pytest.skip("interpreter: small shapes only")
-    for layout in LAYOUTS:
-        check_layers(backend, case["N"], case["C"], case["H"], case["W"], case["kernel_size"],
-                     case["group_size"], case["scale_factor"], layout)
-
-
-@pytest.mark.parametrize("backend", FAST_BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_every_float_dtype(backend, dtype, layout):
-    _, _, _, out = check_layers(backend, 2, 8, 3, 4, 3, 2, 2, layout, dtype)
-    assert out.dtype == dtype
-
-
 def test_large_kernel_beyond_mlu_limit_in_functional_api():
     # k = 47 > 45 is NOT_SUPPORTED in the MLU-OPS layer only; the functional API computes it.
     check_layers("cpu", 1, 2, 2, 3, 47, 1, 1, "NCHW", torch.float64)
-
-
-def test_nan_inf_propagate_like_reference():
-    x, m, gy = inputs(1, 4, 3, 4, 5, 2, 2, "NCHW")
-    m[0, 0] = float("inf")             # tap (0, 0): outside the map for the top rows -> skipped there
-    x[0, 1, 1, 1] = float("nan")
-    gy[0, 2, 5, 5] = float("inf")
-    backends = ["cpu"] + (["triton"] if cvops._core.dispatch.triton_available() else [])
-    ref = [cvops.carafe(x, m, 5, 2, 2, backend="reference"),
-           *cvops.carafe_backward(gy, x, m, 5, 2, 2, backend="reference")]
-    for backend in backends:
-        got = [cvops.carafe(x, m, 5, 2, 2, backend=backend),
-               *cvops.carafe_backward(gy, x, m, 5, 2, 2, backend=backend)]
-        for a, e in zip(got, ref):
-            assert torch.equal(a.isnan(), e.isnan()) and torch.equal(a.isinf(), e.isinf())
-            finite = e.isfinite()
-            assert finite.any() and (~finite).any()
-            assert torch.allclose(a[finite], e[finite], atol=1e-5)
-
-
-@settings(max_examples=12, deadline=None)
-@given(n=st.integers(1, 2), cg=st.integers(1, 3), g=st.integers(1, 3), h=st.integers(1, 5), w=st.integers(1, 5),
-       k=st.sampled_from([1, 3, 5, 7]), s=st.integers(1, 3), layout=st.sampled_from(LAYOUTS))
-def test_property_cpu_matches_reference(n, cg, g, h, w, k, s, layout):
-    check_layers("cpu", n, cg * g, h, w, k, g, s, layout, torch.float64)
-
-
-@requires_triton
-@settings(max_examples=4, deadline=None)
-@given(h=st.integers(1, 4), w=st.integers(1, 4), k=st.sampled_from([1, 3, 5]), s=st.integers(1, 3),
-       layout=st.sampled_from(LAYOUTS))
-def test_property_triton_matches_reference(h, w, k, s, layout):
-    check_layers("triton", 1, 4, h, w, k, 2, s, layout)
-
-
-@pytest.mark.parametrize("backend", FAST_BACKENDS)
-def test_non_contiguous_inputs(backend):
-    x, m, gy = inputs(2, 8, 4, 5, 3, 2, 2, "NCHW")
-    xs = torch.cat([x, x], 1)[:, ::2]
-    ms = m.transpose(2, 3).contiguous().transpose(2, 3)
-    assert not xs.is_contiguous() and not ms.is_contiguous()
-    assert_close(cvops.carafe(xs, ms, 3, 2, 2, backend=backend),
-                 cvops.carafe(xs.contiguous(), m, 3, 2, 2, backend="reference"), 3e-6)
-    gi, gm = cvops.carafe_backward(gy[:, :, ::1], xs, ms, 3, 2, 2, backend=backend)
-    ri, rm = cvops.carafe_backward(gy, xs.contiguous(), m, 3, 2, 2, backend="reference")
-    assert_close(gi, ri, 3e-6)
-    assert_close(gm, rm, 3e-6)
 
 
 @pytest.mark.slow
@@ -190,94 +242,7 @@ def test_network_scale_cpu_matches_composite(case):
         assert diff1(gm[0, t], expected) <= 1e-6 and diff2(gm[0, t], expected) <= 1e-6
 
 
-# -------------------------------------------------------------------------------- zero elements
-@pytest.mark.parametrize("backend", ["reference", "cpu", pytest.param("triton", marks=requires_triton)])
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("shape", [(0, 4, 3, 3), (2, 0, 3, 3), (2, 4, 0, 3), (2, 4, 3, 0)])
-def test_zero_elements_return_shaped_zeros(backend, layout, shape):
-    n, c, h, w = shape
-    x, m, gy = inputs(n, c, h, w, 3, 2, 2, layout)
-    out = cvops.carafe(x, m, 3, 2, 2, layout, backend=backend)
-    expected = (n, c, 2 * h, 2 * w) if layout == "NCHW" else (n, 2 * h, 2 * w, c)
-    assert out.shape == expected and out.dtype == x.dtype and not out.any()
-    gi, gm = cvops.carafe_backward(gy, x, m, 3, 2, 2, layout, backend=backend)
-    assert gi.shape == x.shape and gm.shape == m.shape and not gi.any() and not gm.any()
-
-
-# -------------------------------------------------------------------------------- bad parameters
-@pytest.mark.parametrize("k, g, s, rule", [
-    (4, 1, 2, "kernel_size must be odd"), (0, 1, 2, "kernel_size must be >= 1"), (-3, 1, 2, "kernel_size must be >= 1"),
-    (3, 0, 2, "group_size must be >= 1"), (3, 1, 0, "scale_factor must be >= 1"),
-    (3.0, 1, 2, "kernel_size must be an int"), (3, True, 2, "group_size must be an int"),
-    (3, 1, 2.0, "scale_factor must be an int"),
-])
-def test_bad_scalar_params(k, g, s, rule):
-    x = torch.randn(1, 4, 3, 3)
-    m = torch.randn(1, 9, 6, 6)
-    with pytest.raises(BadParamError, match=rule) as info:
-        cvops.carafe(x, m, k, g, s)
-    assert info.value.status == Status.BAD_PARAM and isinstance(info.value, ValueError)
-
-
-@pytest.mark.parametrize("x_shape, m_shape, g, rule", [
-    ((1, 6, 3, 3), (1, 36, 6, 6), 4, r"features channels \(6\) must be divisible by group_size \(4\)"),
-    ((1, 4, 3, 3), (1, 8, 6, 6), 1, r"masks channels \(8\) must equal group_size \* kernel_size\^2"),
-    ((1, 4, 3, 3), (1, 9, 6, 5), 1, r"masks spatial size \(6, 5\) must equal features size \* scale_factor \(6, 6\)"),
-    ((1, 4, 3, 3), (1, 9, 3, 3), 1, "masks spatial size"),
-    ((2, 4, 3, 3), (1, 9, 6, 6), 1, r"masks batch \(1\) must equal features batch \(2\)"),
-    ((4, 3, 3), (1, 9, 6, 6), 1, "features must be 4-D"),
-    ((1, 4, 3, 3), (9, 6, 6), 1, "masks must be 4-D"),
-])
-def test_bad_shapes(x_shape, m_shape, g, rule):
-    with pytest.raises(BadParamError, match=rule):
-        cvops.carafe(torch.randn(x_shape), torch.randn(m_shape), 3, g, 2)
-
-
-def test_bad_tensors_dtype_layout_backend(monkeypatch):
-    x, m, gy = torch.randn(1, 4, 3, 3), torch.randn(1, 9, 6, 6), torch.randn(1, 4, 6, 6)
-    with pytest.raises(BadParamError, match="masks dtype"):
-        cvops.carafe(x, m.double(), 3, 1, 2)
-    with pytest.raises(BadParamError, match="features dtype must be one of"):
-        cvops.carafe(x.int(), m.int(), 3, 1, 2)
-    with pytest.raises(BadParamError, match="features must be a torch.Tensor"):
-        cvops.carafe(x.numpy(), m, 3, 1, 2)
-    with pytest.raises(BadParamError, match="layout must be"):
-        cvops.carafe(x, m, 3, 1, 2, layout="HWCN")
-    with pytest.raises(BadParamError, match="backend must be one of"):
-        cvops.carafe(x, m, 3, 1, 2, backend="cuda")
-    with pytest.raises(BadParamError, match="grad_output shape"):
-        cvops.carafe_backward(gy[:, :, :5], x, m, 3, 1, 2)
-    with pytest.raises(BadParamError, match="grad_output shape"):
-        cvops.carafe_backward(torch.randn(1, 3, 6, 6), x, m, 3, 1, 2)
-    with pytest.raises(BadParamError, match="grad_output dtype"):
-        cvops.carafe_backward(gy.double(), x, m, 3, 1, 2)
-    with pytest.raises(BadParamError, match="kernel_size must be odd"):
-        cvops.carafe_backward(gy, x, m, 2, 1, 2)
-    # NHWC shapes are read as NHWC: an NCHW tensor passed as NHWC fails the mask size rule
-    with pytest.raises(BadParamError, match="masks"):
-        cvops.carafe(x, m, 3, 1, 2, layout="NHWC")
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    if cvops._core.dispatch.triton_available():
-        with pytest.raises(NotSupportedError, match="runs CUDA tensors"):
-            cvops.carafe(x, m, 3, 1, 2, backend="triton")
-
-
 # -------------------------------------------------------------------------------- autograd, determinism
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_gradcheck_float64(layout):
-    x, m, _ = inputs(2, 4, 3, 3, 3, 2, 2, layout, torch.float64)
-    x.requires_grad_(); m.requires_grad_()
-    assert torch.autograd.gradcheck(lambda a, b: cvops.carafe(a, b, 3, 2, 2, layout), (x, m))
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_gradgradcheck_float64(layout):
-    """Second derivatives: the backward op's own gradient (grad_output, features and masks)."""
-    x, m, _ = inputs(1, 4, 3, 3, 3, 2, 2, layout, torch.float64)
-    x.requires_grad_(); m.requires_grad_()
-    assert torch.autograd.gradgradcheck(lambda a, b: cvops.carafe(a, b, 3, 2, 2, layout), (x, m))
-
-
 def test_gradcheck_mmcv_shape():
     # mmcv's own gradcheck: feat (2, 64, 3, 3), CARAFE(5, 4, 2), double
     x, m, _ = inputs(2, 64, 3, 3, 5, 4, 2, "NCHW", torch.float64)
@@ -286,41 +251,12 @@ def test_gradcheck_mmcv_shape():
                                     atol=1e-4, eps=1e-4)
 
 
-@requires_triton
-def test_gradcheck_triton():
-    x, m, _ = inputs(1, 2, 2, 3, 3, 1, 2, "NCHW", torch.float64)
-    x.requires_grad_(); m.requires_grad_()
-    assert torch.autograd.gradcheck(lambda a, b: cvops.carafe(a, b, 3, 1, 2, backend="triton"), (x, m),
-                                    fast_mode=True)
-
-
 def test_autograd_equals_explicit_backward():
     x, m, gy = inputs(2, 8, 4, 5, 5, 2, 2, "NHWC")
     xr, mr = x.clone().requires_grad_(), m.clone().requires_grad_()
     cvops.carafe(xr, mr, 5, 2, 2, layout="NHWC").backward(gy)
     gi, gm = cvops.carafe_backward(gy, x, m, 5, 2, 2, layout="NHWC")
     assert bit_equal(xr.grad, gi) and bit_equal(mr.grad, gm)
-
-
-@pytest.mark.parametrize("backend", FAST_BACKENDS)
-def test_backward_bit_identical_across_runs(backend):
-    shape = (2, 64, 12, 10) if backend == "cpu" else (1, 8, 3, 4)
-    x, m, gy = inputs(*shape, 5, 4, 2, "NCHW")
-    first = cvops.carafe_backward(gy, x, m, 5, 4, 2, backend=backend)
-    second = cvops.carafe_backward(gy, x, m, 5, 4, 2, backend=backend)
-    assert all(bit_equal(a, b) for a, b in zip(first, second))
-    assert bit_equal(cvops.carafe(x, m, 5, 4, 2, backend=backend), cvops.carafe(x, m, 5, 4, 2, backend=backend))
-
-
-def test_module_under_torch_compile():
-    x, m, _ = inputs(1, 8, 4, 4, 3, 2, 2, "NCHW")
-    x.requires_grad_()
-    mod = cvops.nn.CARAFE(3, 2, 2)
-    compiled = torch.compile(mod, backend="aot_eager", fullgraph=True)
-    out = compiled(x, m)
-    assert_close(out, mod(x, m), 1e-6)
-    out.sum().backward()
-    assert x.grad is not None and x.grad.shape == x.shape
 
 
 # -------------------------------------------------------------------------------- modules
@@ -440,17 +376,11 @@ def test_half_precision_accumulates_in_float32_triton():
 # -------------------------------------------------------------------------------- both cpu paths (speed work)
 @pytest.mark.parametrize("path", CPU_PATHS)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_cpu_paths_match_reference(path, layout):
-    """The vectorised torch path and the numba loops each match the loop reference: unit cases in
-    every float dtype, ragged channel counts (not a multiple of the 8-lane transpose), borders."""
-    with selected(path) as backend:
-        for case in load_cases("carafe", "unit"):
-            check_layers(backend, case["N"], case["C"], case["H"], case["W"], case["kernel_size"],
-                         case["group_size"], case["scale_factor"], layout)
-        for dtype in DTYPES:
-            check_layers(backend, 2, 8, 3, 4, 3, 2, 2, layout, dtype)
-        check_layers(backend, 1, 13, 9, 11, 5, 1, 2, layout, torch.float64)   # 13 channels, 22 columns
-        check_layers(backend, 1, 20, 2, 9, 3, 4, 3, layout)
+def test_cpu_paths_ragged_channels_match_reference(path, layout):
+    """Each cpu path (the vectorised torch path and the numba loops) on channel counts that are not a multiple of
+    the 8-lane transpose, at the borders (the unit cases and dtypes are the tester's)."""
+    check_layers(path, 1, 13, 9, 11, 5, 1, 2, layout, torch.float64)   # 13 channels, 22 columns
+    check_layers(path, 1, 20, 2, 9, 3, 4, 3, layout)
 
 
 @pytest.mark.parametrize("path", CPU_PATHS)

@@ -1,5 +1,7 @@
-"""get_indice_pairs: every layer exactly equal to the loop reference (whole contract, order included),
-contract invariants at network scale, checks, MLU-OPS statuses, compile."""
+"""get_indice_pairs: the shared op tester's checks (every backend exactly equal to the loop reference, the
+whole contract, order included, on the unit cases with int32 and int64 indices; contiguity, zero elements,
+bad input, opcheck, compile, export) and what is get_indice_pairs' own: the output contract, hand-computed maps,
+a dense-convolution oracle, the numba subm map, network scale, the MLU-OPS statuses."""
 from __future__ import annotations
 
 import itertools
@@ -7,19 +9,21 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings, strategies as st
+from hypothesis import strategies as st
 
 import cvops
 from cvops import mluops
 from tests.support.cases import case_id, load_cases
-from cvops._core.errors import BadParamError, NotSupportedError, Status
+from cvops._core.errors import BadParamError, Status
 from tests.support.inputs import get_indice_pairs as voxels
-from tests.conftest import CPU_PATHS, requires_triton, select, selected
+from tests.conftest import CPU_PATHS, requires_triton, select
+from tests.support.op_tester import OpTester, Sample
 
 # the cpu backend on both of its paths (the numba loops and the torch fallback), whatever CVOPS_NUMBA the suite sets
 FAST_BACKENDS = CPU_PATHS + [pytest.param("triton", marks=requires_triton)]
 UNIT = load_cases("get_indice_pairs", "unit")
 NETWORK = load_cases("get_indice_pairs", "network")
+INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def assert_same(actual, expected):
@@ -36,6 +40,128 @@ def run(case, backend, indices=None):
 
 def _tuple(v, n):
     return tuple(v) if isinstance(v, (list, tuple)) else (v,) * n
+
+
+GOOD = dict(batch_size=2, spatial_shape=[5, 6, 7], kernel_size=3, stride=1, padding=1, dilation=1)
+
+
+def _idx():
+    return voxels.uniform_voxels(10, 2, [5, 6, 7], seed=1)
+
+
+def _bad_param(change, pattern):
+    return (" ".join(f"{k}={v}" for k, v in change.items()),
+            lambda b: cvops.get_indice_pairs(_idx(), **{**GOOD, **change, "backend": change.get("backend", b)}),
+            BadParamError, pattern)
+
+
+def _bad_indices(name, change, pattern, subm=False):
+    return (name, lambda b: cvops.get_indice_pairs(change(_idx()), **GOOD, subm=subm, backend=b), BadParamError,
+            pattern)
+
+
+def _set(row, col, value):
+    def change(idx):
+        idx[row, col] = value
+        return idx
+    return change
+
+
+@st.composite
+def _maps(draw):
+    """Any valid or invalid map of at most 30 sites on a grid of 1 to 4 dimensions."""
+    ndim, batch = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    shape = [draw(st.integers(1, 6)) for _ in range(ndim)]
+    volume = batch * torch.Size(shape).numel()
+    L = draw(st.integers(1, min(volume, 30)))
+    idx = voxels.uniform_voxels(L, batch, shape, seed=draw(st.integers(0, 99)))
+    subm = draw(st.booleans())
+    transpose = not subm and draw(st.booleans())
+    k = [draw(st.integers(1, 4)) for _ in range(ndim)]
+    s = [1] * ndim if subm else [draw(st.integers(1, 3)) for _ in range(ndim)]
+    d = [draw(st.integers(1, 2)) if s[i] == 1 else 1 for i in range(ndim)]
+    p = [draw(st.integers(0, 2)) for _ in range(ndim)]
+    return Sample(indices=idx, kw=dict(batch_size=batch, spatial_shape=shape, kernel_size=k, stride=s, padding=p,
+                                       dilation=d, subm=subm, transpose=transpose))
+
+
+@st.composite
+def _small_maps(draw):
+    """Maps of 25 sites on a 4 x 5 x 6 grid (the Triton interpreter's size)."""
+    subm, k, s = draw(st.booleans()), draw(st.integers(1, 3)), draw(st.integers(1, 2))
+    idx = voxels.uniform_voxels(25, 2, [4, 5, 6], seed=draw(st.integers(0, 50)))
+    return Sample(indices=idx, kw=dict(batch_size=2, spatial_shape=[4, 5, 6], kernel_size=k,
+                                       stride=1 if subm else s, padding=k // 2, dilation=1, subm=subm))
+
+
+class TestGetIndicePairs(OpTester):
+    op = "get_indice_pairs"
+    exact = True
+    dtypes = INDEX_DTYPES          # the index dtypes: the results are int32 either way
+    case_dtypes = INDEX_DTYPES
+    base_dtype = torch.int32
+    property_examples = {"cpu-torch": 40, "cpu-numba": 40, "triton": 6}
+    bad_inputs = tuple(_bad_param(change, pattern) for change, pattern in [
+        (dict(batch_size=0), "batch_size must be >= 1"),
+        (dict(batch_size=2.0), "batch_size must be an int"),
+        (dict(spatial_shape=[5, 6]), r"indices must be \[L, NDim \+ 1\]"),
+        (dict(spatial_shape=[5, 0, 7]), "spatial_shape must be >= 1"),
+        (dict(spatial_shape=[2, 2, 2, 2, 2]), "1 to 4 dimensions"),
+        (dict(spatial_shape=5), "spatial_shape must be a sequence"),
+        (dict(kernel_size=0), "kernel_size must be >= 1"),
+        (dict(kernel_size=[3, 3]), "kernel_size must be an int or 3 ints"),
+        (dict(stride=0), "stride must be >= 1"),
+        (dict(padding=-1), "padding must be >= 0"),
+        (dict(dilation=0), "dilation must be >= 1"),
+        (dict(stride=2, dilation=2), "cannot both be > 1"),
+        (dict(stride=[1, 2, 1], dilation=[1, 2, 1]), "dimension 1 cannot both be > 1"),
+        (dict(kernel_size=9, padding=0), "output spatial shape .* must be positive"),
+        (dict(subm=True, stride=2), "subm requires stride 1"),
+        (dict(subm=True, transpose=True), "subm and transpose"),
+        (dict(subm=True, out_spatial_shape=[5, 6, 8]), "subm requires out_spatial_shape"),
+        (dict(out_spatial_shape=[5, 0, 7]), "out_spatial_shape must be >= 1"),
+        (dict(out_padding=-1), "out_padding must be >= 0"),
+        (dict(backend="gpu"), "backend"),
+    ]) + (
+        _bad_indices("float indices", lambda i: i.float(), "dtype"),
+        _bad_indices("3-D indices", lambda i: i[None], "2-D"),
+        _bad_indices("list indices", lambda i: i.tolist(), "torch.Tensor"),
+        *(_bad_indices(f"{what} {value}", _set(3, col, value), f"indices {what} must lie in")
+          for col, value, what in ((0, 2, "batch"), (0, -1, "batch"), (1, 5, "coordinate 0"), (3, 7, "coordinate 2"),
+                                   (2, -1, "coordinate 1"))),
+        _bad_indices("subm duplicate rows", lambda i: torch.cat([i, i[2:3]]), "duplicate", subm=True),
+    )
+
+    def case_samples(self, case, layout, dtype):
+        return [Sample(indices=voxels.case_indices(case).to(dtype), kw=voxels.case_kwargs(case))]
+
+    def small_samples(self, layout, dtype):
+        idx = voxels.uniform_voxels(50, 2, [5, 6, 7], seed=2).to(dtype)
+        return [Sample(indices=idx, kw=dict(GOOD, subm=subm)) for subm in (False, True)]
+
+    def deterministic_samples(self, layout, backend):
+        if not backend.startswith("cpu"):
+            return self.small_samples(layout, torch.int32)
+        idx = voxels.lidar_voxels(2000, 2, [11, 64, 64], seed=9)
+        return [Sample(indices=idx, kw=dict(GOOD, spatial_shape=[11, 64, 64], stride=stride, subm=subm))
+                for subm, stride in ((True, 1), (False, 2))]
+
+    def grad_samples(self, layout):
+        idx = voxels.uniform_voxels(30, 2, [5, 6, 7], seed=3)
+        return [Sample(indices=idx, kw=dict(GOOD, stride=stride, subm=subm)) for subm, stride in ((False, 2), (True, 1))]
+
+    def zero_samples(self, layout):
+        idx = torch.zeros((0, 4), dtype=torch.int32)
+        return [(Sample(indices=idx, kw=dict(GOOD, subm=subm)), ((0, 4), (27, 2, 0), (27,))) for subm in (False, True)]
+
+    def check_zero(self, results, sample):
+        assert all(r.dtype == torch.int32 for r in results) and not results[2].any()
+
+    def run(self, s, backend):
+        return cvops.get_indice_pairs(s.indices, backend=backend, **s.kw)
+
+    def strategy(self, backend):
+        return _small_maps() if backend == "triton" else _maps()
 
 
 def check_contract(indices, out_indices, pairs, num, *, batch_size, spatial_shape, kernel_size=3, stride=1,
@@ -146,42 +272,16 @@ def test_output_sites_match_dense_convolution(case):
     assert torch.equal(cvops.get_indice_pairs(idx, **kw)[0], sites)
 
 
-# -------------------------------------------------------------------------------- layers vs reference
-@pytest.mark.parametrize("backend", FAST_BACKENDS)
+
+
 @pytest.mark.parametrize("case", UNIT, ids=case_id)
-def test_unit_cases_exact(backend, case, monkeypatch):
-    backend = select(backend, monkeypatch)
+def test_unit_case_reference_meets_the_contract(case):
+    """The reference's maps of the unit cases (which the tester compares every backend with) meet the contract,
+    and int64 indices give the same int32 results as int32 ones."""
     idx = voxels.case_indices(case)
     expected = run(case, "reference", idx)
-    assert_same(run(case, backend, idx), expected)
-    assert_same(run(case, backend, idx.long()), expected)  # int64 indices give the same int32 outputs
+    assert_same(run(case, "reference", idx.long()), expected)
     check_contract(idx, *expected, **voxels.case_kwargs(case))
-
-
-@pytest.mark.parametrize("path", CPU_PATHS)
-@settings(max_examples=40, deadline=None)
-@given(ndim=st.integers(1, 4), batch=st.integers(1, 3), data=st.data())
-def test_property_cpu_matches_reference(path, ndim, batch, data):
-    shape = [data.draw(st.integers(1, 6)) for _ in range(ndim)]
-    volume = batch * torch.Size(shape).numel()
-    L = data.draw(st.integers(1, min(volume, 30)))
-    idx = voxels.uniform_voxels(L, batch, shape, seed=data.draw(st.integers(0, 99)))
-    subm = data.draw(st.booleans())
-    transpose = not subm and data.draw(st.booleans())
-    k = [data.draw(st.integers(1, 4)) for _ in range(ndim)]
-    s = [1] * ndim if subm else [data.draw(st.integers(1, 3)) for _ in range(ndim)]
-    d = [data.draw(st.integers(1, 2)) if s[i] == 1 else 1 for i in range(ndim)]
-    p = [data.draw(st.integers(0, 2)) for _ in range(ndim)]
-    kw = dict(subm=subm, transpose=transpose)
-    try:
-        expected = cvops.get_indice_pairs(idx, batch, shape, k, s, p, d, **kw, backend="reference")
-    except BadParamError as err:  # e.g. an output grid of size 0
-        with selected(path) as backend, pytest.raises(BadParamError):
-            cvops.get_indice_pairs(idx, batch, shape, k, s, p, d, **kw, backend=backend)
-        assert "positive" in str(err)
-        return
-    with selected(path) as backend:
-        assert_same(cvops.get_indice_pairs(idx, batch, shape, k, s, p, d, **kw, backend=backend), expected)
 
 
 @pytest.mark.parametrize("shape,k,p,d", [((20, 30, 25), 3, 1, 1), ((9, 11, 7), (3, 1, 5), (0, 2, 1), (2, 1, 1)),
@@ -224,33 +324,6 @@ def test_subm_numba_map_same_on_two_threads(p, monkeypatch):
     finally:
         torch.set_num_threads(threads)
     assert_same(results[1], results[0])
-
-
-@requires_triton
-@settings(max_examples=6, deadline=None)
-@given(subm=st.booleans(), seed=st.integers(0, 50), k=st.integers(1, 3), s=st.integers(1, 2))
-def test_property_triton_matches_reference(subm, seed, k, s):
-    idx = voxels.uniform_voxels(25, 2, [4, 5, 6], seed=seed)
-    args = (idx, 2, [4, 5, 6], k, 1 if subm else s, k // 2, 1)
-    expected = cvops.get_indice_pairs(*args, subm=subm, backend="reference")
-    assert_same(cvops.get_indice_pairs(*args, subm=subm, backend="triton"), expected)
-
-
-def test_non_contiguous_indices():
-    idx = voxels.uniform_voxels(50, 2, [5, 6, 7], seed=2)
-    wide = torch.stack([idx, -idx], 2).reshape(50, 8)[:, ::2]
-    assert not wide.is_contiguous() and torch.equal(wide, idx)
-    for subm in (False, True):
-        assert_same(cvops.get_indice_pairs(wide, 2, [5, 6, 7], 3, 1, 1, 1, subm=subm),
-                    cvops.get_indice_pairs(idx, 2, [5, 6, 7], 3, 1, 1, 1, subm=subm, backend="reference"))
-
-
-def test_deterministic():
-    idx = voxels.lidar_voxels(2000, 2, [11, 64, 64], seed=9)
-    for subm, stride in ((True, 1), (False, 2)):
-        a = cvops.get_indice_pairs(idx, 2, [11, 64, 64], 3, stride, 1, 1, subm=subm)
-        b = cvops.get_indice_pairs(idx, 2, [11, 64, 64], 3, stride, 1, 1, subm=subm)
-        assert_same(a, b)
 
 
 # -------------------------------------------------------------------------------- network scale
@@ -309,16 +382,6 @@ def test_network_subsample_cpu_equals_triton(network):
     assert_same(run(case, "triton", small), run(case, "cpu", small))
 
 
-# -------------------------------------------------------------------------------- zero elements, sizes
-@pytest.mark.parametrize("backend", ["reference", "cpu", pytest.param("triton", marks=requires_triton)])
-@pytest.mark.parametrize("subm", [False, True])
-def test_zero_elements_return_empty(backend, subm):
-    idx = torch.zeros((0, 4), dtype=torch.int32)
-    out, pairs, num = cvops.get_indice_pairs(idx, 2, [5, 6, 7], 3, 1, 1, 1, subm=subm, backend=backend)
-    assert out.shape == (0, 4) and pairs.shape == (27, 2, 0) and torch.equal(num, torch.zeros(27, dtype=torch.int32))
-    assert out.dtype == pairs.dtype == num.dtype == torch.int32
-
-
 def test_output_size_helpers():
     assert cvops.get_conv_output_size([11, 360, 360], 3, 2, [0, 1, 1], 1) == [5, 180, 180]
     assert cvops.get_conv_output_size([41, 1440, 1440], 3, 1, 1, 1) == [41, 1440, 1440]
@@ -345,97 +408,6 @@ def test_out_spatial_shape_override():
     assert int(out[:, 1:].max()) <= 1
     check_contract(idx, out, pairs, num, batch_size=2, spatial_shape=[5, 6, 7], stride=2, padding=1,
                    out_spatial_shape=[2, 2, 2])
-
-
-# -------------------------------------------------------------------------------- bad parameters
-GOOD = dict(batch_size=2, spatial_shape=[5, 6, 7], kernel_size=3, stride=1, padding=1, dilation=1)
-
-
-def _idx():
-    return voxels.uniform_voxels(10, 2, [5, 6, 7], seed=1)
-
-
-@pytest.mark.parametrize("change,pattern", [
-    (dict(batch_size=0), "batch_size must be >= 1"),
-    (dict(batch_size=2.0), "batch_size must be an int"),
-    (dict(spatial_shape=[5, 6]), r"indices must be \[L, NDim \+ 1\]"),
-    (dict(spatial_shape=[5, 0, 7]), "spatial_shape must be >= 1"),
-    (dict(spatial_shape=[2, 2, 2, 2, 2]), "1 to 4 dimensions"),
-    (dict(spatial_shape=5), "spatial_shape must be a sequence"),
-    (dict(kernel_size=0), "kernel_size must be >= 1"),
-    (dict(kernel_size=[3, 3]), "kernel_size must be an int or 3 ints"),
-    (dict(stride=0), "stride must be >= 1"),
-    (dict(padding=-1), "padding must be >= 0"),
-    (dict(dilation=0), "dilation must be >= 1"),
-    (dict(stride=2, dilation=2), "cannot both be > 1"),
-    (dict(stride=[1, 2, 1], dilation=[1, 2, 1]), "dimension 1 cannot both be > 1"),
-    (dict(kernel_size=9, padding=0), "output spatial shape .* must be positive"),
-    (dict(subm=True, stride=2), "subm requires stride 1"),
-    (dict(subm=True, transpose=True), "subm and transpose"),
-    (dict(subm=True, out_spatial_shape=[5, 6, 8]), "subm requires out_spatial_shape"),
-    (dict(out_spatial_shape=[5, 0, 7]), "out_spatial_shape must be >= 1"),
-    (dict(out_padding=-1), "out_padding must be >= 0"),
-    (dict(backend="gpu"), "backend"),
-])
-def test_bad_parameters(change, pattern):
-    with pytest.raises(BadParamError, match=pattern):
-        cvops.get_indice_pairs(_idx(), **{**GOOD, **change})
-
-
-@pytest.mark.parametrize("backend", ["reference", "cpu"])
-def test_bad_indices(backend):
-    idx = _idx()
-    with pytest.raises(BadParamError, match="dtype"):
-        cvops.get_indice_pairs(idx.float(), **GOOD, backend=backend)
-    with pytest.raises(BadParamError, match="2-D"):
-        cvops.get_indice_pairs(idx[None], **GOOD, backend=backend)
-    with pytest.raises(BadParamError, match="torch.Tensor"):
-        cvops.get_indice_pairs(idx.tolist(), **GOOD, backend=backend)
-    for col, value, what in ((0, 2, "batch"), (0, -1, "batch"), (1, 5, "coordinate 0"), (3, 7, "coordinate 2"),
-                             (2, -1, "coordinate 1")):
-        bad = idx.clone()
-        bad[3, col] = value
-        with pytest.raises(BadParamError, match=f"indices {what} must lie in"):
-            cvops.get_indice_pairs(bad, **GOOD, backend=backend)
-
-
-@pytest.mark.parametrize("backend", ["reference", "cpu", pytest.param("triton", marks=requires_triton)])
-def test_subm_duplicate_rows_rejected_regular_conv_accepts(backend):
-    idx = _idx()
-    dup = torch.cat([idx, idx[2:3]])
-    with pytest.raises(BadParamError, match="duplicate"):
-        cvops.get_indice_pairs(dup, **GOOD, subm=True, backend=backend)
-    out, pairs, num = cvops.get_indice_pairs(dup, **GOOD, backend=backend)
-    assert_same((out, pairs, num), cvops.get_indice_pairs(dup, **GOOD, backend="reference"))
-
-
-def test_triton_backend_without_gpu_or_interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    from cvops._core.dispatch import triton_available
-    if not triton_available():
-        pytest.skip("triton not installed")
-    with pytest.raises(NotSupportedError, match="CUDA"):
-        cvops.get_indice_pairs(_idx(), **GOOD, backend="triton")
-
-
-# -------------------------------------------------------------------------------- compile
-def test_under_torch_compile():
-    idx = voxels.uniform_voxels(30, 2, [5, 6, 7], seed=3)
-
-    def fn(indices):
-        out, pairs, num = cvops.get_indice_pairs(indices, 2, [5, 6, 7], 3, 2, 1, 1)
-        return out, pairs, num * 2
-
-    compiled = torch.compile(fn, backend="aot_eager")
-    eager = fn(idx)
-    got = compiled(idx)
-    for a, b in zip(got, eager):
-        assert torch.equal(a, b)
-
-    def subm(indices):
-        return cvops.get_indice_pairs(indices, 2, [5, 6, 7], 3, 1, 1, 1, subm=True)
-
-    assert_same(torch.compile(subm, backend="aot_eager", fullgraph=True)(idx), subm(idx))
 
 
 # -------------------------------------------------------------------------------- MLU-OPS layer

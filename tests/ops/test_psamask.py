@@ -1,22 +1,24 @@
-"""psamask: every layer bit-exact against the doc's loops, checks, autograd, compile, MLU-OPS layer."""
+"""psamask: the shared op tester's checks (every backend bit-exact against the doc's loops in every dtype and
+layout, contiguity, NaN payloads, zero elements, bad input, autograd, opcheck, compile, export, script) and what
+is psamask's own: hand-computed examples, the adjoint, network scale, the numba tiles, the module and the
+MLU-OPS layer."""
 from __future__ import annotations
 
 import itertools
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import strategies as st
 
 import cvops
 from cvops import mluops
 from tests.support.cases import case_id, load_cases
 from cvops._core.errors import BadParamError, Status
-from cvops.metrics import bit_equal, diff3
-from tests.conftest import (CPU_PATHS, FAST_BACKENDS, installed_cpu_paths, requires_numba,
-                           requires_triton, selected)
+from cvops.metrics import bit_equal
+from tests.conftest import installed_cpu_paths, requires_numba, selected
+from tests.support.op_tester import LAYOUTS, OpTester, Sample
 
 MODES = ("collect", "distribute")
-LAYOUTS = ("NCHW", "NHWC")
 
 
 def make(n, h, w, c, layout, dtype=torch.float32, seed=0):
@@ -25,15 +27,96 @@ def make(n, h, w, c, layout, dtype=torch.float32, seed=0):
     return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
 
 
+def sample(n, h, w, hm, wm, mode, layout, dtype=torch.float32):
+    """Forward input and backward grad_output of an ``n x h x w`` map under an ``hm x wm`` mask."""
+    return Sample(x=make(n, h, w, hm * wm, layout, dtype), dy=make(n, h, w, h * w, layout, dtype, seed=1),
+                  mode=mode, mask=(hm, wm), layout=layout)
+
+
 def run_case(backend, n, h, w, hm, wm, mode, layout, dtype=torch.float32):
-    x = make(n, h, w, hm * wm, layout, dtype)
-    dy = make(n, h, w, h * w, layout, dtype, seed=1)
-    for fn, t in ((cvops.psamask_forward, x), (cvops.psamask_backward, dy)):
-        expected = fn(t, mode, (hm, wm), layout, backend="reference")
-        with selected(backend) as name:
-            actual = fn(t, mode, (hm, wm), layout, backend=name)
-        assert bit_equal(actual, expected), (fn.__name__, backend, n, h, w, hm, wm, mode, layout)
-        assert diff3(actual, expected) == 0
+    """Forward and backward of one sample on ``backend``: the reference's bits."""
+    TestPsamask().check(sample(n, h, w, hm, wm, mode, layout, dtype), backend,
+                        what=str((n, h, w, hm, wm, mode, layout)))
+
+
+def _x9():
+    return torch.randn(1, 9, 4, 4)
+
+
+class TestPsamask(OpTester):
+    op = "psamask"
+    exact = True
+    layouts = LAYOUTS
+    special_inputs = ("x", "dy")
+    double_backward = True
+    property_examples = {"cpu-torch": 40, "cpu-numba": 40, "triton": 8}
+    bad_inputs = (
+        # 5 channels for a 3x3 mask: accepting it would index taps 5..8 past the channel axis
+        ("channels", lambda b: cvops.psamask(torch.randn(1, 5, 4, 4), "collect", 3, backend=b), BadParamError,
+         r"input channels \(5\) must equal h_mask \* w_mask"),
+        ("channels NHWC", lambda b: cvops.psamask(torch.randn(1, 4, 4, 10), "distribute", (3, 3), "NHWC", backend=b),
+         BadParamError, r"input channels \(10\)"),
+        ("grad channels", lambda b: cvops.psamask_backward(torch.randn(1, 15, 4, 4), "collect", 3, backend=b),
+         BadParamError, r"grad_output channels \(15\) must equal h_feature \* w_feature"),
+        ("psa_type str", lambda b: cvops.psamask(_x9(), "gather", 3, backend=b), BadParamError, "psa_type"),
+        ("psa_type bool", lambda b: cvops.psamask(_x9(), True, 3, backend=b), BadParamError, "psa_type"),
+        ("mask_size 0", lambda b: cvops.psamask(_x9(), "collect", 0, backend=b), BadParamError,
+         "mask_size must be >= 1"),
+        ("mask_size triple", lambda b: cvops.psamask(_x9(), "collect", (3, 3, 1), backend=b), BadParamError,
+         "mask_size"),
+        ("mask_size float", lambda b: cvops.psamask(_x9(), "collect", 3.0, backend=b), BadParamError,
+         "mask_size must be an int"),
+        ("mask_size None", lambda b: cvops.psamask(_x9(), "collect", None, backend=b), BadParamError, "mask_size"),
+        ("rank", lambda b: cvops.psamask(torch.randn(9, 4, 4), "collect", 3, backend=b), BadParamError,
+         "input must be 4-D"),
+        ("dtype", lambda b: cvops.psamask(torch.ones(1, 9, 4, 4, dtype=torch.int32), "collect", 3, backend=b),
+         BadParamError, "input dtype"),
+        ("not a tensor", lambda b: cvops.psamask([[1.0]], "collect", 3, backend=b), BadParamError,
+         "input must be a torch.Tensor"),
+        ("layout", lambda b: cvops.psamask(_x9(), "collect", 3, "CHWN", backend=b), BadParamError, "layout"),
+        ("backend", lambda b: cvops.psamask(_x9(), "collect", 3, backend="mlu"), BadParamError, "backend"),
+    )
+
+    def case_samples(self, case, layout, dtype):
+        # every mode on each case's shape, whatever mode the case names
+        return [sample(case["N"], case["H"], case["W"], case["h_mask"], case["w_mask"], mode, layout, dtype)
+                for mode in MODES]
+
+    def interpretable(self, case):
+        return case["N"] * case["H"] * case["W"] <= 2000
+
+    def small_samples(self, layout, dtype):
+        return [sample(n, h, w, hm, wm, mode, layout, dtype)
+                for n, h, w, hm, wm in ((2, 4, 5, 3, 4), (1, 4, 4, 3, 3)) for mode in MODES]
+
+    def grad_samples(self, layout):
+        # a 3x5 feature under a 3x2 mask: collect and distribute differ, so a backward that used the other
+        # direction's adjoint fails the Jacobian comparison
+        return [sample(1, 3, 5, 3, 2, mode, layout, torch.float64) for mode in MODES]
+
+    def zero_samples(self, layout):
+        nhwc = layout == "NHWC"
+        s = Sample(x=torch.randn((0, 4, 4, 9) if nhwc else (0, 9, 4, 4)), dy=torch.randn(2, 0, 0, 0),
+                   mode="collect", mask=(3, 3), layout=layout)
+        return [(s, ((0, 4, 4, 16) if nhwc else (0, 16, 4, 4), (2, 0, 0, 9) if nhwc else (2, 9, 0, 0)))]
+
+    def run(self, s, backend):
+        return (cvops.psamask_forward(s.x, s.mode, s.mask, s.layout, backend=backend),
+                cvops.psamask_backward(s.dy, s.mode, s.mask, s.layout, backend=backend))
+
+    def autograd(self, s, backend):
+        # gradgradcheck differentiates the backward op in grad_output as well: psamask_backward's own gradient
+        return (lambda x: cvops.psamask(x, s.mode, s.mask, s.layout, backend=backend)), (s.x,)
+
+    def module(self, s):
+        return (cvops.nn.PSAMask(s.mode, s.mask), (s.x,)) if s.layout == "NCHW" else None
+
+    def strategy(self, backend):
+        small = backend == "triton"
+        return st.builds(sample, n=st.integers(1, 1 if small else 2), h=st.integers(1, 5 if small else 7),
+                         w=st.integers(1, 5 if small else 7), hm=st.integers(1, 9 if small else 15),
+                         wm=st.integers(1, 9 if small else 15), mode=st.sampled_from(MODES),
+                         layout=st.sampled_from(LAYOUTS))
 
 
 # -------------------------------------------------------------------------------- the semantics itself
@@ -65,67 +148,6 @@ def test_distribute_is_collect_transposed(layout):
     if layout == "NHWC":
         col, dist = col.permute(0, 3, 1, 2), dist.permute(0, 3, 1, 2)
     assert torch.equal(col.reshape(2, 30, 30).transpose(1, 2), dist.reshape(2, 30, 30))
-
-
-# -------------------------------------------------------------------------------- layers vs reference
-@pytest.mark.parametrize("backend", FAST_BACKENDS)
-@pytest.mark.parametrize("case", load_cases("psamask", "unit"), ids=case_id)
-def test_unit_cases_all_modes_and_layouts(backend, case):
-    for mode, layout in itertools.product(MODES, LAYOUTS):
-        if backend == "triton" and case["N"] * case["H"] * case["W"] > 2000:
-            pytest.skip("interpreter: small shapes only")
-        run_case(backend, case["N"], case["H"], case["W"], case["h_mask"], case["w_mask"], mode, layout)
-
-
-@pytest.mark.parametrize("backend", FAST_BACKENDS)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
-def test_every_float_dtype_bit_exact(backend, dtype):
-    for mode, layout in itertools.product(MODES, LAYOUTS):
-        run_case(backend, 2, 4, 5, 3, 4, mode, layout, dtype)
-
-
-@pytest.mark.parametrize("backend", FAST_BACKENDS)
-def test_nan_inf_and_payloads_copied_bit_exact(backend):
-    x = make(1, 4, 4, 9, "NCHW")
-    x[0, 4, 1, 1] = float("nan")
-    x[0, 3, 2, 2] = float("inf")
-    x[0, 5, 0, 1] = float("-inf")
-    x.view(torch.int32)[0, 0, 1, 1] = 0x7FC00123  # a NaN with a payload
-    for mode in MODES:
-        expected = cvops.psamask(x, mode, 3, backend="reference")
-        with selected(backend) as name:
-            actual = cvops.psamask(x, mode, 3, backend=name)
-        assert bit_equal(actual, expected)
-        assert torch.isnan(actual).any() and torch.isinf(actual).any()
-
-
-@pytest.mark.parametrize("path", CPU_PATHS)
-@settings(max_examples=40, deadline=None)
-@given(n=st.integers(1, 2), h=st.integers(1, 7), w=st.integers(1, 7), hm=st.integers(1, 15),
-       wm=st.integers(1, 15), mode=st.sampled_from(MODES), layout=st.sampled_from(LAYOUTS))
-def test_property_cpu_matches_reference(path, n, h, w, hm, wm, mode, layout):
-    run_case(path, n, h, w, hm, wm, mode, layout)
-
-
-@requires_triton
-@settings(max_examples=8, deadline=None)
-@given(h=st.integers(1, 5), w=st.integers(1, 5), hm=st.integers(1, 9), wm=st.integers(1, 9),
-       mode=st.sampled_from(MODES), layout=st.sampled_from(LAYOUTS))
-def test_property_triton_matches_reference(h, w, hm, wm, mode, layout):
-    run_case("triton", 1, h, w, hm, wm, mode, layout)
-
-
-@pytest.mark.parametrize("path", CPU_PATHS)
-def test_non_contiguous_input(path):
-    x = make(2, 6, 5, 9 * 2, "NCHW")[:, ::2]  # channel stride 2 * H * W
-    dy = make(3, 6, 5, 30, "NHWC", seed=2)[1:, :, :, :]  # storage offset
-    assert not x.is_contiguous()
-    for mode in MODES:
-        with selected(path):
-            out = cvops.psamask(x, mode, 3)
-            dx = cvops.psamask_backward(dy, mode, 3, "NHWC")
-        assert bit_equal(out, cvops.psamask(x.contiguous(), mode, 3, backend="reference"))
-        assert bit_equal(dx, cvops.psamask_backward(dy.contiguous(), mode, 3, "NHWC", backend="reference"))
 
 
 # -------------------------------------------------------------------------------- network scale
@@ -178,58 +200,6 @@ def test_numba_result_independent_of_thread_count(layout):
                 torch.set_num_threads(threads)
     finally:
         torch.set_num_threads(threads)
-
-
-# -------------------------------------------------------------------------------- bad parameters
-@pytest.mark.parametrize("backend", ["reference", "cpu", pytest.param("triton", marks=requires_triton)])
-def test_channels_must_equal_mask_area(backend):
-    # 5 channels for a 3x3 mask: accepting it would index taps 5..8 past the channel axis
-    with pytest.raises(BadParamError, match=r"input channels \(5\) must equal h_mask \* w_mask"):
-        cvops.psamask(torch.randn(1, 5, 4, 4), "collect", 3, backend=backend)
-    with pytest.raises(BadParamError, match=r"input channels \(10\)"):
-        cvops.psamask(torch.randn(1, 4, 4, 10), "distribute", (3, 3), "NHWC", backend=backend)
-    with pytest.raises(BadParamError, match=r"grad_output channels \(15\) must equal h_feature \* w_feature"):
-        cvops.psamask_backward(torch.randn(1, 15, 4, 4), "collect", 3, backend=backend)
-
-
-@pytest.mark.parametrize("call, error, fragment", [
-    (lambda: cvops.psamask(torch.randn(1, 9, 4, 4), "gather", 3), BadParamError, "psa_type"),
-    (lambda: cvops.psamask(torch.randn(1, 9, 4, 4), True, 3), BadParamError, "psa_type"),
-    (lambda: cvops.psamask(torch.randn(1, 9, 4, 4), "collect", 0), BadParamError, "mask_size must be >= 1"),
-    (lambda: cvops.psamask(torch.randn(1, 9, 4, 4), "collect", (3, 3, 1)), BadParamError, "mask_size"),
-    (lambda: cvops.psamask(torch.randn(1, 9, 4, 4), "collect", 3.0), BadParamError, "mask_size must be an int"),
-    (lambda: cvops.psamask(torch.randn(1, 9, 4, 4), "collect", None), BadParamError, "mask_size"),
-    (lambda: cvops.psamask(torch.randn(9, 4, 4), "collect", 3), BadParamError, "input must be 4-D"),
-    (lambda: cvops.psamask(torch.ones(1, 9, 4, 4, dtype=torch.int32), "collect", 3), BadParamError, "input dtype"),
-    (lambda: cvops.psamask([[1.0]], "collect", 3), BadParamError, "input must be a torch.Tensor"),
-    (lambda: cvops.psamask(torch.randn(1, 9, 4, 4), "collect", 3, "CHWN"), BadParamError, "layout"),
-    (lambda: cvops.psamask(torch.randn(1, 9, 4, 4), "collect", 3, backend="mlu"), BadParamError, "backend"),
-])
-def test_bad_parameters_raise_naming_the_argument(call, error, fragment):
-    with pytest.raises(error, match=fragment):
-        call()
-
-
-def test_zero_elements_give_zero_sized_results():
-    x = torch.randn(0, 9, 4, 4)
-    assert cvops.psamask(x, "collect", 3).shape == (0, 16, 4, 4)
-    assert cvops.psamask_backward(torch.randn(2, 0, 0, 0), "collect", 3).shape == (2, 9, 0, 0)
-
-
-# -------------------------------------------------------------------------------- autograd
-@pytest.mark.parametrize("backend", ["reference", "cpu-torch", pytest.param("cpu-numba", marks=requires_numba)])
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_gradcheck_forward_and_double_backward(backend, mode, layout):
-    # a 3x5 feature under a 3x2 mask: collect and distribute differ, so a backward that used the other
-    # direction's adjoint fails the Jacobian comparison
-    x = make(1, 3, 5, 6, layout, torch.float64).requires_grad_()
-    with selected(backend) as name:
-        assert torch.autograd.gradcheck(lambda t: cvops.psamask(t, mode, (3, 2), layout, backend=name), (x,))
-        assert torch.autograd.gradgradcheck(lambda t: cvops.psamask(t, mode, (3, 2), layout, backend=name), (x,))
-        dy = make(1, 3, 5, 15, layout, torch.float64).requires_grad_()
-        assert torch.autograd.gradcheck(
-            lambda t: cvops.psamask_backward(t, mode, (3, 2), layout, backend=name), (dy,))
 
 
 def test_backward_is_the_adjoint_of_its_own_mode():
@@ -302,17 +272,6 @@ def test_mluops_bad_parameters_return_bad_param():
     assert status == Status.BAD_PARAM
     assert mluops.psamask_forward(None, 0, mluops.descriptor_of(x, 1), x, 3, 3,
                                   mluops.descriptor_of(y, 1), y) == Status.BAD_PARAM
-
-
-def test_module_under_torch_compile_with_backward():
-    x = make(1, 4, 5, 12, "NCHW").requires_grad_()
-    mod = cvops.nn.PSAMask("distribute", (4, 3))
-    compiled = torch.compile(mod, backend="aot_eager", fullgraph=True)
-    out = compiled(x)
-    assert bit_equal(out, cvops.psamask(x.detach(), "distribute", (4, 3), backend="reference"))
-    dy = make(1, 4, 5, 20, "NCHW", seed=5)
-    out.backward(dy)
-    assert bit_equal(x.grad, cvops.psamask_backward(dy, "distribute", (4, 3), backend="reference"))
 
 
 # -------------------------------------------------------------------------------- numba sheared tiles (NCHW)

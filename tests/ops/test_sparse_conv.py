@@ -1,8 +1,10 @@
 """cvops.sparse: sparse convolution layers on get_indice_pairs, checked against dense torch convolutions.
 
-Every layer (SparseConv, SubMConv, SparseInverseConv, 2-D and 3-D) must equal the dense convolution of
-``.dense()`` restricted to the output sites, forward and both gradients; the backends (loop reference,
-torch, Triton under the interpreter) must agree; half types within diff1/diff2 <= 3e-3.
+The shared op tester runs :func:`cvops.sparse.indice_conv` (forward and both gradients) on every backend against
+the loop reference (float32 within diff1/diff2 1e-6, half types within 3e-3 of the float64 reference), with
+non-contiguous inputs, NaN and infinities, zero rows, bad input, gradcheck, opcheck, compile and export. Here:
+every layer (SparseConv, SubMConv, SparseInverseConv, 2-D and 3-D) must equal the dense convolution of
+``.dense()`` restricted to the output sites, forward and both gradients; the modules, weights and cache.
 """
 from __future__ import annotations
 
@@ -15,6 +17,103 @@ from cvops._core.errors import BadParamError, NotSupportedError
 from cvops.metrics import bit_equal, diff1, diff2
 from tests.conftest import requires_triton
 from tests.ops._sparse_kmap import MAP_CASES, build_kernel_map, map_case, random_sparse
+from tests.support.op_tester import OpTester, Sample
+
+
+def conv_sample(feats, weight, pairs, num, num_out, inverse, ident, dtype=torch.float32, seed=1):
+    """An ``indice_conv`` call on a kernel map, with the gradient of its output for the backward."""
+    grad = torch.randn(num_out, weight.shape[2], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return Sample(feats=feats.to(dtype), weight=weight.to(dtype), grad=grad.to(dtype), pairs=pairs, num=num,
+                  num_out=num_out, inverse=inverse, ident=ident)
+
+
+def _good():
+    feats, weight, pairs, num, num_out, _, _ = map_case(seed=17)
+    return dict(features=feats, weight=weight, indice_pairs=pairs, indice_num=num, num_out=num_out)
+
+
+def _bad(change, match):
+    def call(backend):
+        args = _good()
+        args["indice_pairs"] = args["indice_pairs"].clone()
+        change(args)
+        return sparse.indice_conv(**{"backend": backend, **args})
+    return (match, call, BadParamError, match)
+
+
+def _gradcheck_sample(subm):
+    x = random_sparse(1, (3, 4, 3), 9, 2, seed=11)
+    stride = 1 if subm else 2
+    out, pairs, num = build_kernel_map(x.indices, 1, x.spatial_shape, [3, 3, 3], [stride] * 3, [1] * 3, [1] * 3,
+                                       subm=subm)
+    weight = torch.randn(27, 2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(int(subm)))
+    return conv_sample(x.features, weight, pairs, num, out.shape[0], False, 13 if subm else -1, torch.float64)
+
+
+class TestIndiceConv(OpTester):
+    op = "sparse_conv"
+    exact = False
+    special_inputs = ("feats", "grad")
+    reference_in_float64 = True    # half types are held to the float64 result, not to its rounding
+    gradcheck_fast = ("reference", "triton")
+    opcheck_backward = False       # the backward op has no gradient of its own (as in spconv)
+    property_examples = {}
+    bad_inputs = tuple(_bad(change, match) for change, match in [
+        (lambda a: a.update(features=a["features"].int()), "features dtype"),
+        (lambda a: a.update(features=a["features"][None]), "features must be 2-D"),
+        (lambda a: a.update(weight=a["weight"].double()), "weight dtype"),
+        (lambda a: a.update(weight=a["weight"][:, :2]), "in_channels"),
+        (lambda a: a.update(weight=a["weight"][:26]), r"indice_pairs must be \[K=26"),
+        (lambda a: a.update(indice_pairs=a["indice_pairs"].float()), "indice_pairs dtype"),
+        (lambda a: a.update(indice_pairs=a["indice_pairs"][:, :1]), r"indice_pairs must be \[K=27, 2, L\]"),
+        (lambda a: a.update(indice_num=a["indice_num"][:5]), "indice_num must have K=27"),
+        (lambda a: a.update(indice_num=a["indice_num"] + 1000), r"indice_num values must lie in \[0, L"),
+        (lambda a: a.update(num_out=-1), "num_out must be >= 0"),
+        (lambda a: a.update(num_out=1.5), "num_out must be an int"),
+        (lambda a: a.update(num_out=1), r"indice_pairs\[:, 1\] \(output rows\) must lie in \[0, 1\)"),
+        (lambda a: a["indice_pairs"].__setitem__((0, 0, 0), 10**6) if int(a["indice_num"][0]) else
+         a["indice_pairs"].__setitem__((13, 0, 0), 10**6), r"indice_pairs\[:, 0\] \(input rows\)"),
+        (lambda a: a.update(inverse=1), "inverse must be a bool"),
+        (lambda a: a.update(identity_offset=27), "identity_offset"),
+        (lambda a: a.update(identity_offset=13), "identity_offset 13 needs"),
+        (lambda a: a.update(backend="cuda"), "backend must be one of"),
+    ])
+
+    def unit_cases(self):
+        return [{"name": name, **params} for name, params in MAP_CASES.items()]
+
+    def case_samples(self, case, layout, dtype):
+        params = {k: v for k, v in case.items() if k != "name"}
+        return [conv_sample(*map_case(**params), dtype)]
+
+    def small_samples(self, layout, dtype):
+        return [conv_sample(*map_case(subm=True, seed=9, n=40), dtype)]
+
+    def grad_samples(self, layout):
+        return [_gradcheck_sample(subm) for subm in (False, True)]
+
+    def zero_samples(self, layout):
+        none = torch.full((27, 2, 0), -1, dtype=torch.int32), torch.zeros(27, dtype=torch.int32)
+        unpaired = torch.full((27, 2, 5), -1, dtype=torch.int32), torch.zeros(27, dtype=torch.int32)
+        weight = torch.randn(27, 3, 2, dtype=torch.float64)
+        return [(conv_sample(torch.zeros(0, 3), weight, *none, 0, False, -1, torch.float64),
+                 ((0, 2), (0, 3), (27, 3, 2))),
+                # input rows but no pairs and no output rows: empty output, zero gradients
+                (conv_sample(torch.randn(5, 3), weight, *unpaired, 0, False, -1, torch.float64),
+                 ((0, 2), (5, 3), (27, 3, 2)))]
+
+    def run(self, s, backend):
+        f, w = s.feats.detach().requires_grad_(), s.weight.detach().requires_grad_()
+        out = sparse.indice_conv(f, w, s.pairs, s.num, s.num_out, inverse=s.inverse, identity_offset=s.ident,
+                                 backend=backend)
+        return (out.detach(), *torch.autograd.grad(out, (f, w), s.grad))
+
+    def autograd(self, s, backend):
+        return (lambda f, w: sparse.indice_conv(f, w, s.pairs, s.num, s.num_out, inverse=s.inverse,
+                                                identity_offset=s.ident, backend=backend)), (s.feats, s.weight)
+
+    def tolerance(self, dtype, backend):
+        return {torch.float64: 1e-12, torch.float32: 1e-6}.get(dtype, 3e-3)
 
 
 @pytest.mark.parametrize("subm,kernel,stride,padding,dilation", [
@@ -139,26 +238,6 @@ def test_inverse_conv3d_is_transposed_conv_on_input_sites(kernel, stride, paddin
 
 
 # ----------------------------------------------------------------------------- backends and dtypes
-@pytest.mark.parametrize("case", list(MAP_CASES))
-@pytest.mark.parametrize("backend", ["cpu", pytest.param("triton", marks=requires_triton)])
-def test_backends_match_reference(case, backend):
-    feats, weight, pairs, num, num_out, inverse, ident = map_case(**MAP_CASES[case])
-    feats = feats.clone().requires_grad_()
-    weight = weight.clone().requires_grad_()
-    out = sparse.indice_conv(feats, weight, pairs, num, num_out, inverse=inverse, identity_offset=ident,
-                             backend=backend)
-    grad = torch.randn_like(out)
-    gf, gw = torch.autograd.grad(out, (feats, weight), grad)
-    ref = sparse.indice_conv(feats, weight, pairs, num, num_out, inverse=inverse, identity_offset=ident,
-                             backend="reference")
-    rgf, rgw = torch.autograd.grad(ref, (feats, weight), grad)
-    if ident >= 0:  # the subm identity path must give the same as treating the offset as any other
-        plain = sparse.indice_conv(feats, weight, pairs, num, num_out, inverse=inverse, backend=backend)
-        torch.testing.assert_close(out, plain, atol=1e-5, rtol=1e-5)
-    for a, b in ((out, ref), (gf, rgf), (gw, rgw)):
-        assert diff1(a, b) < 1e-6 and diff2(a, b) < 1e-6
-
-
 @pytest.mark.parametrize("inverse", [False, True])
 def test_pairs_sorted_by_output_give_the_same_result(inverse):
     feats, weight, pairs, num, num_out, inverse, ident = map_case(inverse=inverse, seed=19)
@@ -192,38 +271,6 @@ def test_triton_gather_scatter_rows():
     expected = dst.clone()
     expected[idx.long()] += src[:33]
     assert bit_equal(tri.scatter_add_rows(dst, idx, src[:33].contiguous()), expected)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("backend", ["cpu", pytest.param("triton", marks=requires_triton)])
-def test_low_precision_against_float64(dtype, backend):
-    feats, weight, pairs, num, num_out, inverse, ident = map_case(subm=True, seed=9, n=40)
-    f = feats.to(dtype).requires_grad_()
-    w = weight.to(dtype).requires_grad_()
-    out = sparse.indice_conv(f, w, pairs, num, num_out, identity_offset=ident, backend=backend)
-    assert out.dtype == dtype
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
-    gf, gw = torch.autograd.grad(out, (f, w), grad)
-    f64, w64 = f.detach().double().requires_grad_(), w.detach().double().requires_grad_()
-    ref = sparse.indice_conv(f64, w64, pairs, num, num_out, backend="reference")
-    rgf, rgw = torch.autograd.grad(ref, (f64, w64), grad.double())
-    for a, b in ((out, ref), (gf, rgf), (gw, rgw)):
-        assert a.dtype == dtype
-        assert diff1(a, b) <= 3e-3 and diff2(a, b) <= 3e-3
-
-
-def test_gradcheck_float64():
-    x = random_sparse(1, (3, 4, 3), 9, 2, seed=11)
-    for subm, stride in ((False, 2), (True, 1)):
-        _, pairs, num = build_kernel_map(x.indices, 1, x.spatial_shape, [3, 3, 3], [stride] * 3, [1] * 3, [1] * 3,
-                                         subm=subm)
-        num_out = x.features.shape[0] if subm else build_kernel_map(
-            x.indices, 1, x.spatial_shape, [3, 3, 3], [stride] * 3, [1] * 3, [1] * 3)[0].shape[0]
-        ident = 13 if subm else -1
-        f = x.features.clone().requires_grad_()
-        w = torch.randn(27, 2, 3, dtype=torch.float64, requires_grad=True)
-        assert torch.autograd.gradcheck(
-            lambda f, w: sparse.indice_conv(f, w, pairs, num, num_out, identity_offset=ident), (f, w))
 
 
 def test_deterministic_bits():
@@ -305,74 +352,7 @@ def test_weight_layouts_roundtrip_and_load():
         sparse.convert_weight(w_mmcv, "nchw")
 
 
-def test_zero_rows():
-    x = sparse.SparseConvTensor(torch.zeros(0, 3, dtype=torch.float64), torch.zeros(0, 4, dtype=torch.int32),
-                                [4, 4, 4], 1)
-    feats = x.features.clone().requires_grad_()
-    out = sparse.indice_conv(feats, torch.randn(27, 3, 2, dtype=torch.float64),
-                             torch.full((27, 2, 0), -1, dtype=torch.int32), torch.zeros(27, dtype=torch.int32), 0)
-    assert out.shape == (0, 2)
-    out.sum().backward()
-    assert feats.grad.shape == (0, 3)
-    # input rows but no pairs and no output rows: empty output, zero gradients (every backend)
-    for backend in ("cpu", "reference", "triton"):
-        f = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
-        w = torch.randn(27, 3, 2, dtype=torch.float64, requires_grad=True)
-        out = sparse.indice_conv(f, w, torch.full((27, 2, 5), -1, dtype=torch.int32),
-                                 torch.zeros(27, dtype=torch.int32), 0, backend=backend)
-        assert out.shape == (0, 2)
-        gf, gw = torch.autograd.grad(out.sum(), (f, w))
-        assert torch.equal(gf, torch.zeros_like(f)) and torch.equal(gw, torch.zeros_like(w))
-
-
-def test_torch_compile_indice_conv():
-    feats, weight, pairs, num, num_out, _, ident = map_case(subm=True, seed=16)
-    f = feats.clone().requires_grad_()
-    fn = torch.compile(lambda f, w: sparse.indice_conv(f, w, pairs, num, num_out, identity_offset=ident).relu().sum(),
-                       backend="aot_eager", fullgraph=True)
-    loss = fn(f, weight)
-    loss.backward()
-    f2 = feats.clone().requires_grad_()
-    ref = sparse.indice_conv(f2, weight, pairs, num, num_out, identity_offset=ident).relu().sum()
-    ref.backward()
-    torch.testing.assert_close(loss, ref)
-    torch.testing.assert_close(f.grad, f2.grad)
-
-
 # ----------------------------------------------------------------------------- bad parameters
-def _good():
-    feats, weight, pairs, num, num_out, _, _ = map_case(seed=17)
-    return dict(features=feats, weight=weight, indice_pairs=pairs, indice_num=num, num_out=num_out)
-
-
-@pytest.mark.parametrize("change,match", [
-    (lambda a: a.update(features=a["features"].int()), "features dtype"),
-    (lambda a: a.update(features=a["features"][None]), "features must be 2-D"),
-    (lambda a: a.update(weight=a["weight"].double()), "weight dtype"),
-    (lambda a: a.update(weight=a["weight"][:, :2]), "in_channels"),
-    (lambda a: a.update(weight=a["weight"][:26]), r"indice_pairs must be \[K=26"),
-    (lambda a: a.update(indice_pairs=a["indice_pairs"].float()), "indice_pairs dtype"),
-    (lambda a: a.update(indice_pairs=a["indice_pairs"][:, :1]), r"indice_pairs must be \[K=27, 2, L\]"),
-    (lambda a: a.update(indice_num=a["indice_num"][:5]), "indice_num must have K=27"),
-    (lambda a: a.update(indice_num=a["indice_num"] + 1000), r"indice_num values must lie in \[0, L"),
-    (lambda a: a.update(num_out=-1), "num_out must be >= 0"),
-    (lambda a: a.update(num_out=1.5), "num_out must be an int"),
-    (lambda a: a.update(num_out=1), r"indice_pairs\[:, 1\] \(output rows\) must lie in \[0, 1\)"),
-    (lambda a: a["indice_pairs"].__setitem__((0, 0, 0), 10**6) if int(a["indice_num"][0]) else
-     a["indice_pairs"].__setitem__((13, 0, 0), 10**6), r"indice_pairs\[:, 0\] \(input rows\)"),
-    (lambda a: a.update(inverse=1), "inverse must be a bool"),
-    (lambda a: a.update(identity_offset=27), "identity_offset"),
-    (lambda a: a.update(identity_offset=13), "identity_offset 13 needs"),
-    (lambda a: a.update(backend="cuda"), "backend must be one of"),
-])
-def test_bad_parameters(change, match):
-    args = _good()
-    args["indice_pairs"] = args["indice_pairs"].clone()
-    change(args)
-    with pytest.raises(BadParamError, match=match):
-        sparse.indice_conv(**args)
-
-
 def test_bad_module_parameters():
     with pytest.raises(NotSupportedError, match="groups"):
         sparse.SparseConv3d(2, 2, 3, groups=2)
