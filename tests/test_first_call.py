@@ -135,9 +135,10 @@ def test_a_fresh_process_gets_the_kernels_results_from_its_first_call(first_call
     waiting, torch_path = torch.load(tmp / "wait.pt"), torch.load(tmp / "torch.pt")
     for name, result in first.items():
         assert len(result) == len(waiting[name]) and all(torch.equal(a, b) for a, b in zip(result, waiting[name])), name
-    # a real check: the accumulating ops' kernels and torch code differ in their last bits here
-    for name in ("carafe", "psroi_pool"):
-        assert not all(torch.equal(a, b) for a, b in zip(first[name], torch_path[name])), name
+    # a real check: some accumulating op's kernels and torch code differ in their last bits here (psroipool's
+    # plain torch path sums in the kernel's order and may agree bit for bit)
+    assert any(not all(torch.equal(a, b) for a, b in zip(first[name], torch_path[name]))
+               for name in ("carafe", "psroi_pool"))
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
