@@ -125,6 +125,10 @@ class TestMaskedIm2col(OpTester):
         feature = torch.randn(1, 4, 6, 5, generator=torch.Generator().manual_seed(2)).to(dtype)
         return samples + [im2col_sample(feature, *random_points(40, -3, 9, torch.int64, seed=3), (3, 4), (1, 2))]
 
+    def deterministic_samples(self, layout, backend):
+        samples = self.small_samples(layout, torch.float32)
+        return samples[-1:] + samples[:-1]   # the backward's sums of duplicate points first (the interpreter's)
+
     def special_samples(self, layout):
         # the small samples hold NaN and infinities already (test_dtype); the widest window once more
         return [s for s in self.small_samples(layout, torch.float32) if s.kernel == (9, 11)]
@@ -235,14 +239,16 @@ def test_triton_doc_case_subsample():
                      ref_im2col(feature, h, w, kernel, pad))
 
 
-def test_expanded_feature(cpu_path):
-    """A feature expanded from one channel (stride 0) and strided index tensors (the tester's non-contiguous
-    views step by 2 or transpose)."""
-    view = torch.randn(1, 1, 7, 5).expand(1, 6, 7, 5)
+def test_sliced_half_and_expanded_feature(cpu_path):
+    """A float16 view with a storage offset and channel and column steps, a feature expanded from one channel
+    (stride 0), strided index tensors (the tester's non-contiguous views: float32, every dimension stepping by 2
+    or transposed)."""
+    big = special_feature((1, 12, 10, 15), torch.float16)
     h, w = random_points(40, -3, 13, torch.int32, seed=4)
-    for kernel, pad in [((3, 3), (1, 1)), ((2, 5), (0, 3)), ((9, 2), (1, 0))]:
-        assert bit_equal(cvops.masked_im2col(view, h[::2], w[1::2], kernel, pad),
-                         ref_im2col(view, h[::2], w[1::2], kernel, pad)), kernel
+    for view in (big[:, 1::3, 2:9, ::2], torch.randn(1, 1, 7, 5).expand(1, 6, 7, 5)):
+        for kernel, pad in [((3, 3), (1, 1)), ((2, 5), (0, 3)), ((9, 2), (1, 0))]:
+            assert bit_equal(cvops.masked_im2col(view, h[::2], w[1::2], kernel, pad),
+                             ref_im2col(view, h[::2], w[1::2], kernel, pad)), (view.stride(), kernel)
 
 
 @requires_numba
