@@ -99,8 +99,9 @@ def _bad_forward(kwargs, match):
 
 def _bad_backward(kwargs, match):
     def call(backend):
-        args = dict(top_grad=torch.ones(1, 1, 3, 3), rois=ROI, mapping_channel=torch.zeros(1, 1, 3, 3, dtype=torch.int32),
-                    spatial_scale=1.0, output_dim=1, input_shape=(1, 9, 5, 5), layout="NCHW", backend=backend)
+        args = dict(top_grad=torch.ones(1, 1, 3, 3), rois=ROI,
+                    mapping_channel=torch.zeros(1, 1, 3, 3, dtype=torch.int32), spatial_scale=1.0, output_dim=1,
+                    input_shape=(1, 9, 5, 5), layout="NCHW", backend=backend)
         return cvops.psroi_pool_backward(**{**args, **kwargs})
     return ("backward " + " ".join(kwargs), call, BadParamError, match)
 
