@@ -148,7 +148,8 @@ class TestGetIndicePairs(OpTester):
 
     def grad_samples(self, layout):
         idx = voxels.uniform_voxels(30, 2, [5, 6, 7], seed=3)
-        return [Sample(indices=idx, kw=dict(GOOD, stride=stride, subm=subm)) for subm, stride in ((False, 2), (True, 1))]
+        return [Sample(indices=idx, kw=dict(GOOD, stride=stride, subm=subm))
+                for subm, stride in ((False, 2), (True, 1))]
 
     def zero_samples(self, layout):
         idx = torch.zeros((0, 4), dtype=torch.int32)

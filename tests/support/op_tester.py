@@ -418,22 +418,24 @@ class OpTester:
         return Call(), tuple(tensors)
 
     def test_compile(self, layout):
+        """The call (and the op's module, where it has one) under ``torch.compile(fullgraph=True)``: the eager
+        results and gradients."""
         torch._dynamo.reset()
         for sample in self.grad_samples(layout):
-            module, args = self._call_module(sample)
-            compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
-            eager_args = tuple(a.detach().clone().requires_grad_(a.is_floating_point()) for a in args)
-            compiled_args = tuple(a.detach().clone().requires_grad_(a.is_floating_point()) for a in args)
-            expected, actual = _as_tuple(module(*eager_args)), _as_tuple(compiled(*compiled_args))
-            self.assert_matches(actual, expected, "compile")
-            grads = [torch.randn(o.shape, dtype=o.dtype, generator=torch.Generator().manual_seed(i))
-                     for i, o in enumerate(expected) if o.requires_grad]
-            if grads:
-                differentiable = [o for o in expected if o.requires_grad]
-                torch.autograd.backward(differentiable, grads)
-                torch.autograd.backward([o for o in actual if o.requires_grad], grads)
-                self.assert_matches([a.grad for a in compiled_args if a.requires_grad],
-                                    [a.grad for a in eager_args if a.requires_grad], "compile", "grads")
+            for module, args in [self._call_module(sample)] + [m for m in [self.module(sample)] if m is not None]:
+                compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
+                eager_args = tuple(a.detach().clone().requires_grad_(a.is_floating_point()) for a in args)
+                compiled_args = tuple(a.detach().clone().requires_grad_(a.is_floating_point()) for a in args)
+                expected, actual = _as_tuple(module(*eager_args)), _as_tuple(compiled(*compiled_args))
+                self.assert_matches(actual, expected, "compile", type(module).__name__)
+                grads = [torch.randn(o.shape, dtype=o.dtype, generator=torch.Generator().manual_seed(i))
+                         for i, o in enumerate(expected) if o.requires_grad]
+                if grads:
+                    torch.autograd.backward([o for o in expected if o.requires_grad], grads)
+                    torch.autograd.backward([o for o in actual if o.requires_grad], grads)
+                    pairs = [(c.grad, e.grad) for c, e in zip(compiled_args, eager_args) if e.grad is not None]
+                    assert pairs and all(c is not None for c, _ in pairs)
+                    self.assert_matches(*zip(*pairs), "compile", "grads")
 
     def test_export(self, layout):
         for sample in self.grad_samples(layout):
