@@ -343,7 +343,7 @@ def test_numba_sheared_tiles_copy_nan_payloads():
 @requires_numba
 @pytest.mark.parametrize("mode", MODES)
 def test_numba_cityscapes_map_matches_strided_copies(mode):
-    """PSANet's whole-image test map through the sheared tiles, against the (reference-tested) strided copies."""
+    """PSANet's whole-image test map through the sheared tiles, against the (reference-tested) torch path."""
     case = next(c for c in load_cases("psamask", "network") if c["name"] == f"psanet_cityscapes_test_{mode}")
     h, w, mask = case["H"], case["W"], (case["h_mask"], case["w_mask"])
     x = make(1, h, w, mask[0] * mask[1], "NCHW")
