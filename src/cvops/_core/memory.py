@@ -2,8 +2,8 @@
 
 Every output is a fresh torch tensor from torch's CPU allocator: cvops keeps no buffer of its own, so no
 memory is ever handed out while a tensor, view, storage object, numpy array or DLPack capsule still refers
-to it. (An earlier version recycled large output buffers once their storage looked unused; a storage's use
-count is a private torch API and cannot see every holder, so the recycler went.)
+to it. (Whether a buffer is free cannot be known through public APIs: a storage's use count is private
+and does not see every holder, so nothing is recycled.)
 
 Fresh memory is a large part of the pure-IO operators' cost on the CPU: a new large tensor is backed by
 4 KiB pages that the kernel faults in and zeroes on first touch. Large buffers therefore ask the kernel for
