@@ -288,7 +288,8 @@ class OpTester:
     def test_non_contiguous(self, backend, layout):
         for i, sample in enumerate(self._interpreted(self.small_samples(layout, self.base_dtype), backend)):
             expected = self.results(sample, "reference")
-            for view in (strided, transposed):
+            # the interpreter: one view (a kernel reads any strides the same way; the cpu paths pick by layout)
+            for view in (strided,) if backend == "triton" else (strided, transposed):
                 changed = sample.replace(**{k: view(t) for k, t in sample.tensors().items()})
                 assert any(not t.is_contiguous() for t in changed.tensors().values())
                 self.check(changed, backend, expected, f"#{i} {view.__name__}")
