@@ -17,7 +17,6 @@ from typing import List as _List, Optional as _Optional, Tuple as _Tuple, Union 
 import torch as _torch
 from torch import Tensor as _Tensor, nn as _nn
 
-from ._core.errors import BadParamError as _BadParamError
 from ._core.validate import check_int as _check_int, pair as _pair, require as _require
 from .ops.carafe import carafe as _carafe, checks as _carafe_checks
 from .ops.masked_im2col import masked_conv2d as _masked_conv2d
@@ -109,12 +108,6 @@ def _script_masked_conv2d(input: _Tensor, mask: _Tensor, weight: _Tensor, bias: 
     out = weight.reshape(out_channels, -1).mm(col) if bias is None else \
         _torch.addmm(bias[:, None], weight.reshape(out_channels, -1), col)
     return _torch.ops.cvops.masked_col2im(out, h_idx, w_idx, out_h, out_w, None)
-
-
-def _carafe_int(name: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _BadParamError("CARAFE", f"{name} must be an int, got {value!r}")
-    return value
 
 
 class CARAFE(_nn.Module):
