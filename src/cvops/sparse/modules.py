@@ -1,26 +1,7 @@
 """Sparse convolution modules: the one implementation behind ``cvops.sparse``, ``cvops.spconv`` and
-``cvops.mmcv``'s sparse classes.
-
-Conventions of the layers (decisions.md; they follow spconv 2.x and mmcv, not the design doc):
-
-- SubM centres the kernel on every site and ignores ``padding``: the kernel map is built with
-  ``padding = dilation * (k // 2)`` per axis, so ``SubMConv3d(c, c, 3)`` (padding left at spconv's default
-  0) and ``SubMConv3d(c, c, 3, padding=1)`` compute the same thing, as in spconv and mmcv. The functional
-  :func:`cvops.get_indice_pairs` keeps the design doc's padding-as-given.
-- ``indice_key`` names one kernel map, cached in the output's ``indice_dict`` (a copy of the input's with
-  the new map added; the input's dict is never written, as in spconv 2.x): a SubM layer reuses the map of
-  an earlier SubM layer with the same key (kernel size and dilation must agree, and the input must be on
-  the very sites, in the same row order, the map was built on; otherwise ``BadParamError``, where spconv
-  raises ``ValueError``); an inverse convolution runs the map of the sparse convolution it inverts
-  backwards (on that conv's output sites); a sparse conv reuses a map only with the same geometry and
-  sites (spconv refuses any reuse by a sparse conv).
-- Weight layout is a class attribute: ``WEIGHT_LAYOUT = "spconv"`` (spconv 2.x's ``[out, *kernel, in]``,
-  the default here and in ``cvops.spconv``) or ``"mmcv"`` (``[*kernel, in, out]``, ``cvops.mmcv``).
-  :func:`cvops.sparse.load_state_dict` loads a checkpoint of another layout.
-- spconv 2.x's ``algo``, ``fp32_accum``, ``large_kernel_fast_algo`` choose among spconv's CUDA kernels;
-  cvops accepts and records them and always computes the same way (gather-GEMM-scatter; half types
-  accumulate in float32). ``record_voxel_count`` keeps spconv's ``max_num_voxels_during_training`` buffer
-  up to date, so checkpoints that have it load. ``name`` is stored, as spconv does.
+``cvops.mmcv``'s sparse classes. They follow spconv 2.x and mmcv where the design doc differs (SubM centres
+the kernel and ignores ``padding``; ``indice_key`` caches maps copy-on-write; the weight layout is the
+class attribute ``WEIGHT_LAYOUT``): docs/SPARSE.md lists the conventions and what differs from the peers.
 """
 from __future__ import annotations
 
@@ -59,6 +40,55 @@ class SparseModule(nn.Module):
         super().__init__()
         self.name = name
         self._sparse_unique_name = ""
+
+
+class KernelMapLayer(SparseModule):
+    """Base of the layers that run a kernel map (convolutions and pools): their checked geometry, spconv's
+    ``max_num_voxels_during_training`` buffer and the tensor they return."""
+
+    def _init_geometry(self, ndim, kernel_size, stride, padding, dilation, subm, indice_key, algo) -> None:
+        cls = type(self).__name__
+        self.ndim = check_int(cls, "ndim", ndim, min_value=1)
+        require(ndim <= 4, cls, f"ndim must be 1 to 4, got {ndim}")
+        self.kernel_size = pair(cls, "kernel_size", kernel_size, ndim, min_value=1)
+        self.stride = pair(cls, "stride", stride, ndim, min_value=1)
+        self.padding = pair(cls, "padding", padding, ndim, min_value=0)
+        self.dilation = pair(cls, "dilation", dilation, ndim, min_value=1)
+        for s, d in zip(self.stride, self.dilation):
+            require(s == 1 or d == 1, cls, f"stride {self.stride} and dilation {self.dilation} cannot both be > 1")
+        require(not subm or all(s == 1 for s in self.stride), cls, f"subm needs stride 1, got {self.stride}")
+        self.subm = bool(subm)
+        self.indice_key = indice_key
+        self.algo = algo
+
+    inverse = False  # an inverse convolution restores an earlier layer's sites
+
+    def _init_voxel_count(self, record_voxel_count, device=None) -> None:
+        """spconv's ``record_voxel_count``: a buffer holding the most output sites seen (on layers that
+        make new sites: not SubM, not inverse)."""
+        self.record_voxel_count = bool(record_voxel_count)
+        if self.record_voxel_count and not self.subm and not self.inverse:
+            self.register_buffer(MAX_NUM_VOXELS, torch.zeros(1, dtype=torch.int32, device=device))
+
+    def get_max_num_voxels(self):
+        return getattr(self, MAX_NUM_VOXELS, None)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # spconv: a record_voxel_count layer loads a checkpoint saved without the buffer
+        key = prefix + MAX_NUM_VOXELS
+        if hasattr(self, MAX_NUM_VOXELS) and key not in state_dict:
+            state_dict[key] = torch.zeros(1, dtype=torch.int32)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _output(self, x, indice_dict, features, out_indices, out_spatial) -> SparseConvTensor:
+        """A shadow copy of the input ``x`` holding the layer's output; the voxel-count buffer updated."""
+        buf = self.get_max_num_voxels()
+        if buf is not None:
+            buf.fill_(max(int(buf.item()), out_indices.shape[0]))
+        out = x.shadow_copy()
+        out.indice_dict, out.features, out.indices = indice_dict, features, out_indices
+        out.spatial_shape = list(out_spatial)
+        return out
 
 
 def check_input(name: str, x, ndim: int) -> None:
@@ -146,18 +176,10 @@ def kernel_map(layer, x: SparseConvTensor, *, inverse: bool = False, transposed:
     return data, indice_dict
 
 
-class SparseConvolution(SparseModule):
+class SparseConvolution(KernelMapLayer):
     """Sparse (``subm=False``), submanifold (``subm=True``), transposed (``transposed=True``) or inverse
-    (``inverse=True``) convolution with spconv 2.x's constructor (see the module docstring).
-
-    - sparse: output sites are every site some active input reaches; spatial shape
-      ``(in + 2p - d(k-1) - 1) // s + 1``.
-    - subm: output sites are the input sites, kernel centred (padding ignored).
-    - transposed: output positions ``o = p*s - pad + t*dil``; spatial shape ``(in - 1) s - 2p + k + op``.
-    - inverse: runs the kernel map cached under ``indice_key`` by the sparse conv it inverts backwards,
-      restoring that conv's input sites and spatial shape.
-
-    ``weight`` is ``[out, *kernel, in]`` (``WEIGHT_LAYOUT = "spconv"``) or ``[*kernel, in, out]``
+    (``inverse=True``: the map cached under ``indice_key`` run backwards) convolution with spconv 2.x's
+    constructor. ``weight`` is ``[out, *kernel, in]`` (``WEIGHT_LAYOUT = "spconv"``) or ``[*kernel, in, out]``
     (``"mmcv"``); ``bias [out]`` is added at every output site.
     """
 
@@ -170,40 +192,27 @@ class SparseConvolution(SparseModule):
                  dtype=None):
         super().__init__(name=name)
         cls = type(self).__name__
-        self.ndim = check_int(cls, "ndim", ndim, min_value=1)
-        require(ndim <= 4, cls, f"ndim must be 1 to 4, got {ndim}")
+        self._init_geometry(ndim, kernel_size, stride, padding, dilation, subm, indice_key, algo)
         self.in_channels = check_int(cls, "in_channels", in_channels, min_value=1)
         self.out_channels = check_int(cls, "out_channels", out_channels, min_value=1)
-        self.kernel_size = pair(cls, "kernel_size", kernel_size, ndim, min_value=1)
-        self.stride = pair(cls, "stride", stride, ndim, min_value=1)
-        self.padding = pair(cls, "padding", padding, ndim, min_value=0)
-        self.dilation = pair(cls, "dilation", dilation, ndim, min_value=1)
         self.output_padding = pair(cls, "output_padding", output_padding, ndim, min_value=0)
         if check_int(cls, "groups", groups, min_value=1) != 1:
             raise NotSupportedError(cls, f"groups must be 1 (as in mmcv and spconv), got {groups}")
         if act_type is not None and "none" not in str(act_type).lower():
             raise NotSupportedError(cls, f"act_type {act_type!r}: fused activations (spconv inference-only) are "
                                          "not supported; apply the activation as a separate module")
-        for s, d in zip(self.stride, self.dilation):
-            require(s == 1 or d == 1, cls, f"stride {self.stride} and dilation {self.dilation} cannot both be > 1")
-        if subm:
-            require(all(s == 1 for s in self.stride), cls, f"subm needs stride 1, got {self.stride}")
         require(not (subm and (transposed or inverse)) and not (transposed and inverse), cls,
                 "at most one of subm, transposed and inverse may be set")
         require(not (inverse and indice_key is None), cls, "inverse convolution needs the indice_key of the "
                                                            "sparse conv it inverts")
         self.groups = 1
-        self.subm = bool(subm)
         self.transposed = bool(transposed)
         self.inverse = bool(inverse)
-        self.indice_key = indice_key
-        self.algo, self.fp32_accum, self.large_kernel_fast_algo = algo, fp32_accum, bool(large_kernel_fast_algo)
+        self.fp32_accum, self.large_kernel_fast_algo = fp32_accum, bool(large_kernel_fast_algo)
         self.act_type, self.act_alpha, self.act_beta = act_type, act_alpha, act_beta
-        self.record_voxel_count = bool(record_voxel_count)
         self.conv1x1 = math.prod(self.kernel_size) == 1 and (subm or math.prod(self.stride) == 1)
+        self._init_voxel_count(record_voxel_count, device)
         factory = {"device": device, "dtype": dtype}
-        if self.record_voxel_count and not self.subm and not self.inverse:
-            self.register_buffer(MAX_NUM_VOXELS, torch.zeros(1, dtype=torch.int32, device=device))
         self.weight = nn.Parameter(torch.empty(*self.weight_shape(), **factory))
         self.bias = nn.Parameter(torch.empty(self.out_channels, **factory)) if bias else None
         self.reset_parameters()
@@ -228,16 +237,6 @@ class SparseConvolution(SparseModule):
             if self.bias is not None:
                 self.bias.uniform_(-bound, bound)
 
-    def get_max_num_voxels(self):
-        return getattr(self, MAX_NUM_VOXELS, None)
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # spconv: a record_voxel_count layer loads a checkpoint saved without the buffer
-        key = prefix + MAX_NUM_VOXELS
-        if hasattr(self, MAX_NUM_VOXELS) and key not in state_dict:
-            state_dict[key] = torch.zeros(1, dtype=torch.int32)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
     def extra_repr(self) -> str:
         s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
              f"padding={self.padding}, dilation={self.dilation}")
@@ -261,36 +260,28 @@ class SparseConvolution(SparseModule):
             # a 1x1 kernel keeps every site in place: one matmul, no kernel map (as spconv), but the sites are
             # checked as a kernel map would check them
             check_index_values(x.indices, x.batch_size, x.spatial_shape, name)
-            out = x.replace_feature(torch.mm(x.features, self.kernel_weight()[0]))
-            return self._finish(out, out.features, x.indices, x.spatial_shape, add_input)
-        data, indice_dict = kernel_map(self, x, inverse=self.inverse, transposed=self.transposed,
-                                       output_padding=self.output_padding)
-        map_rows = (data.out_indices if self.inverse else data.indices).shape[0]
-        require(x.features.shape[0] == map_rows, name,
-                f"input features rows ({x.features.shape[0]}) must equal the kernel map's input sites ({map_rows})")
-        if self.inverse:
-            out_indices, out_spatial, ident = data.indices, data.spatial_shape, -1
+            features = torch.mm(x.features, self.kernel_weight()[0])
+            out_indices, out_spatial, indice_dict = x.indices, x.spatial_shape, x.indice_dict
         else:
-            out_indices, out_spatial = data.out_indices, data.out_spatial_shape
-            ident = identity_offset(self.kernel_size, data.padding, self.dilation) if self.subm else -1
-        features = _indice_conv(x.features, self.kernel_weight(), data.indice_pairs, data.indice_num,
-                                out_indices.shape[0], inverse=self.inverse, identity_offset=ident,
-                                indice_pairs_by_output=data.pairs_sorted_by_output(), backend=None,
-                                check_values=False)  # the map comes from get_indice_pairs on these sites
-        out = x.shadow_copy()
-        out.indice_dict = indice_dict
-        return self._finish(out, features, out_indices, out_spatial, add_input)
-
-    def _finish(self, out, features, out_indices, out_spatial, add_input):
+            data, indice_dict = kernel_map(self, x, inverse=self.inverse, transposed=self.transposed,
+                                           output_padding=self.output_padding)
+            map_rows = (data.out_indices if self.inverse else data.indices).shape[0]
+            require(x.features.shape[0] == map_rows, name, f"input features rows ({x.features.shape[0]}) must "
+                    f"equal the kernel map's input sites ({map_rows})")
+            if self.inverse:
+                out_indices, out_spatial, ident = data.indices, data.spatial_shape, -1
+            else:
+                out_indices, out_spatial = data.out_indices, data.out_spatial_shape
+                ident = identity_offset(self.kernel_size, data.padding, self.dilation) if self.subm else -1
+            features = _indice_conv(x.features, self.kernel_weight(), data.indice_pairs, data.indice_num,
+                                    out_indices.shape[0], inverse=self.inverse, identity_offset=ident,
+                                    indice_pairs_by_output=data.pairs_sorted_by_output(), backend=None,
+                                    check_values=False)  # the map comes from get_indice_pairs on these sites
         if self.bias is not None:
             features = features + self.bias
         if add_input is not None:  # spconv's fused residual add
             features = features + add_input.features
-        buf = self.get_max_num_voxels()
-        if buf is not None:
-            buf.fill_(max(int(buf.item()), out_indices.shape[0]))
-        out.features, out.indices, out.spatial_shape = features, out_indices, list(out_spatial)
-        return out
+        return self._output(x, indice_dict, features, out_indices, out_spatial)
 
 
 class SparseSequential(SparseModule):

@@ -1,30 +1,22 @@
 """Sparse pooling on a kernel map (spconv 2.x's ``SparseMaxPool*``, ``SparseAvgPool*``) and global pooling.
 
-- max pool: ``out[o] = max`` of the active inputs the kernel reaches at ``o`` (inactive sites do not take
-  part, they are not zeros); the gradient goes to the maximal input (split evenly between exact ties).
-  (spconv 2.3.8's CPU max pool starts from 0 instead, so it gives 0 where every input is negative.)
-- avg pool: the mean over those active inputs ("real point count", as spconv's, not the kernel volume).
-- global pools: per sample, the max / mean over its active sites, a dense ``[batch_size, C]``; a sample
-  without sites gives zeros. (spconv 2.3.8's ``SparseGlobalAvgPool`` returns only the first channel of
-  each mean, ``[B]``; cvops returns the whole ``[B, C]`` mean.)
-
-Output sites, spatial shape and the kernel-map cache follow the convolution with the same geometry
-(``subm=True``: the input sites, kernel centred). ``stride=None`` means ``stride = kernel_size``.
+Max and mean run over the active inputs a window reaches (inactive sites take no part; the max's gradient
+is split evenly between exact ties); output sites follow the convolution of the same geometry, and
+``stride=None`` means ``stride = kernel_size``. docs/SPARSE.md lists where spconv 2.3.8 differs.
 """
 from __future__ import annotations
 
 import torch
 
-from .._core.validate import pair, require
-from .modules import SparseModule, check_input, kernel_map
+from .._core.validate import require
+from .modules import KernelMapLayer, SparseModule, check_input, kernel_map
 from .tensor import SparseConvTensor
 
 
-def _pairs(data, n_in: int):
+def valid_pairs(indice_pairs: torch.Tensor, indice_num: torch.Tensor):
     """All valid ``(input row, output row)`` pairs of a kernel map, as two int64 vectors."""
-    K, _, L = data.indice_pairs.shape
-    valid = torch.arange(L) < data.indice_num.cpu().long()[:, None]
-    pairs = data.indice_pairs.to(torch.int64)
+    valid = torch.arange(indice_pairs.shape[2]) < indice_num.cpu().long()[:, None]
+    pairs = indice_pairs.to(torch.int64)
     return pairs[:, 0][valid.to(pairs.device)], pairs[:, 1][valid.to(pairs.device)]
 
 
@@ -34,27 +26,15 @@ def _reduce(features: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_ou
     return out.scatter_reduce(0, dst[:, None].expand(-1, features.shape[1]), rows, how, include_self=False)
 
 
-class _SparsePool(SparseModule):
+class _SparsePool(KernelMapLayer):
     REDUCE = "amax"
 
     def __init__(self, ndim, kernel_size=3, stride=1, padding=0, dilation=1, indice_key=None, subm=False,
                  algo=None, record_voxel_count=False, name=None):
         super().__init__(name=name)
-        cls = type(self).__name__
-        self.ndim = ndim
-        self.kernel_size = pair(cls, "kernel_size", kernel_size, ndim, min_value=1)
-        self.stride = self.kernel_size if stride is None else pair(cls, "stride", stride, ndim, min_value=1)
-        self.padding = pair(cls, "padding", padding, ndim, min_value=0)
-        self.dilation = pair(cls, "dilation", dilation, ndim, min_value=1)
-        for s, d in zip(self.stride, self.dilation):
-            require(s == 1 or d == 1, cls, f"stride {self.stride} and dilation {self.dilation} cannot both be > 1")
-        require(not subm or all(s == 1 for s in self.stride), cls, f"subm needs stride 1, got {self.stride}")
-        self.subm = bool(subm)
-        self.indice_key = indice_key
-        self.algo = algo
-        self.record_voxel_count = bool(record_voxel_count)
-        if self.record_voxel_count and not self.subm:
-            self.register_buffer("max_num_voxels_during_training", torch.zeros(1, dtype=torch.int32))
+        self._init_geometry(ndim, kernel_size, kernel_size if stride is None else stride, padding, dilation, subm,
+                            indice_key, algo)
+        self._init_voxel_count(record_voxel_count)
 
     def extra_repr(self) -> str:
         return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
@@ -63,15 +43,9 @@ class _SparsePool(SparseModule):
     def forward(self, x: SparseConvTensor) -> SparseConvTensor:
         check_input(type(self).__name__, x, self.ndim)
         data, indice_dict = kernel_map(self, x)
-        src, dst = _pairs(data, x.indices.shape[0])
+        src, dst = valid_pairs(data.indice_pairs, data.indice_num)
         features = _reduce(x.features, src, dst, data.out_indices.shape[0], self.REDUCE)
-        buf = getattr(self, "max_num_voxels_during_training", None)
-        if buf is not None:
-            buf.fill_(max(int(buf.item()), data.out_indices.shape[0]))
-        out = x.shadow_copy()
-        out.indice_dict = indice_dict
-        out.features, out.indices, out.spatial_shape = features, data.out_indices, list(data.out_spatial_shape)
-        return out
+        return self._output(x, indice_dict, features, data.out_indices, data.out_spatial_shape)
 
 
 class SparseMaxPool(_SparsePool):

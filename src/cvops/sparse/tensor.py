@@ -1,7 +1,7 @@
 """``SparseConvTensor``: active-site features, their coordinates, and the kernel maps built on them."""
 from __future__ import annotations
 
-import operator
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -61,14 +61,7 @@ def _ints(name: str, values) -> list[int]:
     if hasattr(values, "tolist"):
         values = values.tolist()
     require(isinstance(values, (list, tuple, torch.Size)), OP, f"{name} must be a sequence of ints, got {values!r}")
-    out = []
-    for v in values:
-        try:
-            v = operator.index(v)
-        except TypeError:
-            require(False, OP, f"{name} must be a sequence of ints, got {values!r}")
-        out.append(check_int(OP, name, v, min_value=1))
-    return out
+    return [check_int(OP, name, v, min_value=1) for v in values]
 
 
 class SparseConvTensor:
@@ -95,10 +88,6 @@ class SparseConvTensor:
                 f"got {tuple(indices.shape)}")
         require(indices.shape[0] == features.shape[0], OP,
                 f"indices rows ({indices.shape[0]}) must equal features rows ({features.shape[0]})")
-        try:
-            batch_size = operator.index(batch_size)
-        except TypeError:
-            pass  # check_int names the bad value
         self.features = features
         self.indices = indices
         self.spatial_shape = spatial_shape
@@ -124,10 +113,7 @@ class SparseConvTensor:
 
     @property
     def spatial_size(self) -> int:
-        size = 1
-        for s in self.spatial_shape:
-            size *= s
-        return size
+        return math.prod(self.spatial_shape)
 
     @property
     def ndim(self) -> int:

@@ -10,7 +10,7 @@ import torch
 
 from .._core.validate import require
 from ..sparse.functional import indice_conv as _conv
-from ..sparse.pool import _reduce
+from ..sparse.pool import _reduce, valid_pairs
 from ..sparse.tensor import SparseConvTensor
 
 
@@ -37,10 +37,7 @@ def indice_inverse_conv(features, filters, indice_pairs, indice_pair_num, num_ac
 
 
 def _pool(features, indice_pairs, indice_pair_num, num_activate_out, how):
-    K, _, L = indice_pairs.shape
-    valid = torch.arange(L) < indice_pair_num.cpu().long()[:, None]
-    pairs = indice_pairs.to(torch.int64)
-    src, dst = pairs[:, 0][valid], pairs[:, 1][valid]
+    src, dst = valid_pairs(indice_pairs, indice_pair_num)
     if src.numel():
         require(int(src.min()) >= 0 and int(src.max()) < features.shape[0] and int(dst.min()) >= 0
                 and int(dst.max()) < num_activate_out, "indice_maxpool", "indice_pairs rows out of range")
