@@ -1,13 +1,6 @@
-"""The accuracy criteria of MLU-OPS's tests, for comparing a kernel's output with a reference.
-
-A kernel engineer checks a new kernel (a Triton one, say) against the reference backend on the same data:
-
-- pure-IO ops (psamask, masked_im2col, get_indice_pairs' indices) must match exactly: ``diff3 == 0``, or the
-  stricter :func:`bit_equal` (same bits, NaN payloads included);
-- accumulating ops (psroipool, carafe, sparse convolution) pass with ``diff1 <= 3e-3`` and ``diff2 <= 3e-3``
-  (MLU-OPS's static threshold, used for MLU200; its MLU300 tests use a dynamic one).
-
-Here ``a`` is the tested output and ``b`` the reference; every sum is taken in float64 on the CPU.
+"""The accuracy criteria of MLU-OPS's tests, for comparing a kernel's output ``a`` with a reference ``b``
+(sums in float64 on the CPU): pure-IO ops must match exactly (``diff3 == 0`` or :func:`bit_equal`),
+accumulating ops pass with ``diff1 <= 3e-3`` and ``diff2 <= 3e-3`` (MLU-OPS's static threshold).
 """
 from __future__ import annotations
 

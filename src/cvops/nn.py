@@ -111,15 +111,9 @@ def _script_masked_conv2d(input: _Tensor, mask: _Tensor, weight: _Tensor, bias: 
 
 
 class CARAFE(_nn.Module):
-    """CARAFE: Content-Aware ReAssembly of FEatures (mmcv ``CARAFE``; arXiv:1905.02188).
-
-    Args:
-        kernel_size: reassembly kernel size ``k`` (odd).
-        group_size: mask groups ``G`` (channels must be divisible by it).
-        scale_factor: upsampling ratio ``s``.
-
-    ``forward(features [N, C, H, W], masks [N, G*k*k, sH, sW]) -> [N, C, sH, sW]``.
-    """
+    """CARAFE, Content-Aware ReAssembly of FEatures (mmcv ``CARAFE``; arXiv:1905.02188), with an odd
+    reassembly kernel ``k``, ``G`` mask groups and upsampling ratio ``s``:
+    ``forward(features [N, C, H, W], masks [N, G*k*k, sH, sW]) -> [N, C, sH, sW]``."""
 
     def __init__(self, kernel_size: int, group_size: int, scale_factor: int):
         super().__init__()
@@ -141,21 +135,10 @@ class CARAFENaive(CARAFE):
 
 
 class CARAFEPack(_nn.Module):
-    """The CARAFE upsampler of mmcv: channel compressor (1x1 conv), content encoder (conv predicting
-    ``up_kernel^2 * up_group * scale^2`` channels), pixel shuffle, softmax over the ``k*k`` taps, then
-    :func:`cvops.carafe`.
-
-    Args:
-        channels: input channels ``C``.
-        scale_factor: upsampling ratio.
-        up_kernel: reassembly kernel size (default 5).
-        up_group: reassembly groups (default 1).
-        encoder_kernel: content-encoder kernel size (default 3).
-        encoder_dilation: content-encoder dilation (default 1).
-        compressed_channels: channels after the compressor (default 64).
-
-    ``forward(x [N, C, H, W]) -> [N, C, H*scale, W*scale]``.
-    """
+    """mmcv's CARAFE upsampler: channel compressor (1x1 conv to ``compressed_channels``), content encoder
+    (an ``encoder_kernel`` conv predicting ``up_kernel^2 * up_group * scale^2`` channels), pixel shuffle,
+    softmax over the ``k*k`` taps, then :func:`cvops.carafe`:
+    ``forward(x [N, channels, H, W]) -> [N, channels, H*scale, W*scale]``."""
 
     def __init__(self, channels: int, scale_factor: int, up_kernel: int = 5, up_group: int = 1,
                  encoder_kernel: int = 3, encoder_dilation: int = 1, compressed_channels: int = 64):
@@ -237,14 +220,8 @@ class MaskedConv2d(_nn.Conv2d):
 
 
 class PSAMask(_nn.Module):
-    """PSANet's point-wise spatial attention mask (mmcv ``PSAMask``).
-
-    Args:
-        psa_type: ``"collect"`` or ``"distribute"``.
-        mask_size: ``(h_mask, w_mask)`` or one int.
-
-    Shape: input ``[N, h_mask*w_mask, H, W]`` -> output ``[N, H*W, H, W]``.
-    """
+    """PSANet's point-wise spatial attention mask (mmcv ``PSAMask``), ``psa_type`` ``"collect"`` or
+    ``"distribute"``, ``mask_size`` ``(h_mask, w_mask)`` or one int: ``[N, h_mask*w_mask, H, W] -> [N, H*W, H, W]``."""
 
     def __init__(self, psa_type: str, mask_size=None):
         super().__init__()
@@ -299,16 +276,10 @@ class PSRoIPool(_nn.Module):
     """Position-sensitive RoI average pooling of R-FCN (torchvision ``PSRoIPool`` names, R-FCN numerics; for
     torchvision's numerics use :class:`cvops.torchvision.PSRoIPool`).
 
-    Args:
-        pooled_size: ``PH`` or ``(PH, PW)`` (``output_size=`` as in torchvision is accepted too).
-        spatial_scale: image-to-feature scale (e.g. 1/16).
-        group_size: R-FCN group size; ``None`` means ``PH`` (must equal PH when PH == PW).
-        output_dim: output channels; ``None`` infers ``C // (PH * PW)`` from the input.
-        keep_mapping: keep the last ``mapping_channel`` on ``self.last_mapping_channel``.
-
-    Shape: input ``[N, C, H, W]`` with ``C = output_dim * PH * PW``; rois ``Tensor[R, 5]``
-    ``(batch_index, x1, y1, x2, y2)`` or a list of per-image ``Tensor[L_i, 4]`` -> ``[R, output_dim, PH, PW]``.
-    Works under ``torch.jit.script``, ``torch.fx.symbolic_trace``, ``torch.export.export`` and ``torch.compile``.
+    ``pooled_size`` is ``PH`` or ``(PH, PW)`` (or torchvision's ``output_size=``); ``group_size=None`` means
+    ``PH``; ``output_dim=None`` infers ``C // (PH * PW)``; ``keep_mapping`` keeps the last ``mapping_channel``
+    on ``self.last_mapping_channel``. ``forward(input [N, output_dim * PH * PW, H, W], rois)`` with rois a
+    ``Tensor[R, 5]`` ``(batch_index, x1, y1, x2, y2)`` or a list of ``Tensor[L_i, 4]`` -> ``[R, output_dim, PH, PW]``.
     """
 
     last_mapping_channel: _Optional[_torch.Tensor]

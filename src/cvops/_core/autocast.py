@@ -1,21 +1,15 @@
-"""Mixed precision: how every cvops custom op behaves inside ``torch.autocast`` (CUDA and CPU).
+"""Mixed precision: how every cvops custom op behaves inside ``torch.autocast`` (CUDA and CPU), one
+policy per op (:data:`POLICIES`):
 
-Policies, one per op (:data:`POLICIES`):
+* ``KEEP`` (pure data movement): the op runs on the tensors as given; a copy is exact in every dtype, so
+  a float16 model keeps float16 activations.
+* ``FLOAT32`` (accumulating ops): float16 / bfloat16 arguments are cast to float32, the op runs with
+  autocast off, and floating results are cast back (as torchvision's RoI ops do): a forward to the
+  autocast dtype, a backward's gradients each to its tensor's dtype. float64 arguments stay float64.
 
-* ``KEEP`` (pure data movement: psamask, masked_im2col / col2im, get_indice_pairs): the op runs on the
-  tensors as given and returns their dtype. A copy is exact in every dtype, so there is nothing to gain
-  from a cast and a float16 model keeps float16 activations.
-* ``FLOAT32`` (accumulating ops: carafe, psroi_pool, the sparse convolution): float16 / bfloat16
-  tensor arguments are cast to float32, the op runs with autocast off, and floating results are cast
-  back, as torchvision does for its RoI ops. A forward returns the autocast dtype (what the layers
-  around it compute in); a backward returns each gradient in the dtype of the tensor it is the
-  gradient of. float64 arguments are left alone and then no result is cast (float64 stays float64).
-
-The casts run through the dispatcher, so autograd records them and gradients flow back in the caller's
-dtypes. :func:`register` installs the kernels once (``cvops/__init__.py`` calls it after the ops exist).
-Why not ``torch.library.register_autocast``: it casts the inputs only, so a FLOAT32 op's forward would
-return float32 under autocast and a direct call of a backward op would not give each gradient its
-tensor's dtype.
+The casts run through the dispatcher, so autograd records them. Not ``torch.library.register_autocast``:
+it casts the inputs only, so a FLOAT32 forward would return float32 and a backward's gradients would not
+take their tensors' dtypes.
 """
 from __future__ import annotations
 

@@ -13,12 +13,7 @@ tensor argument listed in ``save`` is kept for the backward (``ctx.save_for_back
 argument arrives as its shape (a ``torch.Size``), so the autograd graph holds no tensor the backward does not
 read. Results listed by position in ``save_outputs`` are kept as ``saved.outputs``; ``saved.needs_input_grad``
 is autograd's. The backward returns the gradients of the leading arguments (a tensor or a tuple); the rest
-are None. The named-tuple type and the positions of the tensor arguments are found once per op, so a forward
-with autograd costs a few list operations more than a hand-written ``setup_context``, and a call without
-autograd nothing.
-
-The registered op is the same ``torch.ops.cvops.<name>`` that ``torch.library`` would build by hand, so
-``_core/autocast.py`` (autocast kernels by op name) applies to it unchanged.
+are None. The named-tuple type and the tensor positions are found once per op, at registration.
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""MLU-OPS-style interface: handles, tensor descriptors, caller-allocated outputs, returned statuses.
-
-Mirrors the C interfaces of the design docs (``mluOpPsamaskForward`` -> :func:`psamask_forward`, ...).
-Every function takes a :class:`Handle` first and returns a :class:`Status` (workspace queries return
-``(status, size)``); the reason for a failure is in ``handle.last_error``. Outputs are written in place
-into the tensors passed as data. ``descriptor`` holds the plumbing (handles, descriptors, statuses,
-``entry_point``), one module per op its entry points, which reuse the op's checks in ``cvops/ops/<op>/``.
+"""MLU-OPS-style interface, mirroring the design docs' C functions (``mluOpPsamaskForward`` ->
+:func:`psamask_forward`, ...): a :class:`Handle` first, tensor descriptors beside the data, outputs written
+in place, and a :class:`Status` returned (workspace queries: ``(status, size)``; the reason for a failure
+in ``handle.last_error``).
 """
 from .._core.errors import Status
 from .carafe import (CarafeDescriptor, carafe_backward, carafe_forward, create_carafe_descriptor,

@@ -181,15 +181,12 @@ def check_workspace(op: str, workspace, workspace_size) -> int:
 
 def entry_point(name: str, *, handle: bool = True, query: bool = False):
     """Make a function that raises :class:`CvopsError` the C entry point ``name``: it never raises, and
-    returns a :class:`Status` (the function may return one itself), or for a workspace query (``query``)
-    ``(status, size)`` with size 0 on failure. With ``handle`` the first argument is the handle: anything
-    but a :class:`Handle` is BAD_PARAM, and the reason for the status goes on it (``""`` on success).
+    returns a :class:`Status` (or the function's own), or for a workspace query ``(status, size)`` with size
+    0 on failure. With ``handle`` the first argument must be a :class:`Handle`, which gets the reason.
 
-    :class:`CvopsError` gives its own status. Any other exception means an argument slipped past the
-    checks (or a real failure inside torch); it becomes ``INTERNAL_ERROR`` (``ALLOC_FAILED`` for
-    out-of-memory), so a caller still gets a status and the test suite, which expects ``BAD_PARAM`` for
-    bad arguments, still notices the missing check. Outputs are written under ``no_grad`` (they are
-    plain buffers, as in the C API).
+    Any exception other than a :class:`CvopsError` is ``INTERNAL_ERROR`` (``ALLOC_FAILED`` for out of
+    memory), so a check that slipped still shows in tests that expect ``BAD_PARAM``. Outputs are written
+    under ``no_grad`` (plain buffers, as in the C API).
     """
 
     def decorate(fn):

@@ -1,11 +1,7 @@
-"""``mmcv.ops`` names, signatures, defaults, return types and numerics, on cvops's implementation.
+"""``mmcv.ops`` names, signatures, defaults, return types and numerics, on cvops's implementation
+(``from cvops.mmcv import CARAFEPack`` for ``from mmcv.ops import CARAFEPack``; state dicts load unchanged).
 
-Migrating is one import::
-
-    from mmcv.ops import CARAFEPack, MaskedConv2d, PSAMask     # before
-    from cvops.mmcv import CARAFEPack, MaskedConv2d, PSAMask    # after
-
-State dicts load unchanged (same parameter names and shapes). What differs from mmcv 2.x, on purpose:
+What differs from mmcv 2.x, on purpose:
 
 - everything runs on the CPU too (mmcv's CARAFE is CUDA-only) and every backward is deterministic;
 - ``MaskedConv2d``/``masked_conv2d`` have a backward (input, weight, bias; mmcv returns no gradients) and
@@ -18,17 +14,9 @@ State dicts load unchanged (same parameter names and shapes). What differs from 
   boxes (mmcv loops over classes above ``split_thr``, with the same result); ``deform_conv2d`` raises on an
   empty output where mmcv's module pads the input and returns an empty tensor.
 
-The names also sit at mmcv's module paths: :mod:`cvops.mmcv.carafe`, :mod:`cvops.mmcv.masked_conv`,
-:mod:`cvops.mmcv.psa_mask` (which also has mmcv's function ``psa_mask``), :mod:`cvops.mmcv.deform_conv` and
-:mod:`cvops.mmcv.nms`. The sparse convolution classes (:mod:`cvops.mmcv.sparse`) keep mmcv's weight layout
-``[*kernel, in, out]``. ``DeformConv2d``/``DeformConv2dPack``/``deform_conv2d`` and ``nms``/``batched_nms`` run
-torchvision's kernels where they load and plain torch otherwise.
-
-Code that imports ``mmcv.ops`` itself (mmsegmentation, mmdetection, mmdet3d) runs on cvops after one call,
-:func:`install_as_mmcv` (or ``import cvops.mmcv.install``, e.g. from a config's ``custom_imports``).
-
-The modules are :mod:`cvops.nn`'s (mmcv's signatures), so they also work under ``torch.jit.script``,
-``torch.fx``, ``torch.export`` and ``torch.compile``.
+The names also sit at mmcv's module paths (:mod:`cvops.mmcv.carafe`, ``.masked_conv``, ``.psa_mask``,
+``.deform_conv``, ``.nms``); the sparse classes (:mod:`cvops.mmcv.sparse`) keep mmcv's weight layout
+``[*kernel, in, out]``. Code that imports ``mmcv.ops`` itself runs on cvops after :func:`install_as_mmcv`.
 """
 from __future__ import annotations
 
@@ -62,18 +50,14 @@ _SERVED = {"carafe": _carafe_module, "deform_conv": _deform_conv_module, "masked
 
 
 def install_as_mmcv() -> None:
-    """Make ``mmcv.ops`` (and ``from mmcv.ops.carafe import CARAFEPack`` and every other mmcv.ops module path)
-    give cvops, for code that imports mmcv.ops itself and is not yours to edit: mmsegmentation, mmdetection and
-    mmdet3d on mmcv-lite (mmcv's Python part, without its compiled ops).
+    """Make ``mmcv.ops`` and every mmcv.ops module path give cvops, for code that imports mmcv.ops itself
+    (mmsegmentation, mmdetection, mmdet3d on mmcv-lite). Needs ``mmcv`` (mmcv-lite) and ``mmengine``.
 
-    Registers in ``sys.modules``, in place of any ``mmcv.ops`` and ``mmcv._ext`` modules imported before:
-    ``mmcv.ops`` and each of its submodules (:data:`~cvops.mmcv.unprovided.MMCV_OPS_LAYOUT`), holding cvops's
-    ops where cvops has them and :func:`~cvops.mmcv.unprovided.placeholder` s elsewhere (they import and
-    construct; calling one raises ``NotImplementedError`` naming it), and ``mmcv._ext`` whose kernels are
-    placeholders too. Registers cvops's classes (placeholders where cvops has none) in mmengine's ``MODELS``
-    registry under the names mmcv registers: ``'carafe'``, ``'DCN'``, the sparse convolutions, ... . Needs
-    ``mmcv`` (mmcv-lite) and ``mmengine``. Call it before importing the model code: a module that already
-    imported names from mmcv.ops keeps them."""
+    Registers in ``sys.modules``, in place of any imported before: ``mmcv.ops`` and each submodule of
+    :data:`~cvops.mmcv.unprovided.MMCV_OPS_LAYOUT` (cvops's ops where it has them, else
+    :func:`~cvops.mmcv.unprovided.placeholder` s that construct and raise when called) and ``mmcv._ext``
+    (placeholder kernels); and the classes in mmengine's ``MODELS`` registry under mmcv's names. Call it
+    before importing the model code: a module that already imported names from mmcv.ops keeps them."""
     try:
         import mmcv
         from mmengine.registry import MODELS

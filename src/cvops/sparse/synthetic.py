@@ -13,18 +13,11 @@ import torch
 
 
 def _linear(coords: np.ndarray, shape) -> np.ndarray:
-    key = np.zeros(len(coords), dtype=np.int64)
-    for d, size in enumerate(shape):
-        key = key * size + coords[:, d]
-    return key
+    return np.ravel_multi_index(tuple(coords.T), shape).astype(np.int64)
 
 
 def _unravel(keys: np.ndarray, shape) -> np.ndarray:
-    out = np.empty((len(keys), len(shape)), dtype=np.int64)
-    for d in range(len(shape) - 1, -1, -1):
-        out[:, d] = keys % shape[d]
-        keys = keys // shape[d]
-    return out
+    return np.stack(np.unravel_index(keys, shape), 1).astype(np.int64)
 
 
 def _lidar_sample(rng: np.random.Generator, n: int, shape) -> np.ndarray:

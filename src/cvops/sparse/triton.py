@@ -1,17 +1,10 @@
-"""Triton backend of the sparse convolution: gather rows, GEMM (cuBLAS via torch.mm), scatter-add rows.
+"""Triton backend of the sparse convolution: per kernel offset k, in ascending order, gather the rows
+(Triton), one GEMM (torch.mm) and scatter-add the rows (Triton).
 
-Per kernel offset k (ascending):
-
-    buf = gather_rows(features, src_k)      # Triton: coalesced row copies
-    buf = buf @ weight[k]                   # one GEMM per offset
-    scatter_add_rows(out, dst_k, buf)       # Triton: out[dst_k[i]] += buf[i]
-
-Determinism without atomics: within one offset a kernel map holds each output row (and each input
-row) at most once, so every destination row of a launch is owned by exactly one program, which does
-a plain load-add-store; launches run in ascending k, so each row's sum has one fixed order. Half
-types accumulate in a float32 output, rounded once at the end. Row offsets are int32 whenever both
-matrices fit (``_core.indexing``), int64 otherwise (an ``INDEX_64`` variant). The per-offset pair counts
-(``indice_num``) are read on the host to size each launch and GEMM: one synchronisation per call.
+Deterministic without atomics: within one offset a kernel map holds each row at most once, so each
+destination row of a launch has one owner doing a plain load-add-store, and the ascending offsets fix
+each sum's order. Half types accumulate in float32. The pair counts are read on the host to size each
+launch and GEMM: one synchronisation per call.
 """
 from __future__ import annotations
 

@@ -1,22 +1,10 @@
-"""Weight layouts of sparse convolutions and conversion between them.
+"""Weight layouts of sparse convolutions and conversion between them (docs/SPARSE.md).
 
-``cvops.sparse`` and ``cvops.spconv`` store spconv 2.x's ``weight [C_out, *kernel_size, C_in]``
-("KRSC"), so spconv 2.x checkpoints load with a plain ``load_state_dict``; ``cvops.mmcv`` stores mmcv's
-``[*kernel_size, C_in, C_out]`` ("RSCK"). Kernel offsets are row-major over (kz, ky, kx) in both.
-:func:`load_state_dict` loads a checkpoint of any layout below into either (``layout="mmcv"`` for mmcv
-and spconv 1.x checkpoints).
-
-Layouts in use:
-
-=========== ============================== =====================================================
-name        shape                          who
-=========== ============================== =====================================================
-``"mmcv"``  ``[*k, C_in, C_out]`` (RSCK)   mmcv ``SparseConvolution``; spconv 1.x; spconv 2.x
-                                           ``ConvAlgo.Native`` with ``FILTER_HWIO``
-``"spconv"`` ``[C_out, *k, C_in]`` (KRSC)  spconv 2.x default (implicit-GEMM algorithms)
-``"RSKC"``  ``[*k, C_out, C_in]``          spconv 2.x ``ConvAlgo.Native`` without ``FILTER_HWIO``
-``"torch"`` ``[C_out, C_in, *k]``          ``torch.nn.Conv3d`` / ``Conv2d`` (dense cross-correlation)
-=========== ============================== =====================================================
+``cvops.sparse`` and ``cvops.spconv`` store spconv 2.x's ``[C_out, *k, C_in]`` (``"spconv"``, KRSC), so spconv
+2.x checkpoints load with a plain ``load_state_dict``; ``cvops.mmcv`` stores ``[*k, C_in, C_out]`` (``"mmcv"``,
+RSCK: mmcv, spconv 1.x, spconv 2.x Native with ``FILTER_HWIO``). ``"RSKC"`` ``[*k, C_out, C_in]`` is spconv 2.x
+Native without ``FILTER_HWIO`` and ``"torch"`` ``[C_out, C_in, *k]`` a dense ``Conv3d``'s. Kernel offsets are
+row-major over (kz, ky, kx) in all.
 """
 from __future__ import annotations
 
@@ -38,26 +26,16 @@ def _layout(name: str) -> str:
     return key
 
 
-def _to_mmcv(w: torch.Tensor, layout: str) -> torch.Tensor:
-    n = w.dim() - 2  # spatial dimensions
-    if layout == "mmcv":
-        return w
-    if layout == "spconv":  # [O, *k, I] -> [*k, I, O]
-        return w.permute(*range(1, n + 1), n + 1, 0)
-    if layout == "RSKC":  # [*k, O, I] -> [*k, I, O]
-        return w.transpose(-1, -2)
-    return w.permute(*range(2, n + 2), 1, 0)  # torch [O, I, *k] -> [*k, I, O]
+def _axes(layout: str, n: int) -> list[str]:
+    """The axes of a weight with ``n`` kernel dims in ``layout``: ``O``, ``I`` and ``k0 .. k{n-1}``."""
+    k = [f"k{d}" for d in range(n)]
+    return {"mmcv": [*k, "I", "O"], "spconv": ["O", *k, "I"], "RSKC": [*k, "O", "I"], "torch": ["O", "I", *k]}[layout]
 
 
-def _from_mmcv(w: torch.Tensor, layout: str) -> torch.Tensor:
-    n = w.dim() - 2
-    if layout == "mmcv":
-        return w
-    if layout == "spconv":  # [*k, I, O] -> [O, *k, I]
-        return w.permute(n + 1, *range(n), n)
-    if layout == "RSKC":
-        return w.transpose(-1, -2)
-    return w.permute(n + 1, n, *range(n))  # -> [O, I, *k]
+def _permuted(w: torch.Tensor, src: str, dst: str) -> torch.Tensor:
+    """``w`` (in layout ``src``) viewed in layout ``dst``."""
+    src_axes, dst_axes = _axes(src, w.dim() - 2), _axes(dst, w.dim() - 2)
+    return w.permute(*(src_axes.index(a) for a in dst_axes))
 
 
 def convert_weight(weight: torch.Tensor, src: str, dst: str = "mmcv") -> torch.Tensor:
@@ -67,17 +45,13 @@ def convert_weight(weight: torch.Tensor, src: str, dst: str = "mmcv") -> torch.T
     """
     require(isinstance(weight, torch.Tensor) and weight.dim() >= 3, OP,
             f"weight must be a tensor with kernel dims and two channel dims, got {getattr(weight, 'shape', weight)}")
-    return _from_mmcv(_to_mmcv(weight, _layout(src)), _layout(dst)).contiguous()
+    return _permuted(weight, _layout(src), _layout(dst)).contiguous()
 
 
 def load_state_dict(model: nn.Module, state_dict: dict, layout: str = "mmcv", strict: bool = True):
-    """Load a checkpoint whose sparse-conv weights are in ``layout`` into a cvops model.
-
-    Each cvops sparse convolution's ``<prefix>weight`` is converted from ``layout`` to the layer's own
-    layout (its ``WEIGHT_LAYOUT``), after checking its shape against the layer's ``in_channels``,
-    ``out_channels`` and ``kernel_size``; all other entries load unchanged. A checkpoint already in the
-    model's layout needs no call: ``model.load_state_dict`` loads it.
-    """
+    """Load a checkpoint whose sparse-conv weights are in ``layout`` into a cvops model: each sparse
+    convolution's weight is shape-checked and converted to the layer's ``WEIGHT_LAYOUT``; all other
+    entries load unchanged."""
     from .modules import SparseConvolution
 
     src = _layout(layout)
@@ -90,7 +64,7 @@ def load_state_dict(model: nn.Module, state_dict: dict, layout: str = "mmcv", st
             continue
         w = converted[key]
         dst = _layout(module.WEIGHT_LAYOUT)
-        expected = tuple(_from_mmcv(_to_mmcv(module.weight.detach(), dst), src).shape)
+        expected = tuple(_permuted(module.weight.detach(), dst, src).shape)
         require(tuple(w.shape) == expected, OP,
                 f"{key}: shape {tuple(w.shape)} is not the {src!r} layout {expected} of {module.extra_repr()}")
         converted[key] = convert_weight(w, src, dst)

@@ -1,10 +1,6 @@
-"""``import cvops.spconv as spconv``: spconv.pytorch 2.x's names, signatures, weight layout and
-conventions on cvops's sparse convolution (CPU, and Triton on CUDA; deterministic; forward and backward).
-
-Code written for spconv 2.x runs with only its import changed, and spconv 2.x checkpoints load with a
-plain ``load_state_dict`` (weights ``[out, *kernel, in]``). The layers are :mod:`cvops.sparse`'s: this
-package only lays them out under spconv's module paths (``cvops.spconv.conv.SparseConvolution``,
-``cvops.spconv.pool``, ``cvops.spconv.functional``, ...). docs/SPARSE.md lists what differs on purpose.
+"""``import cvops.spconv as spconv``: spconv.pytorch 2.x's names, signatures, weight layout
+(``[out, *kernel, in]``: checkpoints load unchanged) and module paths (``cvops.spconv.conv``, ``.pool``,
+``.functional``, ...) on :mod:`cvops.sparse`'s layers. docs/SPARSE.md lists what differs on purpose.
 """
 import sys
 import types
@@ -35,17 +31,11 @@ SPCONV_VERSION = "2.3.8"
 
 
 def install_as_spconv() -> None:
-    """Make ``import spconv.pytorch`` (and ``import spconv``, ``from spconv.pytorch.conv import ...``) give this
-    package, for code that imports spconv itself and is not yours to edit, such as OpenPCDet's ``spconv_utils``
-    (which also reads ``spconv.__version__``, as mmdet3d does).
-
-    Registers in ``sys.modules`` a package ``spconv`` (``__version__`` = :data:`SPCONV_VERSION`, ``pytorch`` =
-    this package, ``core`` with spconv's ``ConvAlgo``, ``constants``: spconv's flags at spconv's values, which
-    code reads (``ALL_WEIGHT_IS_KRSC``: the weight layout ``[out, *kernel, in]``, ``FILTER_HWIO``) or sets, as
-    OpenPCDet sets ``SPCONV_USE_DIRECT_TABLE``, and cvops never reads: it computes one way), ``spconv.pytorch``
-    and its submodules, in place of any spconv modules imported before, so that no import mixes the two. Call it
-    before importing such code: a module that already imported the real spconv keeps it. spconv's voxel
-    generators (``spconv.utils``) are not part of cvops, so importing them fails."""
+    """Make ``import spconv``, ``import spconv.pytorch`` and its submodules give this package, for code that
+    imports spconv itself (OpenPCDet, mmdet3d). The ``spconv`` package it registers, in place of any imported
+    before, has ``__version__`` = :data:`SPCONV_VERSION`, ``core.ConvAlgo`` and ``constants`` (spconv's flags
+    at spconv's values, which code reads or sets and cvops never reads). Call it before importing such code;
+    spconv's voxel generators (``spconv.utils``) are not part of cvops."""
     drop_modules("spconv")
     top = new_package("spconv", "cvops.spconv registered as spconv (cvops.spconv.install_as_spconv)")
     top.__version__ = SPCONV_VERSION

@@ -25,9 +25,7 @@ def indice_conv(features, filters, indice_pairs, indice_pair_num, num_activate_o
     return out if bias is None else out + bias
 
 
-def indice_subm_conv(features, filters, indice_pairs, indice_pair_num, num_activate_out, algo=None, timer=None,
-                     bias=None, act_alpha=0.0, act_beta=0.0, act_type=None):
-    return indice_conv(features, filters, indice_pairs, indice_pair_num, num_activate_out, bias=bias)
+indice_subm_conv = indice_conv  # the map decides what a convolution is; spconv's signatures are the same
 
 
 def indice_inverse_conv(features, filters, indice_pairs, indice_pair_num, num_activate_out, algo=None, timer=None,

@@ -1,25 +1,15 @@
-"""Drop-in for ``torchvision.ops``: the names, signatures, defaults, return types and numerics of torchvision's
-position-sensitive RoI pooling, on cvops' implementation (``convention="torchvision"`` of
-:func:`cvops.psroi_pool`).
+"""Drop-in for ``torchvision.ops``' position-sensitive RoI pooling (``ps_roi_pool``, ``PSRoIPool``): its
+names, signatures, return types and numerics, on :func:`cvops.psroi_pool` with ``convention="torchvision"``.
 
-Migration: ``from torchvision.ops import ps_roi_pool, PSRoIPool`` becomes
-``from cvops.torchvision import ps_roi_pool, PSRoIPool``.
-
-Numerics are those of torchvision's forward kernel: the scaled corners rounded half away from zero, no +1, a
-RoI at least 1 x 1, bin edges ``floor(p*bin) + start`` and ``ceil((p+1)*bin) + start`` clamped to [0, H - 1] /
-[0, W - 1], an empty bin 0, output channel ``c`` of bin ``(ph, pw)`` read from input channel
-``(c*PH + ph)*PW + pw``. The gradient is the exact adjoint of that forward (torchvision's own backward clamps to
-[0, H] / [0, W], so it also credits the last row and column, which its forward never reads). Unlike torchvision,
-RoIs with a batch index outside [0, N) or a non-finite corner raise ``cvops.BadParamError``, and every float
-dtype and both CPU and CUDA tensors are served. Bad arguments raise ``cvops.BadParamError`` that is also what
-torchvision raises: an ``AssertionError`` for the boxes' shape, a ``RuntimeError`` for the rest (a float
-``output_size``, even ``3.0``, included). As in torchvision, a list of boxes of several dtypes is promoted to
-one (``torch.cat``'s promotion), and no boxes (``Tensor[0, 5]`` or a list of ``Tensor[0, 4]``) give an empty
-output; so does an empty list, where torchvision raises (``torch.cat`` of nothing).
-
-The functional is wrapped for ``torch.fx`` (a leaf call) and its checks are ignored by TorchScript, so the
-module also works under ``torch.jit.script``, ``torch.fx.symbolic_trace``, ``torch.export.export`` and
-``torch.compile(fullgraph=True)``: the pooling itself is the custom op ``torch.ops.cvops.psroi_pool_forward``.
+Numerics are torchvision's forward kernel's (corners rounded half away from zero, no +1, a RoI at least
+1 x 1, bin edges ``floor``/``ceil`` clamped to the map, an empty bin 0, output channel ``c`` of bin
+``(ph, pw)`` from input channel ``(c*PH + ph)*PW + pw``); the gradient is that forward's exact adjoint
+(torchvision's backward also credits the last row and column, which its forward never reads). Unlike
+torchvision: a batch index outside [0, N) or a non-finite corner raises, every float dtype runs on CPU and
+CUDA, and an empty list of boxes gives an empty output. Bad arguments raise ``cvops.BadParamError`` that is
+also torchvision's exception (``AssertionError`` for the boxes' shape, ``RuntimeError`` for the rest, a
+float ``output_size`` included). The module works under ``torch.jit.script``, ``torch.fx``,
+``torch.export`` and ``torch.compile``: the pooling is the custom op ``torch.ops.cvops.psroi_pool_forward``.
 """
 import operator
 from typing import List, Union
@@ -74,17 +64,9 @@ def _output_size(output_size, op: str):
 @torch.fx.wrap
 def ps_roi_pool(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size: BroadcastingList2[int],
                 spatial_scale: float = 1.0) -> Tensor:
-    """Position-sensitive RoI pooling (R-FCN), torchvision's ``ps_roi_pool``.
-
-    Args:
-        input: ``Tensor[N, C, H, W]`` with ``C`` a multiple of ``output_size[0] * output_size[1]``.
-        boxes: ``Tensor[K, 5]`` rows ``(batch_index, x1, y1, x2, y2)``, or a list of per-image ``Tensor[L, 4]``.
-        output_size: ``int`` or ``(height, width)`` of the pooled output.
-        spatial_scale: factor from box to input coordinates. Default: 1.0.
-
-    Returns:
-        ``Tensor[K, C / (output_size[0] * output_size[1]), output_size[0], output_size[1]]``.
-    """
+    """Position-sensitive RoI pooling (R-FCN), torchvision's ``ps_roi_pool``: ``input [N, C, H, W]`` with
+    ``C`` a multiple of ``PH * PW``, ``boxes`` a ``Tensor[K, 5]`` of ``(batch_index, x1, y1, x2, y2)`` or a
+    list of per-image ``Tensor[L, 4]`` -> ``Tensor[K, C / (PH * PW), PH, PW]``."""
     return _pool(input, boxes, _pair(output_size), spatial_scale)
 
 
