@@ -1,15 +1,10 @@
 """Output allocation for the CPU backends.
 
-Every output is a fresh torch tensor from torch's CPU allocator: cvops keeps no buffer of its own, so no
-memory is ever handed out while a tensor, view, storage object, numpy array or DLPack capsule still refers
-to it. (Whether a buffer is free cannot be known through public APIs: a storage's use count is private
-and does not see every holder, so nothing is recycled.)
-
-Fresh memory is a large part of the pure-IO operators' cost on the CPU: a new large tensor is backed by
-4 KiB pages that the kernel faults in and zeroes on first touch. Large buffers therefore ask the kernel for
-transparent huge pages (``madvise(MADV_HUGEPAGE)`` on their 2 MiB-aligned interior, through libc), which
-cuts the first-touch cost. The advice changes no contents and no ownership; where madvise is missing or
-refuses, the buffer is an ordinary torch tensor all the same.
+Every output is a fresh torch tensor: cvops recycles no buffer, since whether one is free cannot be known
+through public APIs (a storage's use count is private and does not see every holder). A new large tensor's
+4 KiB pages are faulted in and zeroed on first touch, a large part of the pure-IO operators' cost, so large
+buffers ask for transparent huge pages (``madvise(MADV_HUGEPAGE)`` on their 2 MiB-aligned interior): advice
+only, which changes no contents and may be refused.
 """
 from __future__ import annotations
 
@@ -49,9 +44,8 @@ def _advise_huge_pages(buf: torch.Tensor, nbytes: int) -> None:
 
 
 def empty_cache() -> int:
-    """Hands free heap memory back to the system (``malloc_trim(0)`` on glibc, so the resident size drops
-    after large tensors are freed) and returns 0: cvops holds no cached buffers, so it releases none of its
-    own. Kept for code written against earlier versions, which pooled output buffers."""
+    """Hands free heap memory back to the system (``malloc_trim(0)`` on glibc) and returns 0, the bytes of
+    cvops's own cache released: it holds none."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
     return 0

@@ -1,15 +1,10 @@
 """Data-dependent value checks without a host synchronisation on CUDA.
 
-A check such as "every RoI's batch index lies in [0, N)" reads tensor values. On the CPU it runs eagerly
-and raises :class:`~cvops.BadParamError` naming the offending entry. On a CUDA tensor reading the values
-back would stall the host until the GPU catches up, and it breaks CUDA graph capture and
-``torch.compile(mode="reduce-overhead")``; there the condition is queued on the device instead, so a
-violation raises a device-side assertion at the next synchronisation (no wrong result is ever returned).
-
-torch has no public asynchronous assertion (``torch._assert_async`` is private), so the condition selects
-an index that is out of range exactly when it fails, and a one-element ``index_select`` trips the device's
-own bounds assertion. On CUDA the message of either is lost: the error reads "device-side assert
-triggered" (torch issue 131491), so ``message`` only documents the call site.
+On the CPU a check such as "every RoI's batch index lies in [0, N)" runs eagerly and names the offending
+entry. On CUDA, reading values back would stall the host and break CUDA graph capture, so the condition is
+queued on the device and a violation raises a device-side assertion at the next synchronisation. torch has
+no public asynchronous assertion, so a failing condition selects an out-of-range index for a one-element
+``index_select``; the message is lost on CUDA (torch issue 131491) and only documents the call site.
 """
 from __future__ import annotations
 

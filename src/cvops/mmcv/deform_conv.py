@@ -1,11 +1,9 @@
 """``mmcv.ops.deform_conv``: ``DeformConv2d``, ``DeformConv2dPack`` (mmcv's ``'DCN'``) and ``deform_conv2d``,
 with mmcv's signatures (mmdet's GA-RetinaNet ``FeatureAdaption`` calls ``DeformConv2d``).
 
-The convolution samples the input bilinearly at each kernel tap moved by its offset (offset channels
-``(g*kh*kw + tap)*2 + (0: dy, 1: dx)`` for deformable group ``g``; a sample outside ``(-1, H) x (-1, W)`` is 0
-and so is each of its corners outside the image), then convolves the samples with ``weight``. It runs
-torchvision's kernels where they load here and otherwise :func:`deform_conv2d_torch`, plain torch ops whose
-backward (input, offset, weight) is autograd's.
+Each kernel tap samples the input bilinearly at its position moved by its offset (channels
+``(g*kh*kw + tap)*2 + (0: dy, 1: dx)``; zero outside ``(-1, H) x (-1, W)`` and at corners off the image).
+torchvision's kernels run where they load, otherwise :func:`deform_conv2d_torch` (plain torch, autograd).
 """
 from __future__ import annotations
 

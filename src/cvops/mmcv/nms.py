@@ -1,9 +1,8 @@
 """``mmcv.ops.nms``: ``nms`` and ``batched_nms`` with mmcv's signatures and results (mmdet's dense heads, GA-RetinaNet
 among them, filter their detections with ``batched_nms``).
 
-Greedy non-maximum suppression: boxes ``(x1, y1, x2, y2)`` in descending score order (ties keep input order), each
-kept unless its IoU with a box kept before exceeds ``iou_threshold``. torchvision's kernel runs where it loads
-here (``offset=0``); otherwise :func:`nms_torch`, plain torch ops that suppress from one kept box at a time.
+Greedy suppression in descending score order (ties keep input order): torchvision's kernel where it loads
+(``offset=0``), otherwise :func:`nms_torch`.
 """
 from __future__ import annotations
 

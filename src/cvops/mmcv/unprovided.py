@@ -1,11 +1,7 @@
-"""mmcv.ops' layout (mmcv 2.1: each submodule and its public names) and placeholders for the names cvops does not
-provide, which :func:`cvops.mmcv.install_as_mmcv` puts at mmcv's paths.
-
-A placeholder imports and constructs like the op (a module class accepts any arguments and keeps the keyword
-ones as attributes, e.g. a RoI layer's ``output_size``), so that model packages which import many ops load
-and build, and raises :class:`cvops.NotSupportedError` (a ``NotImplementedError``) naming the op when it is
-called. ``mmcv._ext`` (mmcv's compiled kernels, which some packages load themselves, e.g. mmdet3d's
-voxelization) gets a module whose every kernel is such a function.
+"""mmcv.ops' layout (mmcv 2.1: each submodule and its public names) and the placeholders
+:func:`cvops.mmcv.install_as_mmcv` puts where cvops has no op: they import and construct (keeping keyword
+arguments as attributes, e.g. a RoI layer's ``output_size``), so model packages load and build, and raise
+:class:`cvops.NotSupportedError` naming the op when called.
 """
 from __future__ import annotations
 

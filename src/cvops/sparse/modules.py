@@ -100,8 +100,8 @@ def check_input(name: str, x, ndim: int) -> None:
 
 
 def same_sites(indices: torch.Tensor, *built_on: torch.Tensor) -> bool:
-    """Whether ``indices`` are the sites (rows, in order) a kernel map was built on: the very tensor (no
-    work), or an equal one (one comparison)."""
+    """Whether ``indices`` are the sites (rows, in order) a kernel map was built on: the very tensor or an
+    equal one."""
     if any(indices is t for t in built_on):
         return True
     ref = built_on[0]
@@ -110,14 +110,10 @@ def same_sites(indices: torch.Tensor, *built_on: torch.Tensor) -> bool:
 
 def kernel_map(layer, x: SparseConvTensor, *, inverse: bool = False, transposed: bool = False,
                output_padding=None) -> tuple[IndiceData, dict]:
-    """The kernel map of ``layer`` (a conv or pool with kernel_size/stride/padding/dilation/subm/indice_key)
-    on ``x``: the one cached under ``layer.indice_key`` when the rules allow, else a new one; and the
-    ``indice_dict`` of the layer's output.
-
-    A cached map is reused only on the very sites, in the same row order, it was built on; any other
-    geometry or sites under the same key is a ``BadParamError`` naming the key. ``x.indice_dict`` is never
-    written: the output gets a copy with the new map added (copy-on-write, as spconv 2.x), so tensors that
-    share one dict never see each other's maps.
+    """The kernel map of ``layer`` on ``x`` and the ``indice_dict`` of the layer's output (a copy of
+    ``x.indice_dict`` with a new map added: copy-on-write, as spconv 2.x). The map cached under
+    ``layer.indice_key`` is reused only with the same geometry on the very sites, in the same row order, it
+    was built on; anything else under that key is a ``BadParamError`` naming it.
     """
     name = type(layer).__name__
     key = layer.indice_key
@@ -286,8 +282,7 @@ class SparseConvolution(KernelMapLayer):
 
 class SparseSequential(SparseModule):
     """spconv's ``SparseSequential``: sparse modules get the tensor, any other module (BatchNorm1d, ReLU, ...)
-    its ``features`` (skipped on a tensor with no sites, as spconv does). Built from modules, an
-    ``OrderedDict`` or keyword arguments; :meth:`add` appends one."""
+    its ``features`` (skipped on a tensor with no sites, as spconv does)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__()

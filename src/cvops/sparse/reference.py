@@ -12,12 +12,8 @@ from __future__ import annotations
 import torch
 
 
-def _columns(pairs: torch.Tensor, inverse: bool) -> tuple[int, int]:
-    return (1, 0) if inverse else (0, 1)
-
-
 def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, identity_offset: int):
-    src_col, dst_col = _columns(pairs, inverse)
+    src_col, dst_col = (1, 0) if inverse else (0, 1)
     f, w = features.double(), weight.double()
     out = torch.zeros(num_out, weight.shape[2], dtype=torch.float64, device=features.device)
     for k in range(weight.shape[0]):
@@ -28,7 +24,7 @@ def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, id
 
 
 def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, identity_offset: int):
-    src_col, dst_col = _columns(pairs, inverse)
+    src_col, dst_col = (1, 0) if inverse else (0, 1)
     g, f, w = grad_out.double(), features.double(), weight.double()
     grad_features = torch.zeros_like(f)
     grad_weight = torch.zeros_like(w)

@@ -1,10 +1,7 @@
-"""Synthetic voxel sets (fixed seed, reproducible on any machine) for examples, tests and benchmarks.
-
-``lidar_voxels`` imitates a voxelised LiDAR sweep: a sensor at the grid centre, most returns on a
-gently curved ground surface whose density falls with range (beam rings), the rest on the faces of
-box-shaped objects standing on the ground. ``uniform_voxels`` draws distinct sites uniformly. Both
-return exactly ``num`` distinct rows ``(b, *coords)`` split evenly over the batch, in a shuffled row
-order (a voxeliser emits sites in point order, not sorted).
+"""Synthetic voxel sets (fixed seed, reproducible on any machine) for examples, tests and benchmarks:
+exactly ``num`` distinct rows ``(b, *coords)`` split evenly over the batch, in shuffled order (a voxeliser
+emits sites in point order). LiDAR-like sets put most returns on a gently curved ground whose density falls
+with range (beam rings) and the rest on the faces of boxes standing on it.
 """
 from __future__ import annotations
 

@@ -14,13 +14,10 @@ OP = "SparseConvTensor"
 
 @dataclass
 class IndiceData:
-    """A kernel map cached under an ``indice_key``.
-
-    ``indices``/``spatial_shape`` describe the layer's input, ``out_indices``/``out_spatial_shape`` its
-    output; ``indice_pairs [K, 2, L]`` and ``indice_num [K]`` are :func:`cvops.get_indice_pairs`'s (spconv's
-    native map is ``[2, K, L]``). spconv's field names are properties: ``indice_pair_num``, ``is_subm``,
-    ``ksize``. ``padding`` is the padding the map was built with (the centring padding for SubM).
-    """
+    """A kernel map cached under an ``indice_key``: the layer's input (``indices``, ``spatial_shape``) and
+    output sites, :func:`cvops.get_indice_pairs`'s ``indice_pairs [K, 2, L]`` and ``indice_num [K]``, and the
+    geometry it was built with (``padding``: the centring padding for SubM). spconv's field names are
+    properties."""
 
     out_indices: torch.Tensor
     indices: torch.Tensor
@@ -65,16 +62,12 @@ def _ints(name: str, values) -> list[int]:
 
 
 class SparseConvTensor:
-    """Sparse tensor: ``features [N, C]`` at ``indices [N, ndim + 1]`` rows ``(b, *coords)`` (int32).
+    """Sparse tensor: ``features [N, C]`` at ``indices [N, ndim + 1]`` rows ``(b, *coords)`` (int32) on a grid
+    of ``spatial_shape`` (a sequence, tensor or numpy array) for ``batch_size`` samples.
 
-    ``spatial_shape`` is the grid size (a list, tuple, tensor or numpy array), ``batch_size`` the number of
-    samples (an int, also numpy's). ``indice_dict`` maps an ``indice_key`` to the :class:`IndiceData` a layer
-    built, so later layers with the same key (SubM blocks, the inverse conv) reuse it; a layer never
-    writes into its input's dict but gives its output a copy with its map added (as spconv 2.x), so
-    tensors constructed with one shared ``indice_dict`` never see each other's maps. ``features`` may be reassigned (mmcv style) or replaced with
-    :meth:`replace_feature` (spconv style); layers check its rows against ``indices`` before any kernel.
-    spconv's ``benchmark``, ``permanent_thrust_allocator``, ``enable_timer`` and ``force_algo`` are
-    accepted and have no effect.
+    ``indice_dict`` maps an ``indice_key`` to the :class:`IndiceData` a layer built; layers give their output
+    a copy with their map added, never writing their input's (spconv 2.x). ``features`` may be reassigned
+    (mmcv) or replaced with :meth:`replace_feature` (spconv); spconv's other keywords have no effect.
     """
 
     def __init__(self, features: torch.Tensor, indices: torch.Tensor, spatial_shape, batch_size, grid=None,
