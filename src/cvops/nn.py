@@ -1,15 +1,11 @@
-"""``torch.nn`` modules with mmcv/torchvision names and signatures.
+"""``torch.nn`` modules with mmcv/torchvision names and signatures, eager and under ``torch.fx``,
+``torch.export``, ``torch.compile(fullgraph=True)`` and ``torch.jit.script`` (load scripted modules after
+``import cvops``, which registers the ``cvops::`` operators). A forward has two paths:
 
-Every module here works eagerly and under ``torch.fx.symbolic_trace``, ``torch.export.export``,
-``torch.compile(fullgraph=True)`` and ``torch.jit.script`` (scripted modules save and load; load them
-after ``import cvops``, which registers the ``cvops::`` operators). A forward has two paths:
-
-- eager, fx, export and compile call the functional API through the module-level ``_call_*`` functions
-  below; ``torch.fx.wrap`` keeps each one a single graph node, because the argument checks inspect real
-  tensors (an fx ``Proxy`` has no dtype), while export and compile trace through them to the
-  ``torch.ops.cvops`` operators;
-- TorchScript cannot compile those Python checks, so a scripted forward checks the shape rules the
-  kernels rely on (``_script_require``) and calls the ``torch.ops.cvops`` operators directly.
+- eager, fx, export and compile call the functional API through the ``_call_*`` functions, which
+  ``torch.fx.wrap`` keeps single graph nodes (their checks inspect real tensors; a ``Proxy`` has no dtype);
+- TorchScript cannot compile those checks, so a scripted forward checks the shape rules the kernels rely
+  on (``_script_require``) and calls the ``torch.ops.cvops`` operators directly.
 """
 import functools as _functools
 from typing import List as _List, Optional as _Optional, Tuple as _Tuple, Union as _Union

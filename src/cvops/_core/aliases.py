@@ -26,10 +26,8 @@ def new_package(name: str, doc: str) -> types.ModuleType:
 
 
 def register(name: str, module: types.ModuleType) -> None:
-    """Make ``import name`` give ``module``, and ``module`` an attribute of its parent package, as a normal
-    import would (``import a.b; a.b.f()`` reads the attribute), unless the parent already has an attribute of
-    that name: a package that imports a function named like its submodule (``mmcv.ops.nms``) keeps the
-    function."""
+    """Make ``import name`` give ``module``, and ``module`` an attribute of its parent package as a normal
+    import would, unless the parent has that attribute already (``mmcv.ops.nms`` stays the function)."""
     sys.modules[name] = module
     parent, _, child = name.rpartition(".")
     if parent in sys.modules and not hasattr(sys.modules[parent], child):

@@ -72,9 +72,8 @@ def _keep_kernel(op, device_type: str):
 
 
 def register() -> None:
-    """Installs the autocast kernel of every op in :data:`POLICIES` for CPU and CUDA (idempotent): a Python
-    kernel per op under the ``Autocast<device>`` dispatch key, through the public ``torch.library.Library.impl``.
-    Inside it ``torch.autocast(device, enabled=False)`` lets the call through to the op's own kernels."""
+    """Installs the autocast kernel of every op in :data:`POLICIES` for CPU and CUDA, once, under the
+    ``Autocast<device>`` dispatch keys."""
     global _registered, _lib
     if _registered:
         return

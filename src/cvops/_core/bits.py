@@ -20,11 +20,8 @@ class _Interface:
 
 
 def numpy_alias(t: torch.Tensor) -> np.ndarray:
-    """An ndarray over ``t``'s memory (same shape and strides) for the numba kernels.
-
-    ``Tensor.numpy()`` would mark the storage non-resizable for good, so the caller's inputs and
-    cvops' outputs could no longer be resized; this alias leaves the storage as it is and keeps ``t``
-    alive as long as the array, as ``Tensor.numpy()`` does. bfloat16 goes through :func:`as_bits` first.
+    """An ndarray over ``t``'s memory (same shape and strides) for the numba kernels, keeping ``t`` alive;
+    unlike ``Tensor.numpy()`` it leaves the storage resizable. bfloat16 goes through :func:`as_bits` first.
     """
     holder = _Interface()
     holder.owner = t

@@ -54,9 +54,8 @@ def _also(error_type: type, peer_types: tuple) -> type:
 
 @contextlib.contextmanager
 def raising_also(*peer_types: type):
-    """Re-raise a :class:`CvopsError` from the block as an instance of ``peer_types`` too, with the same
-    message and status: a drop-in namespace's errors are caught by the ``except`` clauses (and test
-    assertions) written for its peer, e.g. the ``AssertionError`` torchvision raises for a bad boxes shape."""
+    """Re-raise a :class:`CvopsError` from the block as an instance of ``peer_types`` too (same message and
+    status), so ``except`` clauses written for a drop-in namespace's peer catch it."""
     try:
         yield
     except CvopsError as error:

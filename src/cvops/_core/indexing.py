@@ -24,12 +24,8 @@ def span(t: torch.Tensor) -> int:
 
 
 def needs_int64(*items) -> bool:
-    """True if an offset into any tensor, or any int (a count or bound), may exceed int32.
-
-    Products the kernels form are bounded by one of these (an element offset never exceeds its
-    tensor's span), with a factor 2 of headroom for sums of two in-range offsets, so int32 is exact
-    below the bound.
-    """
+    """True if an offset into any tensor, or any int (a count or bound), may exceed int32 (with a factor 2
+    of headroom for sums of two in-range offsets)."""
     if _forced:
         return True
     largest = 0

@@ -31,8 +31,8 @@ def require_supported(cond: bool, op: str, message: str) -> None:
 
 def check_tensor(op: str, name: str, t, *, dim: int | None = None,
                  dtypes: Sequence[torch.dtype] | None = None) -> None:
-    """``t`` is a tensor with ``dim`` dimensions and one of ``dtypes``. Messages are built only on failure:
-    these checks run on every call, and formatting them costs about a microsecond each."""
+    """``t`` is a tensor with ``dim`` dimensions and one of ``dtypes`` (messages are built only on failure:
+    these checks run on every call)."""
     if not isinstance(t, torch.Tensor):
         require(False, op, f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if dim is not None and t.dim() != dim:

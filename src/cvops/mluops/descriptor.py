@@ -70,12 +70,8 @@ def create_handle(device: torch.device | str = "cpu") -> Handle:
 
 @dataclass(frozen=True)
 class TensorDescriptor:
-    """``mluOpTensorDescriptor_t``: layout, data type and dense shape (no stride tensors).
-
-    Validated on creation: a known layout and data type and a shape of ints; anything else raises
-    :class:`BadParamError`. A negative size is representable (as in the C struct) and is BAD_PARAM
-    at the entry point that receives it (:func:`check_descriptor`).
-    """
+    """``mluOpTensorDescriptor_t``: layout, data type and dense shape, checked on creation
+    (:class:`BadParamError`); a negative size is representable, as in C, and BAD_PARAM at an entry point."""
 
     layout: Layout
     dtype: DataType
