@@ -19,18 +19,13 @@ _DOCS = {
 
 def _make(base, kind: str, ndim: int, inverse_key_required: bool):
     if kind == "SparseInverseConv":
-        if inverse_key_required:
-            def __init__(self, in_channels, out_channels, kernel_size, indice_key, bias=True, algo=None,
-                         fp32_accum=None, large_kernel_fast_algo=False, name=None):
-                base.__init__(self, ndim, in_channels, out_channels, kernel_size, bias=bias, inverse=True,
-                              indice_key=indice_key, algo=algo, fp32_accum=fp32_accum,
-                              large_kernel_fast_algo=large_kernel_fast_algo, name=name)
-        else:
-            def __init__(self, in_channels, out_channels, kernel_size, indice_key=None, bias=True, algo=None,
-                         fp32_accum=None, large_kernel_fast_algo=False, name=None):
-                base.__init__(self, ndim, in_channels, out_channels, kernel_size, bias=bias, inverse=True,
-                              indice_key=indice_key, algo=algo, fp32_accum=fp32_accum,
-                              large_kernel_fast_algo=large_kernel_fast_algo, name=name)
+        def __init__(self, in_channels, out_channels, kernel_size, indice_key, bias=True, algo=None,
+                     fp32_accum=None, large_kernel_fast_algo=False, name=None):
+            base.__init__(self, ndim, in_channels, out_channels, kernel_size, bias=bias, inverse=True,
+                          indice_key=indice_key, algo=algo, fp32_accum=fp32_accum,
+                          large_kernel_fast_algo=large_kernel_fast_algo, name=name)
+        if not inverse_key_required:  # mmcv's indice_key defaults to None (the layer then asks for one)
+            __init__.__defaults__ = (None, *__init__.__defaults__)
     elif kind == "SubMConv":
         def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
                      bias=True, indice_key=None, algo=None, fp32_accum=None, large_kernel_fast_algo=False,
