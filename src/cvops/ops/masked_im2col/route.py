@@ -45,6 +45,12 @@ def dense_is_cheaper(points: int, positions: int, weight: Tensor) -> bool:
     return positions * window * 2 * vector <= points * window * (2 * out_channels + MOVE_FLOPS) + CALL_FLOPS
 
 
+def needs_op(features: Tensor) -> bool:
+    """Whether the gather runs as the custom op: for the gradient of ``features``, or under torch.compile
+    (whose tracing needs the op's fake). Otherwise the kernel is called as a plain function."""
+    return (torch.is_grad_enabled() and features.requires_grad) or torch.compiler.is_compiling()
+
+
 def output_keep(mask: Tensor, out_h: int, out_w: int) -> Tensor:
     """The ``[out_h, out_w]`` bool map of the output points to compute: ``mask > 0`` where the output
     overlaps the mask, off beyond it (an output larger or smaller than the mask: other paddings)."""
