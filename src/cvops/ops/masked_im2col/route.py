@@ -35,9 +35,9 @@ MOVE_FLOPS = 64
 # How many times the gather route's moves are counted when it is weighed against the dense route (see the
 # module docstring): it is taken only where it wins by a clear margin on its least certain term.
 GATHER_MARGIN = 2
-# The gather route's fixed cost beyond the dense route's: about ten more torch calls (the point list, the
-# gather's plan, the product, the copy into the map; 0.1-0.2 ms), counted as the flops of that time.
-CALL_FLOPS = 2**24
+# The gather route's fixed cost beyond the dense route's: a few more calls (the gather's plan and kernel,
+# the product, the copy into the map; about 0.1 ms), counted as the flops of that time on one core.
+CALL_FLOPS = 2**23
 # The dense convolution's vector of output channels: 64 bytes (AVX-512; 16 float32, 8 float64). With fewer
 # output channels it takes as long as with a full vector of them (AVX2 cores: half that, so the rule
 # overrates the dense work there by at most 2x below 16 float32 channels).
