@@ -195,8 +195,10 @@ def masked_conv2d(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional
     points = keep.reshape(-1).nonzero().view(-1)  # flat h*out_w + w, ascending (row-major for a strided mask too)
     if route.takes_dense(features, weight, points.shape[0], keep, backend):
         return route.dense(features, keep, weight, bias, (pad_h, pad_w))
-    data_col = masked_im2col(features, points // out_w, points % out_w, (kernel_h, kernel_w), (pad_h, pad_w),
-                             backend=backend)
+    # the indices are ours (checked); without autograd or torch.compile the kernel runs without the custom
+    # op, whose dispatch costs about as much as the whole gather on the small pyramid levels
+    gather = _im2col_op if route.needs_op(features) else _im2col
+    data_col = gather(features, points // out_w, points % out_w, kernel_h, kernel_w, pad_h, pad_w, backend)
     values = route.product(weight.reshape(out_channels, -1), data_col, bias)
     # the points are distinct and inside the output: one differentiable copy instead of masked_col2im's scatter
     out = values.new_zeros((out_channels, out_h * out_w)).index_copy(1, points, values)

@@ -11,10 +11,14 @@
 
 Counting one moved value as :data:`MOVE_FLOPS` flops and the gather route's extra fixed cost as
 :data:`CALL_FLOPS`, the gather route costs ``M*K*(2*O + MOVE_FLOPS) + CALL_FLOPS`` and the dense one
-``P*K*2*O'``; :func:`dense_is_cheaper` takes the smaller, forward and backward alike (the backward does
-twice the flops and moves the values twice). On large maps this reads "dense when the masked fraction M/P
-is at least ``2*O' / (2*O + MOVE_FLOPS)``": in float32 with O = 256 output channels from 89% on, with 80
-from 71%, with 4 from 44%; on small maps with few output channels the fixed cost tips it to dense. Both
+``P*K*2*O'``. The dense route is one ``conv2d`` and a fill, close to the plain convolution's time on every
+map, so it is the safe side: :func:`dense_is_cheaper` takes the gather route only where it wins with its
+moves counted :data:`GATHER_MARGIN` times, forward and backward alike (the backward does twice the flops
+and moves the values twice). The margin covers the least certain term: flops run near the matmul rate
+on any core, a gather of scattered windows at a fraction of the copy bandwidth that varies from machine
+to machine. On large maps this reads "dense when the masked fraction M/P is at least
+``2*O' / (2*O + GATHER_MARGIN*MOVE_FLOPS)``": in float32 with O = 256 output channels from 80% on, with 80
+from 56%, with 4 from 24%; on small maps with few output channels the fixed cost tips it to dense. Both
 routes give the same values within the accumulating-op tolerance, and exact zeros off the points.
 """
 from __future__ import annotations
@@ -28,9 +32,12 @@ from torch import Tensor
 # A value moved to memory and back costs a CPU core about the time of 64 flops of a matmul (tens of
 # GFLOP/s against a few GB/s of gathered copies), on AMD and Intel cores alike.
 MOVE_FLOPS = 64
-# The gather route's fixed cost beyond the dense route's: about ten more torch calls (the point list, the
-# gather's plan, the product, the copy into the map; 0.1-0.2 ms), counted as the flops of that time.
-CALL_FLOPS = 2**24
+# How many times the gather route's moves are counted when it is weighed against the dense route (see the
+# module docstring): it is taken only where it wins by a clear margin on its least certain term.
+GATHER_MARGIN = 2
+# The gather route's fixed cost beyond the dense route's: a few more calls (the gather's plan and kernel,
+# the product, the copy into the map; about 0.1 ms), counted as the flops of that time on one core.
+CALL_FLOPS = 2**23
 # The dense convolution's vector of output channels: 64 bytes (AVX-512; 16 float32, 8 float64). With fewer
 # output channels it takes as long as with a full vector of them (AVX2 cores: half that, so the rule
 # overrates the dense work there by at most 2x below 16 float32 channels).
@@ -39,10 +46,18 @@ VECTOR_BYTES = 64
 
 def dense_is_cheaper(points: int, positions: int, weight: Tensor) -> bool:
     """Whether the dense route's work (``positions`` output positions) is no more than the gather
-    route's (``points`` gathered windows), counted as in the module docstring."""
+    route's (``points`` gathered windows) with its moves counted :data:`GATHER_MARGIN` times, as in the
+    module docstring."""
     out_channels, window = weight.shape[0], weight[0].numel()
     vector = max(out_channels, VECTOR_BYTES // weight.element_size())
-    return positions * window * 2 * vector <= points * window * (2 * out_channels + MOVE_FLOPS) + CALL_FLOPS
+    gather = points * window * (2 * out_channels + GATHER_MARGIN * MOVE_FLOPS) + CALL_FLOPS
+    return positions * window * 2 * vector <= gather
+
+
+def needs_op(features: Tensor) -> bool:
+    """Whether the gather runs as the custom op: for the gradient of ``features``, or under torch.compile
+    (whose tracing needs the op's fake). Otherwise the kernel is called as a plain function."""
+    return (torch.is_grad_enabled() and features.requires_grad) or torch.compiler.is_compiling()
 
 
 def output_keep(mask: Tensor, out_h: int, out_w: int) -> Tensor:
