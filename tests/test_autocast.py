@@ -125,7 +125,7 @@ def test_psamask_keeps_the_dtype_bit_exact(backend, dtype):
     x = _randn(1, 9, 4, 5).to(dtype).requires_grad_()
     g = _randn(1, 20, 4, 5, seed=1).to(dtype)
     for mode in ("collect", "distribute"):
-            with torch.autocast("cpu", dtype=dtype):
+        with torch.autocast("cpu", dtype=dtype):
             y = cvops.psamask(x, mode, 3, backend=backend)
         (grad,) = torch.autograd.grad(y, x, g)
         assert y.dtype == grad.dtype == dtype
