@@ -1,24 +1,13 @@
 """Backend dispatch: which module of an op's package runs a call.
 
-Backend names and the module each one selects in ``cvops/ops/<op>/`` (and ``cvops/sparse/``):
-
-* ``"reference"`` -> ``reference.py``: literal loops after the doc's pseudocode (the oracle);
-* ``"torch"`` -> ``cpu.py``: plain torch, on any device;
-* ``"numba"`` -> ``cpu_numba.py``: compiled loops on CPU tensors; where an op has no loop for a direction
-  or a case, its ``cpu_numba`` runs the torch code for it;
-* ``"triton"`` -> ``triton.py``: Triton kernels on CUDA tensors (tests run them on CPU tensors under
-  ``TRITON_INTERPRET=1``).
-
-``backend=None`` takes the device's default: triton on CUDA when installed; otherwise numba when it is
-enabled (installed, and ``CVOPS_NUMBA`` does not switch it off) and its ``supports(*tensors)`` takes the
-call's tensors; otherwise torch. ``"cpu"`` stays accepted as an alias of that CPU choice (numba when it
-can, else torch), so code written for the earlier names keeps working. An explicit ``"numba"`` ignores
-``CVOPS_NUMBA`` (which changes only the default) and raises NotSupportedError where it cannot run, as an
-explicit ``"triton"`` does. :func:`resolve_backend` makes the whole choice, top to bottom.
-
-Modules are imported only when chosen, so cvops imports and runs with torch alone. Availability is
-looked up with ``importlib.util.find_spec`` for triton (no import: importing triton costs about a second,
-which a process whose ops run on the CPU should not pay).
+``"reference"`` -> ``reference.py`` (literal loops, the oracle); ``"torch"`` -> ``cpu.py`` (plain torch, any
+device); ``"numba"`` -> ``cpu_numba.py`` (compiled loops on CPU tensors; the torch code where an op has no
+loop for a direction or case); ``"triton"`` -> ``triton.py`` (CUDA tensors, or CPU ones under
+``TRITON_INTERPRET=1``). ``None`` is the device's default and ``"cpu"`` an alias of the CPU default, so
+code written for the earlier names keeps working; :func:`resolve_backend` makes the choice, top to bottom.
+``CVOPS_NUMBA=0`` changes only the default; an explicit ``"numba"`` or ``"triton"`` that cannot run a
+call raises NotSupportedError. Modules are imported only when chosen, and triton is found with
+``importlib.util.find_spec`` (importing it costs about a second, which CPU-only processes should not pay).
 """
 from __future__ import annotations
 
