@@ -15,7 +15,7 @@ from cvops._core import autocast
 from cvops._core.dispatch import triton_interpreted
 from cvops.metrics import bit_equal, diff1, diff2
 from cvops.sparse.functional import indice_conv
-from tests.conftest import CPU_PATHS, requires_triton, selected
+from tests.conftest import CPU_PATHS, requires_triton
 
 BACKENDS = CPU_PATHS + [pytest.param("triton", marks=[requires_triton, pytest.mark.skipif(
     not triton_interpreted(), reason="CPU autocast on the triton backend needs TRITON_INTERPRET=1")])]
@@ -38,8 +38,8 @@ def test_every_custom_op_has_a_policy_for_cpu_and_cuda():
 def _check_accumulating(call, inputs, grad_of, dtype, backend):
     """Runs ``call`` under autocast(``dtype``) and the float64 reference; compares result and gradients."""
     leaves = [t.clone().requires_grad_(i in grad_of) for i, t in enumerate(inputs)]
-    with selected(backend) as b, torch.autocast("cpu", dtype=dtype):
-        y = call(*leaves, backend=b)
+    with torch.autocast("cpu", dtype=dtype):
+        y = call(*leaves, backend=backend)
     assert y.dtype == dtype
     g = _randn(*y.shape, seed=1).to(dtype)
     y.backward(g)
@@ -79,12 +79,11 @@ def test_backward_inside_autocast_gives_float32_leaves_their_float32_gradients(b
     call, inputs, grad_of = FLOAT32_OPS[op]()
     leaves = [t.clone().requires_grad_(i in grad_of) for i, t in enumerate(inputs)]
     plain = [t.clone().requires_grad_(i in grad_of) for i, t in enumerate(inputs)]
-    with selected(backend) as b:
-        with torch.autocast("cpu", dtype=dtype):
-            y = call(*leaves, backend=b)
-            g = _randn(*y.shape, seed=1).to(dtype)
-            y.backward(g)
-        call(*plain, backend=b).backward(g.float())
+    with torch.autocast("cpu", dtype=dtype):
+        y = call(*leaves, backend=backend)
+        g = _randn(*y.shape, seed=1).to(dtype)
+        y.backward(g)
+    call(*plain, backend=backend).backward(g.float())
     assert y.dtype == dtype
     for i in grad_of:
         assert leaves[i].grad.dtype == torch.float32
@@ -126,8 +125,8 @@ def test_psamask_keeps_the_dtype_bit_exact(backend, dtype):
     x = _randn(1, 9, 4, 5).to(dtype).requires_grad_()
     g = _randn(1, 20, 4, 5, seed=1).to(dtype)
     for mode in ("collect", "distribute"):
-        with selected(backend) as b, torch.autocast("cpu", dtype=dtype):
-            y = cvops.psamask(x, mode, 3, backend=b)
+        with torch.autocast("cpu", dtype=dtype):
+            y = cvops.psamask(x, mode, 3, backend=backend)
         (grad,) = torch.autograd.grad(y, x, g)
         assert y.dtype == grad.dtype == dtype
         assert bit_equal(y, cvops.psamask(x.detach(), mode, 3, backend="reference"))
@@ -140,9 +139,9 @@ def test_masked_im2col_col2im_keep_the_dtype_bit_exact(backend, dtype):
     feature = _randn(1, 3, 5, 6).to(dtype)
     h, w = torch.nonzero(_randn(5, 6, seed=4) > 0, as_tuple=True)
     col = _randn(3, h.numel(), seed=5).to(dtype)
-    with selected(backend) as b, torch.autocast("cpu", dtype=dtype):
-        data_col = cvops.masked_im2col(feature, h, w, 3, 1, backend=b)
-        image = cvops.masked_col2im(col, h, w, 5, 6, backend=b)
+    with torch.autocast("cpu", dtype=dtype):
+        data_col = cvops.masked_im2col(feature, h, w, 3, 1, backend=backend)
+        image = cvops.masked_col2im(col, h, w, 5, 6, backend=backend)
     assert data_col.dtype == image.dtype == dtype
     assert bit_equal(data_col, cvops.masked_im2col(feature, h, w, 3, 1, backend="reference"))
     assert bit_equal(image, cvops.masked_col2im(col, h, w, 5, 6, backend="reference"))

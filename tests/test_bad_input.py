@@ -13,9 +13,9 @@ import cvops.spconv as spconv
 import cvops.torchvision as tv
 from cvops._core.errors import BadParamError, NotSupportedError
 from cvops.mmcv.psa_mask import psa_mask  # cvops.mmcv.psa_mask is the module, as mmcv.ops.psa_mask
-from tests.conftest import requires_triton, selected
+from tests.conftest import requires_triton
 
-BACKENDS = ["reference", "cpu-torch", pytest.param("cpu-numba", marks=pytest.mark.skipif(
+BACKENDS = ["reference", "torch", pytest.param("numba", marks=pytest.mark.skipif(
     not __import__("cvops._core.jit", fromlist=["x"]).numba_available(), reason="no numba")),
             pytest.param("triton", marks=requires_triton)]
 
@@ -334,7 +334,7 @@ FUNCTIONAL_CASES = [
                                                       backend=b), BadParamError, "kernel"),
     ("gip stride str", lambda b: cvops.get_indice_pairs(torch.zeros(2, 4, dtype=torch.int32), 1, [4] * 3, 3, "1", 1,
                                                         backend=b), BadParamError, "stride"),
-    # drop-in namespaces: they run on the selected cpu path (CVOPS_NUMBA) and ignore the backend string
+    # drop-in namespaces: they run the default backend (CVOPS_NUMBA picks the CPU one) and ignore the backend string
     ("spconv indices dtype", lambda b: spconv.SparseConvTensor(_SF, _SIDX.float(), [4] * 3, 1), BadParamError,
      "indices dtype"),
     ("spconv indices rank", lambda b: spconv.SparseConvTensor(_SF, _SIDX[:, 0], [4] * 3, 1), BadParamError,
@@ -413,9 +413,8 @@ FUNCTIONAL_CASES = [
 def test_functional_bad_input_raises_before_any_kernel(case, backend):
     _, call, error, fragment = case
     errors = error if isinstance(error, tuple) else (error,)
-    with selected(backend) as name:
-        with pytest.raises(errors[0], match=fragment) as info:
-            call(name)
+    with pytest.raises(errors[0], match=fragment) as info:
+        call(backend)
     if len(errors) == 1:
         assert type(info.value) is error
     else:  # a drop-in's error is both the cvops one and its peer's, with the same message

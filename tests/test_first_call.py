@@ -157,11 +157,14 @@ def test_deterministic_mode_switched_on_mid_run_gives_the_kernels_bits_at_once(f
 
 def test_the_switch_is_read_on_every_call(monkeypatch):
     from cvops._core import jit
+    from cvops._core.dispatch import resolve_backend
 
+    def default():
+        return resolve_backend("cvops.ops.psamask", "psamask", None, torch.device("cpu"), torch.zeros(1))
     monkeypatch.setenv("CVOPS_NUMBA", "0")
-    assert not jit.numba_enabled() and jit.numba_kernels("cvops.ops.psamask", torch.zeros(1)) is None
+    assert not jit.numba_enabled() and default() == "torch"
     monkeypatch.setenv("CVOPS_NUMBA", "1")
-    assert jit.numba_enabled() and jit.numba_kernels("cvops.ops.psamask", torch.zeros(1)) is not None
+    assert jit.numba_enabled() and default() == "numba"
     monkeypatch.delenv("CVOPS_NUMBA")
     assert jit.numba_enabled()  # the default: numba when it imports
 

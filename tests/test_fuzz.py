@@ -17,7 +17,7 @@ from cvops._core.errors import BadParamError, CvopsError, NotSupportedError
 from cvops.metrics import bit_equal, diff1, diff2
 from cvops.mmcv.psa_mask import psa_mask  # cvops.mmcv.psa_mask is the module, as mmcv.ops.psa_mask
 from cvops.sparse import indice_conv
-from tests.conftest import installed_cpu_paths, selected
+from tests.conftest import installed_cpu_paths
 
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 I64 = st.one_of(st.integers(-6, 8), st.sampled_from([-2**63, -2**63 + 1, -2**62, 2**62, 2**63 - 2, 2**63 - 1]))
@@ -37,8 +37,7 @@ def agree(call, same):
     """Run ``call(backend)`` on the reference and each cpu path; all outcomes must agree."""
     kind, expected = outcome(lambda: call("reference"))
     for path in installed_cpu_paths():
-        with selected(path) as name:
-            got_kind, got = outcome(lambda: call(name))
+        got_kind, got = outcome(lambda: call(path))
         assert got_kind == kind, (path, got_kind, kind)
         if kind == "ok":
             assert same(got, expected), path

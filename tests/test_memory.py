@@ -10,7 +10,7 @@ import torch
 
 import cvops
 from cvops._core import memory
-from tests.conftest import CPU_PATHS, requires_numba, select
+from tests.conftest import CPU_PATHS, default_to, requires_numba
 
 BIG = (1 << 20,)  # 4 MiB of float32: large enough for the huge-page advice
 
@@ -45,9 +45,9 @@ def test_memory_still_referred_to_is_never_handed_out_again(path, kind, monkeypa
     # issue 33: `s = y.untyped_storage(); del y` and the next call of the same size overwrote `s` (the recycler
     # read a storage's use count, which a Python storage object does not hold), and a recycler that took one
     # outside reference for idle overwrote a kept `y.detach()`
-    select(path, monkeypatch)
+    default_to(path, monkeypatch)
     torch.manual_seed(0)
-    side = 40 + HOLDERS.index(kind) + 4 * (path == "cpu-numba")  # a size of its own: no other test's leftovers
+    side = 40 + HOLDERS.index(kind) + 4 * (path == "numba")  # a size of its own: no other test's leftovers
     x = torch.randn(1, 81, side, side)
     y = cvops.psamask(x, "collect", 9)  # [1, side**2, side, side]: 10 MiB and more
     expected = y.clone()
@@ -79,9 +79,9 @@ def test_outputs_are_resizable_like_torch_tensors():
     assert bool((a == 1.0).all())
 
 
-@pytest.mark.parametrize("path", ["cpu-torch", pytest.param("cpu-numba", marks=requires_numba)])
+@pytest.mark.parametrize("path", ["torch", pytest.param("numba", marks=requires_numba)])
 def test_op_outputs_are_resizable(path, monkeypatch):
-    select(path, monkeypatch)
+    default_to(path, monkeypatch)
     feature = torch.randn(1, 64, 64, 64)
     idx = torch.arange(4096) % 64
     outs = [cvops.masked_im2col(feature, idx, idx, 3, 1),                     # 9 MiB
@@ -152,14 +152,14 @@ print(json.dumps(dict(grew=peak() - base, allowed=outputs + scratch, input=x.num
 """
 
 
-@pytest.mark.parametrize("path", ["cpu-torch", pytest.param("cpu-numba", marks=requires_numba)])
+@pytest.mark.parametrize("path", ["torch", pytest.param("numba", marks=requires_numba)])
 @pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.float32, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 def test_psroipool_peak_memory_is_inputs_outputs_and_a_bounded_scratch(path, dtype, direction):
     # a 100 MB float16 (200 MB float32) map, 4 RoIs over all of it: the call may add its outputs and the bounded
     # scratch its docstring states to the peak RSS, nothing like a widened copy or a table of the whole map
-    code = _PSROI_PEAK.format(dtype=dtype, direction=direction, numba=path == "cpu-numba")
-    env = dict(os.environ, CVOPS_NUMBA="1" if path == "cpu-numba" else "0")
+    code = _PSROI_PEAK.format(dtype=dtype, direction=direction, numba=path == "numba")
+    env = dict(os.environ, CVOPS_NUMBA="1" if path == "numba" else "0")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     got = json.loads(done.stdout.strip().splitlines()[-1])
     slack = 24 << 20  # allocator and interpreter noise

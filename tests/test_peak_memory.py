@@ -135,7 +135,7 @@ CASES = [
 
 def _measure(name: str, fmt: dict, path: str) -> dict:
     code = _RUNNER.format(snippet=SNIPPETS[name].format(**fmt))
-    env = dict(os.environ, CVOPS_NUMBA="1" if path == "cpu-numba" else "0",
+    env = dict(os.environ, CVOPS_NUMBA="1" if path == "numba" else "0",
                MALLOC_MMAP_THRESHOLD_=str(128 << 10), MALLOC_TRIM_THRESHOLD_=str(128 << 10))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -2,7 +2,6 @@
 against a loop written here from torchvision's forward formula, and the torchvision convention of the native op."""
 import inspect
 import math
-import os
 
 import numpy as np
 import pytest
@@ -11,7 +10,7 @@ import torch
 import cvops
 from cvops._core.errors import BadParamError
 from cvops.metrics import bit_equal, diff1, diff2
-from tests.conftest import CPU_PATHS, requires_triton, select
+from tests.conftest import CPU_PATHS, default_to, requires_triton
 
 BACKENDS = ["reference", *CPU_PATHS, pytest.param("triton", marks=requires_triton)]
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -72,27 +71,27 @@ ROIS = torch.tensor([
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("output_size", [3, (2, 3), (4, 1)])
 def test_forward_matches_torchvision_formula(backend, output_size, monkeypatch):
-    backend = select(backend, monkeypatch)
+    if backend in ("torch", "numba"):
+        default_to(backend, monkeypatch)  # cvops.torchvision runs the default backend
     ph, pw = (output_size, output_size) if isinstance(output_size, int) else output_size
     x = torch.randn(2, 2 * ph * pw, 9, 13, generator=torch.Generator().manual_seed(ph * 10 + pw))
     expected = tv_loop(x, ROIS, ph, pw, 0.5)
     out, mapping = cvops.psroi_pool(x, ROIS, ph, pw, 0.5, ph if ph == pw else 1, 2, backend=backend,
                                     convention="torchvision")
     assert close(out, expected)
-    if backend == "reference" or backend == "cpu" and os.environ.get("CVOPS_NUMBA") == "1":  # the same sums
+    if backend in ("reference", "numba"):  # the same sums
         assert bit_equal(out, expected)
     assert mapping.flatten(1).tolist()[0] == list(range(2 * ph * pw))
     assert torch.equal(cvops.torchvision.ps_roi_pool(x, ROIS, output_size, 0.5), out)
 
 
 @pytest.mark.parametrize("backend", ["reference", *CPU_PATHS])
-def test_last_row_and_column_are_never_read(backend, monkeypatch):
+def test_last_row_and_column_are_never_read(backend):
     # torchvision's forward clamps the bin edges to [0, H - 1] / [0, W - 1]
-    backend = select(backend, monkeypatch)
     x = torch.randn(1, 4, 6, 7)
     rois = torch.tensor([[0, 0.0, 0.0, 7.0, 6.0], [0, 6.0, 5.0, 7.0, 6.0]])
     out = cvops.psroi_pool(x, rois, 2, 2, 1.0, 2, 1, backend=backend, convention="torchvision")[0]
-    exact = backend == "reference" or os.environ.get("CVOPS_NUMBA") == "1"  # the torch path sums through a table
+    exact = backend in ("reference", "numba")  # the torch backend sums through a table
     y = x.clone()
     y[:, :, -1], y[:, :, :, -1] = (1e6, 1e6) if exact else (10.0, 10.0)
     other = cvops.psroi_pool(y, rois, 2, 2, 1.0, 2, 1, backend=backend, convention="torchvision")[0]
@@ -102,7 +101,6 @@ def test_last_row_and_column_are_never_read(backend, monkeypatch):
 
 @pytest.mark.parametrize("backend", ["reference", *CPU_PATHS])
 def test_backward_is_the_adjoint_and_gradcheck(backend, monkeypatch):
-    backend = select(backend, monkeypatch)
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(2, 36, 9, 13, dtype=torch.float64, generator=gen)
     for ph, pw in ((2, 3), (3, 3)):
@@ -114,7 +112,8 @@ def test_backward_is_the_adjoint_and_gradcheck(backend, monkeypatch):
                                          convention="torchvision")
         assert abs(float((out * g).sum()) - float((x * grad).sum())) < 1e-9
         assert float(grad[:, :, -1].abs().sum() + grad[:, :, :, -1].abs().sum()) == 0.0
-    if backend == "cpu":
+    if backend in ("torch", "numba"):
+        default_to(backend, monkeypatch)  # cvops.torchvision runs the default backend
         t = x.clone().requires_grad_()
         assert torch.autograd.gradcheck(lambda v: cvops.torchvision.ps_roi_pool(v, ROIS.double(), (2, 3), 0.5), (t,))
 

@@ -14,7 +14,7 @@ import cvops
 from tests.support.cases import case_id, load_cases
 from cvops._core.errors import BadParamError
 from cvops.metrics import bit_equal, diff1, diff2
-from tests.conftest import CPU_PATHS, requires_triton, selected
+from tests.conftest import CPU_PATHS, requires_triton
 from tests.support.op_tester import LAYOUTS, OpTester, Sample
 
 
@@ -83,9 +83,9 @@ class TestCarafe(OpTester):
     pointwise = (1e-5, 1e-5)   # with NaN and inf planted, the finite float32/float64 results within 1e-5 pointwise
     double_backward = True
     # the full Jacobians on the numba path; the loop reference and the torch path take seconds per call of them
-    gradcheck_fast = ("reference", "cpu-torch", "triton")
-    gradgradcheck_fast = ("reference", "cpu-torch")
-    property_examples = {"cpu-torch": 12, "cpu-numba": 12, "triton": 4}
+    gradcheck_fast = ("reference", "torch", "triton")
+    gradgradcheck_fast = ("reference", "torch")
+    property_examples = {"torch": 12, "numba": 12, "triton": 4}
     bad_inputs = (
         _bad_scalars(4, 1, 2, "kernel_size must be odd"), _bad_scalars(0, 1, 2, "kernel_size must be >= 1"),
         _bad_scalars(-3, 1, 2, "kernel_size must be >= 1"), _bad_scalars(3, 0, 2, "group_size must be >= 1"),
@@ -142,7 +142,7 @@ class TestCarafe(OpTester):
 
     def deterministic_samples(self, layout, backend):
         # on the cpu a size that takes the parallel paths
-        shape = (2, 64, 12, 10) if backend.startswith("cpu") else (1, 8, 3, 4)
+        shape = (2, 64, 12, 10) if backend in ("torch", "numba") else (1, 8, 3, 4)
         return [sample(*shape, 5, 4, 2, layout)]
 
     def grad_samples(self, layout):
@@ -349,12 +349,10 @@ def _half_case(dtype):
 
 
 def _check_half(backends, args, expected):
-    from tests.conftest import selected
     x, m, gy, k, s = args
     for backend in backends:
-        with selected(backend) as name:
-            actual = (cvops.carafe_forward(x, m, k, 1, s, backend=name),
-                      *cvops.carafe_backward(gy, x, m, k, 1, s, backend=name))
+        actual = (cvops.carafe_forward(x, m, k, 1, s, backend=backend),
+                  *cvops.carafe_backward(gy, x, m, k, 1, s, backend=backend))
         for what, a, e in zip(("output", "grad_input", "grad_mask"), actual, expected):
             assert diff1(a, e) <= HALF_TOL and diff2(a, e) <= HALF_TOL, (backend, what, diff1(a, e), diff2(a, e))
 
@@ -392,29 +390,27 @@ def test_cpu_paths_deterministic_and_agree_at_fpn_shape(path, layout, monkeypatc
     """A CARAFE-FPN upsampler (C 256, k5, s2) on a small map: both directions bit-identical on one
     thread and on the pool (for numba: spans of one row, so every span boundary falls inside an
     image and regroups the rows beyond it), and within tolerance of the other cpu path."""
-    if path == "cpu-numba":
+    if path == "numba":
         from cvops.ops.carafe import cpu_numba
         monkeypatch.setattr(cpu_numba, "_PARALLEL_WORK", 0)  # the pool even for this small call
         monkeypatch.setattr(cpu_numba, "_FORWARD_ROWS", 1)
         monkeypatch.setattr(cpu_numba, "_BACKWARD_ROWS", 1)
     x, m, gy = inputs(2, 256, 7, 10, 5, 1, 2, layout)
     m = (m.softmax(3) if layout == "NHWC" else m.view(2, 1, 25, 14, 20).softmax(2).view(2, 25, 14, 20))
-    with selected(path) as backend:
-        out = cvops.carafe(x, m, 5, 1, 2, layout, backend=backend)
-        first = cvops.carafe_backward(gy, x, m, 5, 1, 2, layout, backend=backend)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            single_out = cvops.carafe(x, m, 5, 1, 2, layout, backend=backend)
-            single = cvops.carafe_backward(gy, x, m, 5, 1, 2, layout, backend=backend)
-        finally:
-            torch.set_num_threads(threads)
-        assert bit_equal(out, single_out)
-        assert all(bit_equal(a, b) for a, b in zip(first, single))
-    other = "cpu-torch" if path == "cpu-numba" else "cpu-numba"
-    if other == "cpu-numba" and not cvops._core.jit.numba_available():
+    out = cvops.carafe(x, m, 5, 1, 2, layout, backend=path)
+    first = cvops.carafe_backward(gy, x, m, 5, 1, 2, layout, backend=path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        single_out = cvops.carafe(x, m, 5, 1, 2, layout, backend=path)
+        single = cvops.carafe_backward(gy, x, m, 5, 1, 2, layout, backend=path)
+    finally:
+        torch.set_num_threads(threads)
+    assert bit_equal(out, single_out)
+    assert all(bit_equal(a, b) for a, b in zip(first, single))
+    other = "torch" if path == "numba" else "numba"
+    if other == "numba" and not cvops._core.jit.numba_available():
         return
-    with selected(other) as backend:
-        assert_close(out, cvops.carafe(x, m, 5, 1, 2, layout, backend=backend), 3e-6)
-        for a, b in zip(first, cvops.carafe_backward(gy, x, m, 5, 1, 2, layout, backend=backend)):
-            assert_close(a, b, 3e-6)
+    assert_close(out, cvops.carafe(x, m, 5, 1, 2, layout, backend=other), 3e-6)
+    for a, b in zip(first, cvops.carafe_backward(gy, x, m, 5, 1, 2, layout, backend=other)):
+        assert_close(a, b, 3e-6)

@@ -16,10 +16,10 @@ from cvops import mluops
 from tests.support.cases import case_id, load_cases
 from cvops._core.errors import BadParamError, Status
 from tests.support.inputs import get_indice_pairs as voxels
-from tests.conftest import CPU_PATHS, requires_triton, select
+from tests.conftest import CPU_PATHS, requires_triton
 from tests.support.op_tester import OpTester, Sample
 
-# the cpu backend on both of its paths (the numba loops and the torch fallback), whatever CVOPS_NUMBA the suite sets
+# both CPU backends (the numba loops and plain torch)
 FAST_BACKENDS = CPU_PATHS + [pytest.param("triton", marks=requires_triton)]
 UNIT = load_cases("get_indice_pairs", "unit")
 NETWORK = load_cases("get_indice_pairs", "network")
@@ -100,7 +100,7 @@ class TestGetIndicePairs(OpTester):
     dtypes = INDEX_DTYPES          # the index dtypes: the results are int32 either way
     case_dtypes = INDEX_DTYPES
     base_dtype = torch.int32
-    property_examples = {"cpu-torch": 40, "cpu-numba": 40, "triton": 6}
+    property_examples = {"torch": 40, "numba": 40, "triton": 6}
     bad_inputs = tuple(_bad_param(change, pattern) for change, pattern in [
         (dict(batch_size=0), "batch_size must be >= 1"),
         (dict(batch_size=2.0), "batch_size must be an int"),
@@ -140,7 +140,7 @@ class TestGetIndicePairs(OpTester):
         return [Sample(indices=idx, kw=dict(GOOD, subm=subm)) for subm in (False, True)]
 
     def deterministic_samples(self, layout, backend):
-        if not backend.startswith("cpu"):
+        if backend not in ("torch", "numba"):
             return self.small_samples(layout, torch.int32)
         idx = voxels.lidar_voxels(2000, 2, [11, 64, 64], seed=9)
         return [Sample(indices=idx, kw=dict(GOOD, spatial_shape=[11, 64, 64], stride=stride, subm=subm))
@@ -227,7 +227,7 @@ def check_contract(indices, out_indices, pairs, num, *, batch_size, spatial_shap
 def test_hand_computed_1d_sparse():
     # spatial 4, k3 s2 p1: out size 2, o = (p + 1 - t) / 2 when exact
     idx = torch.tensor([[0, 0], [0, 1], [0, 3]], dtype=torch.int32)
-    for backend in ("reference", "cpu"):
+    for backend in ("reference", "torch"):
         out, pairs, num = cvops.get_indice_pairs(idx, 1, [4], 3, 2, 1, 1, backend=backend)
         assert out.tolist() == [[0, 0], [0, 1]]
         assert num.tolist() == [1, 1, 2]
@@ -287,7 +287,7 @@ def test_unit_case_reference_meets_the_contract(case):
 
 @pytest.mark.parametrize("shape,k,p,d", [((20, 30, 25), 3, 1, 1), ((9, 11, 7), (3, 1, 5), (0, 2, 1), (2, 1, 1)),
                                          ((6, 5, 4, 7), 3, 1, 1), ((9, 11, 7), 3, 1, 2), ((9, 11, 7), 3, 2, 2)])
-def test_subm_numba_merge_equals_torch_join(shape, k, p, d, monkeypatch):
+def test_subm_numba_merge_equals_torch_join(shape, k, p, d):
     """The numba subm map (one merge of sorted keys per offset) is the torch join's map, bit for bit, on
     unsorted sites (the pairs listed in input-row order either way)."""
     from cvops._core import jit
@@ -298,15 +298,14 @@ def test_subm_numba_merge_equals_torch_join(shape, k, p, d, monkeypatch):
     idx = idx[torch.randperm(idx.shape[0], generator=torch.Generator().manual_seed(0))]
     args = (idx, 2, list(shape), list(_tuple(k, n)), [1] * n, list(_tuple(p, n)), list(_tuple(d, n)))
     results = []
-    for switch in ("0", "1"):
-        monkeypatch.setenv("CVOPS_NUMBA", switch)
-        results.append(cvops.get_indice_pairs(*args, subm=True, backend="cpu"))
+    for backend in ("torch", "numba"):
+        results.append(cvops.get_indice_pairs(*args, subm=True, backend=backend))
     assert int(results[0][2].sum()) > idx.shape[0]
     assert_same(results[1], results[0])
 
 
 @pytest.mark.parametrize("p", [1, 0])  # centred (mirrored offsets) and not
-def test_subm_numba_map_same_on_two_threads(p, monkeypatch):
+def test_subm_numba_map_same_on_two_threads(p):
     """Large enough for the compiled subm map to share its offsets among two threads: the torch join's map."""
     from cvops._core import jit
     if not jit.numba_available():
@@ -317,11 +316,10 @@ def test_subm_numba_map_same_on_two_threads(p, monkeypatch):
     threads = torch.get_num_threads()
     results = []
     try:
-        for switch, count in (("0", 1), ("1", 2)):
-            monkeypatch.setenv("CVOPS_NUMBA", switch)
+        for backend, count in (("torch", 1), ("numba", 2)):
             torch.set_num_threads(count)
             assert jit.use_parallel(27 * idx.shape[0] * 4) == (count == 2)
-            results.append(cvops.get_indice_pairs(*args, subm=True, backend="cpu"))
+            results.append(cvops.get_indice_pairs(*args, subm=True, backend=backend))
     finally:
         torch.set_num_threads(threads)
     assert_same(results[1], results[0])
@@ -527,11 +525,10 @@ def test_mluops_limits_and_descriptor_setter():
 
 @pytest.mark.parametrize("backend", ["reference", *FAST_BACKENDS])
 @pytest.mark.parametrize("kernel,padding,dilation", [(3, 1, 2), ((3, 3, 5), (1, 2, 2), (2, 1, 1)), (3, 2, 2)])
-def test_subm_dilated_kernel_not_centred_by_padding(backend, kernel, padding, dilation, monkeypatch):
+def test_subm_dilated_kernel_not_centred_by_padding(backend, kernel, padding, dilation):
     # subm k3 p1 d2 is NOT a centred kernel (that needs p = d): a shortcut that calls it centred (and
     # mirrors offsets) gives wrong pairs. Compared with the independent test-only builder.
     from tests.ops._sparse_kmap import build_kernel_map
-    backend = select(backend, monkeypatch)
     idx = voxels.uniform_voxels(60, 2, [5, 6, 7], seed=12)
     got = cvops.get_indice_pairs(idx, 2, [5, 6, 7], kernel, 1, padding, dilation, subm=True, backend=backend)
     n = 3

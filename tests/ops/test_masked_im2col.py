@@ -17,7 +17,7 @@ from cvops._core.jit import numba_enabled
 from cvops.metrics import bit_equal, diff1, diff2
 from cvops.ops.masked_im2col import cpu, reference
 from tests.support.inputs.masked_im2col import case_inputs, case_mask
-from tests.conftest import CPU_PATHS, requires_numba, requires_triton, select
+from tests.conftest import CPU_PATHS, requires_numba, requires_triton
 from tests.support.op_tester import OpTester, Sample
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -90,7 +90,7 @@ class TestMaskedIm2col(OpTester):
     exact = (True, False)    # the columns are copies; the backward sums the taps of duplicate points
     special_inputs = ("feature",)
     double_backward = True
-    property_examples = {"cpu-torch": 25, "cpu-numba": 25, "triton": 5}
+    property_examples = {"torch": 25, "numba": 25, "triton": 5}
     bad_inputs = tuple(_bad(cvops.masked_im2col, args, match) for args, match in [
         ((torch.randn(1, 2, 3), GOOD_IDX, GOOD_IDX, 3, 1), "feature must be 4-D"),
         ((torch.randn(2, 2, 3, 3), GOOD_IDX, GOOD_IDX, 3, 1), "batch"),
@@ -162,7 +162,7 @@ class TestMaskedCol2im(OpTester):
     exact = True             # a scatter where the later duplicate wins, and a gather back
     special_inputs = ("cols", "g")
     double_backward = True
-    property_examples = {"cpu-torch": 25, "cpu-numba": 25, "triton": 5}
+    property_examples = {"torch": 25, "numba": 25, "triton": 5}
     bad_inputs = tuple(_bad(cvops.masked_col2im, args, match) for args, match in [
         ((torch.randn(2), GOOD_IDX, GOOD_IDX, 3, 3), "masked_output must be 2-D"),
         ((torch.randn(2, 3), GOOD_IDX, GOOD_IDX, 3, 3), r"masked_output dim 1 \(3\) must equal"),
@@ -228,13 +228,13 @@ def test_sliced_half_and_expanded_feature(cpu_path):
 
 
 @requires_numba
-def test_numba_path_is_taken_and_switchable(monkeypatch):
-    from cvops._core.jit import numba_kernels
+def test_numba_is_the_default_and_switchable(monkeypatch):
+    from cvops._core.dispatch import resolve_backend
     feature, h, w = torch.randn(1, 2, 4, 4), torch.tensor([1]), torch.tensor([2])
     monkeypatch.setenv("CVOPS_NUMBA", "1")
-    assert numba_kernels(cpu.__package__, feature, h, w) is not None
+    assert resolve_backend(cpu.__package__, "masked_im2col", None, feature.device, feature, h, w) == "numba"
     monkeypatch.setenv("CVOPS_NUMBA", "0")
-    assert numba_kernels(cpu.__package__, feature, h, w) is None
+    assert resolve_backend(cpu.__package__, "masked_im2col", None, feature.device, feature, h, w) == "torch"
 
 
 @requires_numba
@@ -244,13 +244,12 @@ def test_numba_streaming_and_cached_stores_agree(dtype, streaming, monkeypatch):
     """The numba kernel writes large outputs with streaming stores, small ones with plain stores: both
     exact for every dtype, on interior and border points, serial and parallel."""
     from cvops.ops.masked_im2col import cpu_numba
-    monkeypatch.setenv("CVOPS_NUMBA", "1")
     monkeypatch.setattr(cpu_numba, "STREAM_MIN_BYTES", 0 if streaming else 1 << 62)
     for shape, m in [((1, 5, 7, 9), 30), ((1, 64, 20, 24), 400)]:  # serial and parallel sizes
         feature = special_feature(shape, dtype)
         h, w = random_points(m, -3, 26, torch.int64, seed=m)
         for kernel, pad in [((3, 3), (1, 1)), ((1, 2), (0, 0)), ((11, 12), (2, 2))]:
-            assert bit_equal(cvops.masked_im2col(feature, h, w, kernel, pad),
+            assert bit_equal(cvops.masked_im2col(feature, h, w, kernel, pad, backend="numba"),
                              ref_im2col(feature, h, w, kernel, pad)), (shape, kernel)
 
 
@@ -439,7 +438,7 @@ def test_masked_conv2d_triton_backend_matches_cpu():
     weight, bias = torch.randn(4, 3, 3, 3), torch.randn(4)
     mask = (torch.rand(1, 6, 5) > 0.5).float()
     a = cvops.masked_conv2d(x, mask, weight, bias, 1, backend="triton")
-    b = cvops.masked_conv2d(x, mask, weight, bias, 1, backend="cpu")  # the cpu route: its own sum order
+    b = cvops.masked_conv2d(x, mask, weight, bias, 1, backend="torch")  # its own sum order
     assert torch.equal(a == 0, b == 0) and torch.allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
@@ -448,11 +447,11 @@ I64_MIN, I64_MAX = -2**63, 2**63 - 1
 
 
 @pytest.mark.parametrize("path", [*CPU_PATHS, pytest.param("triton", marks=requires_triton), "reference"])
-def test_padding_that_would_overflow_int64_is_rejected(path, monkeypatch):
+def test_padding_that_would_overflow_int64_is_rejected(path):
     # 2**63 - 1 - (-2**63) wraps to -1 in int64 arithmetic; the next tap would then read column 0
     feature = torch.randn(1, 2, 3, 3)
     idx = torch.tensor([I64_MAX], dtype=torch.int64)
-    backend = select(path, monkeypatch)
+    backend = path
     for kernel, pad in (((2, 2), (I64_MIN, I64_MIN)), ((3, 3), (0, I64_MIN)), ((1, 1), (2**64, 0)),
                         ((3, 3), (2**63 - 5, 0))):
         with pytest.raises(BadParamError, match=r"padding .* must be < 2\*\*63"):
@@ -460,14 +459,14 @@ def test_padding_that_would_overflow_int64_is_rejected(path, monkeypatch):
 
 
 @pytest.mark.parametrize("path", [*CPU_PATHS, pytest.param("triton", marks=requires_triton)])
-def test_extreme_indices_within_the_padding_limit_match_the_reference(path, monkeypatch):
+def test_extreme_indices_within_the_padding_limit_match_the_reference(path):
     # every accepted (index, padding) pair gives the reference's exact result: window coordinates
     # near +-2**63 never wrap into the feature
     feature = special_feature((1, 2, 3, 4), torch.float32)
     values = [I64_MIN, I64_MIN + 1, -2**62, -1, 0, 1, 2, 2**62, I64_MAX - 1, I64_MAX]
     h = torch.tensor([v for v in values for _ in values], dtype=torch.int64)
     w = torch.tensor([v for _ in values for v in values], dtype=torch.int64)
-    backend = select(path, monkeypatch)
+    backend = path
     for kernel in ((1, 1), (3, 2)):
         limit_h, limit_w = 2**63 - 1 - kernel[0] - 3, 2**63 - 1 - kernel[1] - 4  # the largest accepted |pad|
         for pad in ((0, 0), (1, -1), (limit_h, limit_w), (-limit_h, -limit_w), (limit_h, -limit_w)):

@@ -15,7 +15,7 @@ from cvops import mluops
 from tests.support.cases import case_id, load_cases
 from cvops._core.errors import BadParamError, Status
 from cvops.metrics import bit_equal
-from tests.conftest import installed_cpu_paths, requires_numba, selected
+from tests.conftest import installed_cpu_paths, requires_numba
 from tests.support.op_tester import LAYOUTS, OpTester, Sample
 
 MODES = ("collect", "distribute")
@@ -49,7 +49,7 @@ class TestPsamask(OpTester):
     layouts = LAYOUTS
     special_inputs = ("x", "dy")
     double_backward = True
-    property_examples = {"cpu-torch": 40, "cpu-numba": 40, "triton": 8}
+    property_examples = {"torch": 40, "numba": 40, "triton": 8}
     bad_inputs = (
         # 5 channels for a 3x3 mask: accepting it would index taps 5..8 past the channel axis
         ("channels", lambda b: cvops.psamask(torch.randn(1, 5, 4, 4), "collect", 3, backend=b), BadParamError,
@@ -164,8 +164,7 @@ def test_network_scale_cpu_matches_reference(case):
     for fn, t in ((cvops.psamask_forward, x), (cvops.psamask_backward, dy)):
         expected = fn(t, mode, mask, layout, backend="reference")
         for path in paths:
-            with selected(path) as name:
-                assert bit_equal(fn(t, mode, mask, layout, backend=name), expected), (fn.__name__, path)
+            assert bit_equal(fn(t, mode, mask, layout, backend=path), expected), (fn.__name__, path)
 
 
 # -------------------------------------------------------------------------------- numba path
@@ -178,7 +177,7 @@ def test_numba_any_tile_and_split_bit_exact(tile, monkeypatch):
     monkeypatch.setattr(cpu_numba, "_PARALLEL_ELEMENTS", 1)  # split even tiny calls over the threads
     for n, h, w, hm, wm in ((2, 5, 7, 3, 5), (1, 6, 4, 13, 9), (3, 3, 5, 4, 2)):
         for mode, layout in itertools.product(MODES, LAYOUTS):
-            run_case("cpu-numba", n, h, w, hm, wm, mode, layout)
+            run_case("numba", n, h, w, hm, wm, mode, layout)
 
 
 @requires_numba
@@ -191,12 +190,10 @@ def test_numba_result_independent_of_thread_count(layout):
     try:
         for mode in MODES:
             for fn, t in ((cvops.psamask_forward, x), (cvops.psamask_backward, dy)):
-                with selected("cpu-torch"):
-                    expected = fn(t, mode, 97, layout)
+                expected = fn(t, mode, 97, layout, backend="torch")
                 for count in (1, 2, 3):
                     torch.set_num_threads(count)
-                    with selected("cpu-numba"):
-                        assert bit_equal(fn(t, mode, 97, layout), expected), (fn.__name__, mode, count)
+                    assert bit_equal(fn(t, mode, 97, layout, backend="numba"), expected), (fn.__name__, mode, count)
                 torch.set_num_threads(threads)
     finally:
         torch.set_num_threads(threads)
@@ -298,7 +295,7 @@ def test_numba_sheared_tiles_bit_exact(dtype, monkeypatch):
             for count in (1, 3):
                 torch.set_num_threads(count)
                 for mode in MODES:
-                    run_case("cpu-numba", n, h, w, hm, wm, mode, "NCHW", dtype)
+                    run_case("numba", n, h, w, hm, wm, mode, "NCHW", dtype)
     finally:
         torch.set_num_threads(threads)
 
@@ -310,7 +307,7 @@ def test_numba_covering_masks_take_row_kernels_and_stay_exact():
         x = make(n, h, w, hm * wm, "NCHW")
         assert not cpu_numba._sheared(x, "NCHW", w, wm)
         for mode in MODES:
-            run_case("cpu-numba", n, h, w, hm, wm, mode, "NCHW")
+            run_case("numba", n, h, w, hm, wm, mode, "NCHW")
 
 
 @requires_numba
@@ -320,7 +317,7 @@ def test_numba_backward_tiles_narrower_than_the_map(layout):
     from cvops.ops.psamask import cpu_numba
     w = cpu_numba.BACKWARD_TILE + 5
     for mode in MODES:
-        run_case("cpu-numba", 2, 3, w, 5, 2 * w + 1, mode, layout)
+        run_case("numba", 2, 3, w, 5, 2 * w + 1, mode, layout)
 
 
 @requires_numba
@@ -333,8 +330,7 @@ def test_numba_sheared_tiles_copy_nan_payloads():
     for t in (x, x32):
         for mode in MODES:
             expected = cvops.psamask(t, mode, (3, 5), backend="reference")
-            with selected("cpu-numba") as name:
-                actual = cvops.psamask(t, mode, (3, 5), backend=name)
+            actual = cvops.psamask(t, mode, (3, 5), backend="numba")
             assert bit_equal(actual, expected)
             assert torch.isnan(actual).any()
 
@@ -349,10 +345,8 @@ def test_numba_cityscapes_map_matches_strided_copies(mode):
     x = make(1, h, w, mask[0] * mask[1], "NCHW")
     dy = make(1, h, w, h * w, "NCHW", seed=1)
     for fn, t in ((cvops.psamask_forward, x), (cvops.psamask_backward, dy)):
-        with selected("cpu-torch"):
-            expected = fn(t, mode, mask, "NCHW")
-        with selected("cpu-numba"):
-            assert bit_equal(fn(t, mode, mask, "NCHW"), expected), fn.__name__
+        expected = fn(t, mode, mask, "NCHW", backend="torch")
+        assert bit_equal(fn(t, mode, mask, "NCHW", backend="numba"), expected), fn.__name__
 
 
 # -------------------------------------------------------------------------------- numba staged row kernels
@@ -373,7 +367,7 @@ def test_numba_staged_row_kernels_every_width_bit_exact(dtype, monkeypatch):
         for count in (1, 3):
             torch.set_num_threads(count)
             for (n, h, w, hm, wm), mode, layout in itertools.product(STAGED_SHAPES, MODES, LAYOUTS):
-                run_case("cpu-numba", n, h, w, hm, wm, mode, layout, dtype)
+                run_case("numba", n, h, w, hm, wm, mode, layout, dtype)
     finally:
         torch.set_num_threads(threads)
 
@@ -415,4 +409,4 @@ def test_numba_sheared_tiles_split_over_threads(monkeypatch):
     for dtype in (torch.float32, torch.float64):
         for n, h, w, hm, wm in SHEARED_SHAPES:
             for mode in MODES:
-                run_case("cpu-numba", n, h, w, hm, wm, mode, "NCHW", dtype)
+                run_case("numba", n, h, w, hm, wm, mode, "NCHW", dtype)

@@ -16,7 +16,7 @@ from cvops._core.errors import BadParamError, NotSupportedError
 from cvops.metrics import bit_equal
 from tests.support.inputs.psroipool import case_input, case_rois
 from cvops._core.dispatch import triton_available
-from tests.conftest import CPU_PATHS, FAST_BACKENDS, requires_triton, select
+from tests.conftest import CPU_PATHS, FAST_BACKENDS, requires_triton
 from tests.support.op_tester import LAYOUTS, OpTester, Sample
 
 # the Triton interpreter evaluates NaN/inf sums with numpy, which warns
@@ -38,7 +38,7 @@ def unit_rois(case, dtype=torch.float32):
 def assert_close(actual, expected):
     """MLU-OPS accumulation class (the tester's): diff1, diff2 <= 3e-3 (float64 1e-10, bfloat16 1e-2); NaN/inf at the
     same places with the same sign; exact zeros of the reference stay exact zeros."""
-    TestPsroiPool().assert_matches(actual, expected, "cpu")
+    TestPsroiPool().assert_matches(actual, expected, "torch")
 
 
 def to_layout(x_nhwc, layout):
@@ -120,7 +120,7 @@ class TestPsroiPool(OpTester):
     double_backward = True
     gradcheck_fast = ("reference", "triton")
     gradgradcheck_fast = ("reference",)
-    property_examples = {"cpu-torch": 30, "cpu-numba": 30, "triton": 6}
+    property_examples = {"torch": 30, "numba": 30, "triton": 6}
     script_saves = False    # the scripted PSRoIPool calls its checks as plain Python (torch.jit.ignore)
     bad_inputs = tuple(_bad_forward(kwargs, match) for kwargs, match in [
         (dict(group_size=2), r"group_size \(2\) must equal pooled_height == pooled_width \(3\)"),
@@ -286,7 +286,6 @@ def test_torch_path_in_column_chunks(finite, monkeypatch):
     # tables of a few output_dim columns and a few bins at a time, then one of each (cpu.TABLE_BYTES tiny):
     # the same results as one table
     from cvops.ops.psroipool import cpu
-    monkeypatch.setenv("CVOPS_NUMBA", "0")
     case = next(c for c in UNIT if c["name"] == "fractional_rois")
     ph, pw, scale, group, od = params(case)
     x, rois = case_input(case).permute(0, 3, 1, 2).contiguous(), case_rois(case)
@@ -297,11 +296,11 @@ def test_torch_path_in_column_chunks(finite, monkeypatch):
     shape = tuple(x.shape)
     for table_bytes in (8 * 2 * 9 * 10 * 12 * 2, 1):  # two columns per table, then one
         monkeypatch.setattr(cpu, "TABLE_BYTES", table_bytes)
-        out, canonical = cvops.psroi_pool(x, rois, ph, pw, scale, group, od, backend="cpu")
+        out, canonical = cvops.psroi_pool(x, rois, ph, pw, scale, group, od, backend="torch")
         expected, _ = cvops.psroi_pool(x, rois, ph, pw, scale, group, od, backend="reference")
         assert_close(out, expected)
         for m in (canonical, mapping):
-            assert_close(cvops.psroi_pool_backward(g, rois, m, scale, od, shape, backend="cpu"),
+            assert_close(cvops.psroi_pool_backward(g, rois, m, scale, od, shape, backend="torch"),
                          cvops.psroi_pool_backward(g, rois, m, scale, od, shape, backend="reference"))
 
 
@@ -317,8 +316,7 @@ def test_one_pixel_map_whose_strides_read_as_both_layouts(cpu_path):
 
 
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
-def test_any_mapping_channel_in_backward(backend, monkeypatch):
-    backend = select(backend, monkeypatch)
+def test_any_mapping_channel_in_backward(backend):
     case = next(c for c in UNIT if c["name"] == "fractional_rois")
     ph, pw, scale, _, od = params(case)
     rois = case_rois(case)
@@ -450,8 +448,7 @@ def test_nan_inf_reach_their_bins():
 
 
 @pytest.mark.parametrize("backend", ["reference", *CPU_PATHS, pytest.param("triton", marks=requires_triton)])
-def test_non_finite_roi_corners_raise_naming_rois(backend, monkeypatch):
-    backend = select(backend, monkeypatch)
+def test_non_finite_roi_corners_raise_naming_rois(backend):
     x = torch.randn(1, 9, 5, 5)
     for j, v in itertools.product(range(1, 5), (float("nan"), float("inf"), float("-inf"))):
         rois = torch.tensor([[0.0, 1, 1, 3, 3], [0, 0, 0, 4, 4]])
@@ -464,8 +461,7 @@ def test_non_finite_roi_corners_raise_naming_rois(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["reference", *CPU_PATHS, pytest.param("triton", marks=requires_triton)])
-def test_batch_index_checked_against_an_empty_batch(backend, monkeypatch):
-    backend = select(backend, monkeypatch)
+def test_batch_index_checked_against_an_empty_batch(backend):
     rois = torch.tensor([[0.0, 0, 0, 3, 3]])
     with pytest.raises(BadParamError, match=r"rois\[0, 0\] = 0.0 is not a batch index .*N = 0"):
         cvops.psroi_pool(torch.zeros(0, 9, 5, 5), rois, 3, 3, 1.0, 3, 1, backend=backend)
@@ -477,10 +473,9 @@ def test_batch_index_checked_against_an_empty_batch(backend, monkeypatch):
 # ------------------------------------------------------------------------------------ zero elements
 @pytest.mark.parametrize("backend", ["reference", *CPU_PATHS, pytest.param("triton", marks=requires_triton)])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_zero_rois(backend, layout, monkeypatch):
+def test_zero_rois(backend, layout):
     """An empty map with no rois at all is still SUCCESS (the input check comes first); the backward needs rois
     (the empty map with its rois is the tester's zero-element sample)."""
-    backend = select(backend, monkeypatch)
     case = next(c for c in load_cases("psroipool", "unit") if c["name"] == "empty_input")
     x = to_layout(case_input(case), layout)
     out, mapping = cvops.psroi_pool(x, torch.zeros(0, 5), *params(case), layout, backend=backend)

@@ -1,6 +1,6 @@
-"""cvops.sparse's CPU paths (sparse/cpu.py, sparse/cpu_numba.py): the compiled layer agrees with the torch loops
-to rounding (another BLAS), each path gives the same bits on any thread count, and a failing block reaches the
-caller."""
+"""cvops.sparse's CPU backends (torch: sparse/cpu.py, numba: sparse/cpu_numba.py): the compiled layer agrees with
+the torch loops to rounding (another BLAS), each backend gives the same bits on any thread count, and a failing
+block reaches the caller."""
 from __future__ import annotations
 
 import pytest
@@ -22,10 +22,9 @@ def test_compiled_layer_matches_torch_loops(case, threads, monkeypatch):
     monkeypatch.setattr(jit, "use_parallel", lambda work, threshold=0: threads > 1)
     feats, weight, pairs, num, num_out, inverse, ident = map_case(**MAP_CASES[case], n=60, cin=5, cout=7)
     results = []
-    for switch in ("0", "1"):
-        monkeypatch.setenv("CVOPS_NUMBA", switch)
+    for backend in ("torch", "numba"):
         f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
-        out = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident, backend="cpu")
+        out = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident, backend=backend)
         gf, gw = torch.autograd.grad(out, (f, w), torch.linspace(-1, 1, out.numel()).reshape(out.shape))
         results.append((out.detach(), gf, gw))
     for a, b in zip(*results):
@@ -34,8 +33,8 @@ def test_compiled_layer_matches_torch_loops(case, threads, monkeypatch):
 
 @pytest.mark.parametrize("case", list(MAP_CASES))
 def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
-    """The cpu backend's destination-row blocks (here a few rows each, chunks of 3 pairs) run on any
-    thread: on 1 and 2 torch threads each path (numba on, numba off) gives the same bits, and both match
+    """The CPU backends' destination-row blocks (here a few rows each, chunks of 3 pairs) run on any
+    thread: on 1 and 2 torch threads each backend (torch, numba) gives the same bits, and both match
     the reference."""
     from cvops._core import jit
     from cvops.sparse import cpu
@@ -44,18 +43,17 @@ def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
     monkeypatch.setattr(cpu, "CHUNK_BYTES", 3 * 7 * 4)  # 3 rows of the widest side (7 channels, float32)
     feats, weight, pairs, num, num_out, inverse, ident = map_case(**MAP_CASES[case], n=60, cin=5, cout=7)
     grad = torch.linspace(-1, 1, num_out * weight.shape[2]).reshape(num_out, -1)
-    switches = ("0", "1") if jit.numba_available() else ("0",)
+    backends = ("torch", "numba") if jit.numba_available() else ("torch",)
     threads = torch.get_num_threads()
-    results = {switch: [] for switch in switches}
+    results = {backend: [] for backend in backends}
     try:
         for n_threads in (1, 2):
             torch.set_num_threads(n_threads)
-            for switch in switches:
-                monkeypatch.setenv("CVOPS_NUMBA", switch)
+            for backend in backends:
                 f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
                 out = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident,
-                                         backend="cpu")
-                results[switch].append((out.detach(), *torch.autograd.grad(out, (f, w), grad)))
+                                         backend=backend)
+                results[backend].append((out.detach(), *torch.autograd.grad(out, (f, w), grad)))
     finally:
         torch.set_num_threads(threads)
     for one_thread, two_threads in results.values():
@@ -70,7 +68,7 @@ def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
 
 
 @pytest.mark.parametrize("col", [0, 1])
-def test_sort_pairs_numba_matches_torch(col, monkeypatch):
+def test_sort_pairs_numba_matches_torch(col):
     """sort_pairs_by_column: the numba merge sort gives the torch stable sort's map (ties keep their order,
     the slots past indice_num stay as they were), and an already sorted map comes back as it is."""
     from cvops._core import jit
@@ -81,10 +79,9 @@ def test_sort_pairs_numba_matches_torch(col, monkeypatch):
     pairs = torch.randint(0, 9, (5, 2, 40), generator=g, dtype=torch.int32)  # ties on purpose
     num = torch.tensor([40, 0, 17, 1, 33], dtype=torch.int32)
     results = []
-    for switch in ("0", "1"):
-        monkeypatch.setenv("CVOPS_NUMBA", switch)
-        results.append(sort_pairs_by_column(pairs, num, col))
-        again = sort_pairs_by_column(results[-1], num, col)
+    for backend in ("torch", "numba"):
+        results.append(sort_pairs_by_column(pairs, num, col, backend=backend))
+        again = sort_pairs_by_column(results[-1], num, col, backend=backend)
         assert again is results[-1]
     assert torch.equal(results[0], results[1])
     for k in range(5):
@@ -100,7 +97,6 @@ def test_cpu_block_error_reaches_the_caller_and_leaves_the_workers_usable(monkey
     from cvops.sparse.functional import _indice_conv
     monkeypatch.setattr(cpu, "BLOCK_ROWS", (7, 7))
     monkeypatch.setattr(cpu, "MAX_AHEAD", 1)
-    monkeypatch.setenv("CVOPS_NUMBA", "0")
     feats, weight, pairs, num, num_out, inverse, ident = map_case(n=60, cin=5, cout=7)
     bad = pairs.clone()
     k = int(torch.nonzero(num).flatten()[0])
@@ -112,10 +108,10 @@ def test_cpu_block_error_reaches_the_caller_and_leaves_the_workers_usable(monkey
             f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
             with pytest.raises((IndexError, RuntimeError)):
                 _indice_conv(f, w, bad, num, num_out, inverse=False, identity_offset=-1,
-                             indice_pairs_by_output=None, backend="cpu", check_values=False)
+                             indice_pairs_by_output=None, backend="torch", check_values=False)
             with pytest.raises((IndexError, RuntimeError)):  # the backward's weight-gradient wait is released
                 cpu.backward(torch.ones(num_out, 7), feats, weight, bad, num, False, -1)
-            out = sparse.indice_conv(f, w, pairs, num, num_out, backend="cpu")
+            out = sparse.indice_conv(f, w, pairs, num, num_out, backend="torch")
             ref = sparse.indice_conv(f, w, pairs, num, num_out, backend="reference")
             assert diff1(out, ref) < 1e-6
             assert torch.get_num_threads() == 2

@@ -7,7 +7,7 @@ backward's included), its reference (the ``"reference"`` backend) and its tolera
 bit-exact (``bit_equal`` and ``diff3 == 0``), accumulating ops pass with ``diff1``/``diff2`` of
 :mod:`cvops.metrics` at most :meth:`OpTester.tolerance` (3e-3 unless the op asks for less), with NaN and
 infinities at the same places. The tester then runs, for every op and on every backend (``reference``,
-the cpu backend on its numba path and with ``CVOPS_NUMBA=0``, ``triton`` under ``TRITON_INTERPRET=1``):
+``torch``, ``numba``, ``triton`` under ``TRITON_INTERPRET=1``):
 
 - the unit cases, every dtype, both layouts where the op has them, non-contiguous inputs, NaN and
   infinities, a hypothesis property test and run-to-run determinism, each against the reference;
@@ -31,14 +31,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from cvops._core.errors import BadParamError, CvopsError, NotSupportedError, Status
 from cvops.metrics import bit_equal, diff1, diff2, diff3
-from tests.conftest import requires_numba, requires_triton, selected
+from tests.conftest import requires_numba, requires_triton
 from tests.support.cases import case_id, load_cases
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 LAYOUTS = ("NCHW", "NHWC")
-FAST = ("cpu-torch", "cpu-numba", "triton")   # compared with the reference
+FAST = ("torch", "numba", "triton")   # compared with the reference
 ALL = ("reference",) + FAST
-_MARKS = {"cpu-numba": requires_numba, "triton": requires_triton}
+_MARKS = {"numba": requires_numba, "triton": requires_triton}
 
 
 def _backends(names):
@@ -126,7 +126,7 @@ class OpTester:
     gradgradcheck_fast: tuple = ()  # backends gradgradchecked in fast mode (never the interpreter's)
     script_saves = True             # the scripted module saves and loads (no Python function left in it)
     opcheck_backward = True         # opcheck the backward's operators too (they need gradients of their own)
-    property_examples = {"cpu-torch": 25, "cpu-numba": 25, "triton": 5}
+    property_examples = {"torch": 25, "numba": 25, "triton": 5}
     bad_inputs: tuple = ()          # (id, call(backend), exception, message fragment)
 
     # ------------------------------------------------------------------------------ what an op declares
@@ -212,9 +212,8 @@ class OpTester:
 
     # ------------------------------------------------------------------------------ comparing
     def results(self, sample: Sample, backend: str) -> tuple:
-        """``run`` on a test backend name (``cpu-torch`` / ``cpu-numba`` set ``CVOPS_NUMBA``)."""
-        with selected(backend) as name:
-            return _as_tuple(self.run(sample, name))
+        """``run`` on ``backend``, its results as a tuple."""
+        return _as_tuple(self.run(sample, backend))
 
     def assert_matches(self, actual, expected, backend: str, what: str = "", pointwise=None,
                        wide_reference=False) -> None:
@@ -349,8 +348,8 @@ class OpTester:
 
     def test_bad_input(self, backend, bad):
         _, call, error, fragment = bad
-        with selected(backend) as name, pytest.raises(error, match=fragment) as info:
-            call(name)
+        with pytest.raises(error, match=fragment) as info:
+            call(backend)
         if isinstance(info.value, BadParamError):
             assert info.value.status == Status.BAD_PARAM and isinstance(info.value, ValueError)
 
@@ -371,15 +370,14 @@ class OpTester:
         # other backends (the backward op's own kernel is gradchecked here as the forward's adjoint)
         samples = self._interpreted(self._autograd_samples(layout), backend)
         double = self.double_backward and backend != "triton"
-        with selected(backend) as name:
-            for sample in samples:
-                fn, tensors = self.autograd(sample, name)
-                leaves = tuple(t.detach().clone().requires_grad_() for t in tensors)
-                assert torch.autograd.gradcheck(fn, leaves, fast_mode=backend in self.gradcheck_fast)
-            for sample in self.gradgrad_samples(layout) if double else ():
-                fn, tensors = self.autograd(sample, name)
-                leaves = tuple(t.detach().clone().requires_grad_() for t in tensors)
-                assert torch.autograd.gradgradcheck(fn, leaves, fast_mode=backend in self.gradgradcheck_fast)
+        for sample in samples:
+            fn, tensors = self.autograd(sample, backend)
+            leaves = tuple(t.detach().clone().requires_grad_() for t in tensors)
+            assert torch.autograd.gradcheck(fn, leaves, fast_mode=backend in self.gradcheck_fast)
+        for sample in self.gradgrad_samples(layout) if double else ():
+            fn, tensors = self.autograd(sample, backend)
+            leaves = tuple(t.detach().clone().requires_grad_() for t in tensors)
+            assert torch.autograd.gradgradcheck(fn, leaves, fast_mode=backend in self.gradgradcheck_fast)
 
     def _callable(self, sample):
         """``(fn, tensors)`` of :meth:`autograd`, or for an op without gradients ``run`` on the sample's tensors."""

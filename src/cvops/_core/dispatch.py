@@ -1,11 +1,13 @@
-"""Backend dispatch: ``reference`` (literal loops), ``cpu`` (vectorised torch) and ``triton``.
+"""Backend dispatch: which module of an op's package runs a call.
 
-``backend=None`` picks ``triton`` for CUDA tensors and ``cpu`` otherwise. Any backend may be forced:
-tests run ``"triton"`` on CPU tensors under ``TRITON_INTERPRET=1``. The triton modules are imported
-only when chosen, so cvops imports and runs with torch alone.
-
-Availability is looked up with ``importlib.util.find_spec`` (no import): importing triton costs about a
-second, which a process whose ops run on the CPU should not pay.
+``"reference"`` -> ``reference.py`` (literal loops, the oracle); ``"torch"`` -> ``cpu.py`` (plain torch, any
+device); ``"numba"`` -> ``cpu_numba.py`` (compiled loops on CPU tensors; the torch code where an op has no
+loop for a direction or case); ``"triton"`` -> ``triton.py`` (CUDA tensors, or CPU ones under
+``TRITON_INTERPRET=1``). ``None`` is the device's default and ``"cpu"`` an alias of the CPU default, so
+code written for the earlier names keeps working; :func:`resolve_backend` makes the choice, top to bottom.
+``CVOPS_NUMBA=0`` changes only the default; an explicit ``"numba"`` or ``"triton"`` that cannot run a
+call raises NotSupportedError. Modules are imported only when chosen, and triton is found with
+``importlib.util.find_spec`` (importing it costs about a second, which CPU-only processes should not pay).
 """
 from __future__ import annotations
 
@@ -18,9 +20,12 @@ from types import ModuleType
 import torch
 
 from .errors import NotSupportedError
+from .jit import numba_available, numba_enabled
 from .validate import require
 
-BACKENDS = ("reference", "cpu", "triton")
+BACKENDS = ("reference", "torch", "numba", "triton")
+CPU_ALIAS = "cpu"  # the CPU default under its earlier name
+MODULES = {"reference": "reference", "torch": "cpu", "numba": "cpu_numba", "triton": "triton"}
 
 
 @lru_cache(maxsize=None)
@@ -36,27 +41,53 @@ def triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def resolve_backend(op: str, backend: str | None, device: torch.device) -> str:
-    if backend is None:
-        return "triton" if device.type == "cuda" and triton_available() else "cpu"
-    require(backend in BACKENDS, op, f"backend must be one of {BACKENDS} or None, got {backend!r}")
-    if backend == "triton":
-        if not triton_available():
-            raise NotSupportedError(op, "backend 'triton' needs the triton package (pip install cvops[gpu])")
-        if device.type != "cuda" and not triton_interpreted():
-            raise NotSupportedError(
-                op, f"backend 'triton' runs CUDA tensors, got {device.type} (set TRITON_INTERPRET=1 to interpret)")
+def resolve_backend(package: str, op: str, backend: str | None, device: torch.device, *tensors) -> str:
+    """The backend that runs a call of ``op`` (from ``package``) on ``device``. ``tensors``: what the numba
+    loops' ``supports`` judges (none: the device alone)."""
+    require(backend is None or backend == CPU_ALIAS or backend in BACKENDS, op,
+            f"backend must be one of {BACKENDS}, {CPU_ALIAS!r} or None, got {backend!r}")
+    if backend is None and device.type == "cuda" and triton_available():
+        return "triton"
+    if backend is None or backend == CPU_ALIAS:
+        return "numba" if numba_enabled() and _numba_refusal(package, device, tensors) is None else "torch"
+    refusal = {"numba": _numba_refusal, "triton": _triton_refusal}.get(backend)
+    reason = refusal(package, device, tensors) if refusal else None
+    if reason is not None:
+        raise NotSupportedError(op, f"backend {backend!r} {reason}")
     return backend
 
 
-def check_backend(op: str, backend: str | None, device: torch.device) -> None:
+def _numba_refusal(package: str, device: torch.device, tensors) -> str | None:
+    """Why the numba loops cannot run this call, or None."""
+    if not numba_available():
+        return "needs the numba package (pip install numba)"
+    if device.type != "cpu":
+        return f"runs CPU tensors, got {device.type}"
+    if tensors and not importlib.import_module(f"{package}.cpu_numba").supports(*tensors):
+        dtypes = ", ".join(sorted({str(t.dtype).removeprefix("torch.") for t in tensors}))
+        return f"does not take these tensors ({dtypes}); backend 'torch' does"
+    return None
+
+
+def _triton_refusal(package: str, device: torch.device, tensors) -> str | None:
+    """Why the triton kernels cannot run this call, or None."""
+    if not triton_available():
+        return "needs the triton package (pip install cvops[gpu])"
+    if device.type != "cuda" and not triton_interpreted():
+        return f"runs CUDA tensors, got {device.type} (set TRITON_INTERPRET=1 to interpret)"
+    return None
+
+
+def check_backend(package: str, op: str, backend: str | None, device: torch.device, *tensors) -> None:
     """Every public function calls this before any work: an unknown backend name raises BadParamError, and
-    ``"triton"`` where it cannot run (no triton, or a CPU tensor without ``TRITON_INTERPRET=1``) raises
-    NotSupportedError. ``None`` runs anywhere."""
-    if backend is not None:
-        resolve_backend(op, backend, device)
+    an explicit backend that cannot run the call (``"triton"`` without triton or on a CPU tensor outside
+    the interpreter, ``"numba"`` without numba, off the CPU or on tensors its loops do not take) raises
+    NotSupportedError naming it. ``None`` and ``"cpu"`` run anywhere."""
+    if backend is not None and backend != CPU_ALIAS:
+        resolve_backend(package, op, backend, device, *tensors)
 
 
-def backend_module(package: str, op: str, backend: str | None, device: torch.device) -> ModuleType:
-    """The module ``<package>.<backend>`` for ``op``; every backend module exposes the same functions."""
-    return importlib.import_module(f"{package}.{resolve_backend(op, backend, device)}")
+def backend_module(package: str, op: str, backend: str | None, device: torch.device, *tensors) -> ModuleType:
+    """The module of :func:`resolve_backend`'s choice; every backend module of an op exposes the same
+    functions."""
+    return importlib.import_module(f"{package}.{MODULES[resolve_backend(package, op, backend, device, *tensors)]}")

@@ -1,13 +1,15 @@
-"""numba kernels for CPU backends (torch code stays the fallback).
+"""numba kernels for the CPU: the ``numba`` backend (``cpu_numba.py`` of an op; see ``_core/dispatch.py``).
 
-The project rule: CPU backends are vectorised torch, and numba is allowed only where a benchmark shows
-torch cannot reach the goal. Such an op keeps its torch path and adds a fused loop kernel that is used when
+The project rule: CPU backends are plain torch, and numba is allowed only where a benchmark shows torch
+cannot reach the goal. Such an op keeps its torch backend and adds a module of fused loop kernels, which
+the dispatcher makes the CPU default when
 
 * numba imports, and
-* the environment does not say ``CVOPS_NUMBA=0`` (read on every call, so tests and users can switch).
+* the environment does not say ``CVOPS_NUMBA=0`` (read on every call, so tests and users can switch;
+  an explicit ``backend="numba"`` ignores it).
 
-Nothing here imports numba at ``import cvops`` time: an op imports its kernel module (which decorates with
-:func:`njit`) on its first CPU call, through :func:`numba_kernels`. Kernels compile on the calling thread
+Nothing here imports numba at ``import cvops`` time: the dispatcher imports an op's kernel module (which decorates
+with :func:`njit`) when it first chooses the numba backend. Kernels compile on the calling thread
 the first time they meet an argument type (dtype, array layout), with numba's public ``cache=True``: the
 machine code is written to numba's disk cache and later processes load it. So which path computes a
 result never depends on timing, and a result is the same on the first call and the thousandth. The
@@ -30,7 +32,6 @@ thread count first, so ``OMP_NUM_THREADS`` / ``torch.set_num_threads`` bound bot
 """
 from __future__ import annotations
 
-import importlib
 import os
 import types
 from functools import lru_cache
@@ -61,26 +62,11 @@ def numba_enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "").strip() not in _OFF and numba_available()
 
 
-def numba_kernels(package: str, *tensors):
-    """The op's compiled loops (``<package>.cpu_numba``) when numba is enabled and they take these
-    tensors (``cpu_numba.supports``; no tensors: the module itself); None selects the op's torch code.
-    Every op decides here."""
-    if not numba_enabled():
-        return None
-    module = _kernels_module(package)
-    return module if not tensors or module.supports(*tensors) else None
-
-
-@lru_cache(maxsize=None)
-def _kernels_module(package: str):
-    return importlib.import_module(f"{package}.cpu_numba")  # imported on first use (it imports numba)
-
-
 def njit(fn: Optional[Callable] = None, *, parallel: bool = False, error_model: str = "python",
          fastmath=False):
     """``numba.njit(cache=True, nogil=True, parallel=parallel, fastmath=fastmath)`` as a decorator, with or
-    without arguments. Imports numba, so use it only in kernel modules (the ops' ``cpu_numba``, which
-    :func:`numba_kernels` imports when numba is on).
+    without arguments. Imports numba, so use it only in kernel modules (the ops' ``cpu_numba``, which the
+    dispatcher imports when it chooses numba).
     ``fastmath`` is False (exact) or :data:`REASSOCIATE` (accumulating kernels only).
 
     ``error_model="numpy"``: divisions follow IEEE (x/0 gives inf/NaN) instead of raising

@@ -2,7 +2,7 @@
 float16 and bfloat16 storage in place through their bits (numba has no 16-bit floats on the CPU), so a kernel
 needs no widened copy of a half-precision tensor, and :func:`transpose` regroups interleaved channels (8 x 8
 register blocks for float32/float64, element by element otherwise). Imports numba: import it from kernel
-modules only (the ops' ``cpu_numba``, which ``jit.numba_kernels`` imports when numba is on).
+modules only (the ops' ``cpu_numba``, the numba backend, imported when the dispatcher chooses it).
 
 Pass float16 storage as uint16 (``t.view(torch.int16).numpy().view(np.uint16)``) and bfloat16 as int16
 (``t.view(torch.int16).numpy()``): the array's dtype tells the two apart. Stores round to nearest even, as

@@ -1,7 +1,7 @@
 """Low-level helpers for numba kernels: a cache prefetch hint, streaming (non-temporal) stores and an 8 x 8
 register transpose, written with numba's public ``numba.extending.intrinsic`` and llvmlite's ``ir`` builder.
-Imports numba, so import it only from kernel modules (the ops' ``cpu_numba``, which ``jit.numba_kernels``
-imports when numba is on).
+Imports numba, so import it only from kernel modules (the ops' ``cpu_numba``, the numba backend, imported
+when the dispatcher chooses it).
 
 Why these exist: gather/scatter kernels whose inner loop reads with a large stride (a new cache line
 per element) are latency-bound; the hardware prefetchers do not follow dozens of such streams, so the

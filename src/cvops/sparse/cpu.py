@@ -1,7 +1,7 @@
-"""CPU backend of the sparse convolution: gather-GEMM-scatter in blocks of destination rows.
+"""The ``torch`` backend of the sparse convolution: gather-GEMM-scatter in blocks of destination rows.
 
-With numba on, each direction is one compiled call (``cpu_numba.conv_forward`` / ``conv_backward``); the torch
-loops below are the same algorithm for ``CVOPS_NUMBA=0`` and for devices numba does not serve:
+The ``numba`` backend (``cpu_numba``, the CPU default where numba is installed) runs each direction as one
+compiled call; the torch loops below are the same algorithm, on any device:
 
     for each block of destination rows [r0, r1)  (the blocks run in parallel, one per core)
         for each round: the block's pairs, offsets ascending, cut into runs of at most CHUNK_BYTES rows
@@ -31,10 +31,8 @@ from __future__ import annotations
 import threading
 from concurrent.futures import wait
 
-import numpy as np
 import torch
 
-from .._core.jit import numba_kernels
 from .._core.memory import new_empty
 from .._core.parallel import pool, single_threaded
 from .kmap import sort_pairs_by_column
@@ -73,22 +71,17 @@ def _segments(pairs: torch.Tensor, counts: list[int], col: int, block_rows: int,
     K = pairs.shape[0]
     num = torch.tensor(counts, dtype=torch.int64)
     for attempt in range(2):
-        bounds = None
-        fused = numba_kernels(__package__) if pairs.device.type == "cpu" else None
-        if fused is not None:
-            bounds, ascending = fused.block_bounds(pairs, num, col, block_rows, n_blocks)
-        if bounds is None:
-            starts = torch.arange(n_blocks + 1, dtype=torch.int64, device=pairs.device) * block_rows
-            rows, ascending = [], True
-            for k in range(K):
-                key = pairs[k, col, :counts[k]].long()
-                ascending = ascending and bool((key[1:] >= key[:-1]).all())
-                rows.append(torch.searchsorted(key, starts).clamp_(max=counts[k]))
-                rows[-1][-1] = counts[k]
-            bounds = torch.stack(rows).cpu() if rows else torch.zeros((0, n_blocks + 1), dtype=torch.int64)
+        starts = torch.arange(n_blocks + 1, dtype=torch.int64, device=pairs.device) * block_rows
+        rows, ascending = [], True
+        for k in range(K):
+            key = pairs[k, col, :counts[k]].long()
+            ascending = ascending and bool((key[1:] >= key[:-1]).all())
+            rows.append(torch.searchsorted(key, starts).clamp_(max=counts[k]))
+            rows[-1][-1] = counts[k]
+        bounds = torch.stack(rows).cpu() if rows else torch.zeros((0, n_blocks + 1), dtype=torch.int64)
         if ascending:
             return pairs, bounds
-        pairs = sort_pairs_by_column(pairs, num.to(pairs.device), col)
+        pairs = sort_pairs_by_column(pairs, num.to(pairs.device), col, backend="torch")
     raise AssertionError("sorted pairs must be ascending")
 
 
@@ -162,12 +155,6 @@ def _rounds(todo, bounds, b: int, chunk: int):
         yield round_
 
 
-def _compiled(*tensors):
-    """The compiled layer (``cpu_numba``) when numba is on and takes these tensors, else None (the torch loops,
-    which agree with it to rounding: another BLAS)."""
-    return numba_kernels(__package__, *tensors) if tensors[0].device.type == "cpu" else None
-
-
 def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, identity_offset: int):
     """``[num_out, C_out]``: the sparse convolution of ``features`` over the map."""
     ct = _compute_dtype(features.dtype)
@@ -182,11 +169,6 @@ def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, id
     n_blocks = -(-num_out // block)
     pairs, bounds = _segments(pairs, counts, dst_col, block, n_blocks)
     chunk = _chunk_rows(max(c_in, c_out), itemsize)
-    kernels = _compiled(out, f, w)
-    if kernels is not None:
-        kernels.conv_forward(out, f, w, pairs.contiguous(), bounds, np.array([k for k, _ in todo], np.int64),
-                             identity_offset, src_col, dst_col, block, chunk)
-        return out.to(features.dtype)
     bounds = bounds.tolist()
 
     def body(b, bufs):
@@ -224,12 +206,6 @@ def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, ident
     # the input gradient scatters into the source rows: blocks of source rows
     pairs, bounds = _segments(pairs, counts, src_col, block, n_blocks)
     chunk = _chunk_rows(max(c_in, c_out), itemsize)
-    kernels = _compiled(grad_features, g, f, w)
-    if kernels is not None:
-        kernels.conv_backward(grad_features, grad_weight, g, f, w, pairs.contiguous(), bounds,
-                              np.array([k for k, _ in todo], np.int64), identity_offset, src_col, dst_col,
-                              block, chunk)
-        return grad_features.to(features.dtype), grad_weight.to(weight.dtype)
     bounds = bounds.tolist()
     # per-block weight-gradient partials, added to grad_weight in block order as blocks finish
     added = threading.Condition()

@@ -1,4 +1,4 @@
-"""The sparse convolution's CPU layer as compiled code: one call per direction (when numba is installed).
+"""The sparse convolution's ``numba`` backend (see ``_core/dispatch.py``): one compiled call per direction.
 
 Why: the torch path (``cpu.py``) runs a Python loop over blocks and kernel offsets, with a ``torch.mm`` and an
 index kernel per piece: thousands of small products and dispatches per training step of a detection
@@ -33,15 +33,60 @@ from threadpoolctl import ThreadpoolController
 from .._core import jit
 from .._core.bits import numpy_alias
 from .._core.jit import REASSOCIATE, inline, match_torch_threads, njit, njit_variants
+from .._core.memory import new_empty
 from .._core.parallel import guided_parts, run_parts
 from .._core.validate import require
+from . import cpu
 
-SUPPORTED = (torch.float32, torch.float64)
+SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # halves computed in float32
 _BLAS = ThreadpoolController()
 
 
 def supports(*tensors: torch.Tensor) -> bool:
-    return all(t.device.type == "cpu" and t.dtype in SUPPORTED and t.is_contiguous() for t in tensors)
+    return all(t.device.type == "cpu" and t.dtype in SUPPORTED for t in tensors)
+
+
+def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, identity_offset: int):
+    """As ``cpu.forward`` (the same blocks and rounds): ``[num_out, C_out]``, one call of the compiled layer."""
+    ct = cpu._compute_dtype(features.dtype)
+    f, w = features.detach().to(ct).contiguous(), weight.detach().to(ct).contiguous()
+    src_col, dst_col = (1, 0) if inverse else (0, 1)
+    out = new_empty((num_out, w.shape[2]), ct, f.device)
+    block = cpu._block_rows(w.shape[2], out.element_size())
+    pairs, bounds, todo = _blocked_map(pairs, indice_num, dst_col, block, num_out, identity_offset)
+    conv_forward(out, f, w, pairs, bounds, todo, identity_offset, src_col, dst_col, block,
+                 cpu._chunk_rows(max(w.shape[1], w.shape[2]), out.element_size()))
+    return out.to(features.dtype)
+
+
+def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, identity_offset: int):
+    """As ``cpu.backward``: ``(grad_features, grad_weight)``, one call of the compiled layer."""
+    ct = cpu._compute_dtype(features.dtype)
+    g, f, w = (t.detach().to(ct).contiguous() for t in (grad_out, features, weight))
+    src_col, dst_col = (1, 0) if inverse else (0, 1)
+    grad_features = new_empty(tuple(f.shape), ct, f.device)
+    grad_weight = torch.zeros_like(w)
+    block = cpu._block_rows(w.shape[1], grad_features.element_size())
+    # the input gradient scatters into the source rows: blocks of source rows
+    pairs, bounds, todo = _blocked_map(pairs, indice_num, src_col, block, f.shape[0], identity_offset)
+    conv_backward(grad_features, grad_weight, g, f, w, pairs, bounds, todo, identity_offset, src_col, dst_col,
+                  block, cpu._chunk_rows(max(w.shape[1], w.shape[2]), grad_features.element_size()))
+    return grad_features.to(features.dtype), grad_weight.to(weight.dtype)
+
+
+def _blocked_map(pairs, indice_num, col: int, block: int, rows: int, identity_offset: int):
+    """``(pairs, bounds, todo)`` for the kernels: the map with each offset ascending in ``pairs[k, col]``
+    (sorted here if it is not), the first pair of each offset in each block of ``block`` rows, and the
+    offsets with pairs, the identity offset excepted."""
+    counts = indice_num.to(torch.int64)
+    pairs = pairs.contiguous()
+    n_blocks = -(-rows // block)
+    bounds, ascending = block_bounds(pairs, counts, col, block, n_blocks)
+    if not ascending:
+        pairs = sort_pairs_by_column(pairs, counts, col)
+        bounds, _ = block_bounds(pairs, counts, col, block, n_blocks)
+    todo = np.array([k for k, n in enumerate(counts.tolist()) if n and k != identity_offset], np.int64)
+    return pairs, bounds, todo
 
 
 def _raise_if_bad(bad: int, index: torch.Tensor, rows: int) -> None:

@@ -116,7 +116,7 @@ def _conv(features: torch.Tensor, weight: torch.Tensor, pairs_forward: torch.Ten
           indice_num: torch.Tensor, num_out: int, inverse: bool, identity_offset: int,
           backend: str | None) -> torch.Tensor:
     # pairs_forward / pairs_backward: the same map, each offset ordered by the rows it scatters into
-    impl = backend_module(__package__, OP, backend, features.device)
+    impl = backend_module(__package__, OP, backend, features.device, features, weight)
     return impl.forward(features, weight, pairs_forward, indice_num, num_out, inverse, identity_offset)
 
 
@@ -132,7 +132,7 @@ def _conv_grad(s, grad_out):
 def _conv_backward(grad_out: torch.Tensor, features: torch.Tensor, weight: torch.Tensor, indice_pairs: torch.Tensor,
                    indice_num: torch.Tensor, inverse: bool, identity_offset: int,
                    backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-    impl = backend_module(__package__, OP, backend, features.device)
+    impl = backend_module(__package__, OP, backend, features.device, grad_out, features, weight)
     return impl.backward(grad_out.contiguous(), features, weight, indice_pairs, indice_num, inverse,
                          identity_offset)
 
@@ -155,7 +155,8 @@ def indice_conv(features: torch.Tensor, weight: torch.Tensor, indice_pairs: torc
 
     ``weight`` is ``[K, C_in, C_out]`` or the mmcv layout ``[*kernel_size, C_in, C_out]``. See the
     module docstring for the pair semantics, ``inverse`` and ``identity_offset``. ``backend``:
-    ``None`` (triton for CUDA tensors, cpu otherwise), ``"reference"``, ``"cpu"`` or ``"triton"``.
+    ``None`` (the device's default), ``"reference"``, ``"torch"``, ``"numba"`` or ``"triton"``; ``"cpu"`` still
+    means the CPU default.
     ``indice_pairs_by_output``: optionally :func:`sort_pairs_by_output` of the map (cached by the
     layers), used where rows are scattered into output rows; the result is the same without it.
     Every pair value is range-checked against ``features`` and ``num_out`` before any kernel runs.
@@ -179,7 +180,7 @@ def _indice_conv(features, weight, indice_pairs, indice_num, num_out, *, inverse
     weight = weight.reshape(math.prod(weight.shape[:-2]), weight.shape[-2], weight.shape[-1])
     num_out = check_indice_conv(features, weight, indice_pairs, indice_num, num_out, inverse, identity_offset,
                                 check_values)
-    check_backend(OP, backend, features.device)
+    check_backend(__package__, OP, backend, features.device, features, weight)
     by_input = indice_pairs.contiguous()
     if indice_pairs_by_output is None:
         by_output = by_input
@@ -192,7 +193,7 @@ def _indice_conv(features, weight, indice_pairs, indice_num, num_out, *, inverse
                           check_values)
         by_output = indice_pairs_by_output.contiguous()
     if check_values and not torch.compiler.is_compiling() and \
-            resolve_backend(OP, backend, features.device) == "triton":
+            resolve_backend(__package__, OP, backend, features.device, features, weight) == "triton":
         check_rows_unique_per_offset(by_input, indice_num)
     # forward scatters into the output rows (input rows when inverse), backward into the others
     pairs_forward, pairs_backward = (by_input, by_output) if inverse else (by_output, by_input)

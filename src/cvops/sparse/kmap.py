@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from .._core.jit import numba_kernels
+from .._core.dispatch import resolve_backend
 
 
 def conv_output_size(spatial_shape: Sequence[int], kernel_size, stride, padding, dilation) -> list[int]:
@@ -39,15 +39,17 @@ def sort_pairs_by_output(indice_pairs: torch.Tensor, indice_num: torch.Tensor) -
     return sort_pairs_by_column(indice_pairs, indice_num, 1)
 
 
-def sort_pairs_by_column(indice_pairs: torch.Tensor, indice_num: torch.Tensor, col: int) -> torch.Tensor:
+def sort_pairs_by_column(indice_pairs: torch.Tensor, indice_num: torch.Tensor, col: int,
+                         backend: str | None = None) -> torch.Tensor:
     """The kernel map with each offset's valid pairs in ascending ``indice_pairs[k, col]`` (stable); the
-    map itself when it already is (as every map built on sorted sites is)."""
+    map itself when it already is (as every map built on sorted sites is). ``backend``: ``"torch"``,
+    ``"numba"`` (a compiled merge sort, contiguous CPU maps) or ``None`` (the device's default)."""
     K, _, L = indice_pairs.shape
     if L < 2:
         return indice_pairs
-    fused = (numba_kernels(__package__)
-             if indice_pairs.device.type == "cpu" and indice_pairs.is_contiguous() else None)
-    if fused is not None:
+    if (resolve_backend(__package__, "sort_pairs_by_column", backend, indice_pairs.device) == "numba"
+            and indice_pairs.is_contiguous()):
+        from . import cpu_numba as fused  # imports numba: only once it is chosen
         # one pass to check, a per-offset merge sort only where needed, no int64 copy of the map
         counts = indice_num.cpu().clamp(0, L)
         if fused.block_bounds(indice_pairs, counts, col, 1 << 62, 0)[1]:

@@ -23,7 +23,7 @@ __all__ = ["carafe", "carafe_forward", "carafe_backward", "carafe_naive"]
 def _forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int, group_size: int, scale_factor: int,
              layout: str, backend: Optional[str]) -> torch.Tensor:
     f, m = as_nchw(features, layout), as_nchw(masks, layout)
-    impl = backend_module(__package__, checks.OP, backend, features.device)
+    impl = backend_module(__package__, checks.OP, backend, features.device, features, masks)
     if checks.is_empty(features, masks):  # carafe_backward.md 1.1: zero elements return at once
         return features.new_zeros(stored_shape(checks.output_shape(f.shape, scale_factor), layout))
     out = impl.forward(f, m, kernel_size, group_size, scale_factor, layout)
@@ -43,7 +43,7 @@ def _backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Te
               group_size: int, scale_factor: int, layout: str,
               backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor]:
     go, f, m = as_nchw(grad_output, layout), as_nchw(features, layout), as_nchw(masks, layout)
-    impl = backend_module(__package__, checks.OP, backend, features.device)
+    impl = backend_module(__package__, checks.OP, backend, features.device, grad_output, features, masks)
     if checks.is_empty(grad_output, features, masks):
         return (torch.zeros_like(features, memory_format=torch.contiguous_format),
                 torch.zeros_like(masks, memory_format=torch.contiguous_format))
@@ -96,7 +96,8 @@ def carafe_forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int
         group_size: mask groups ``G``; ``C % G == 0``.
         scale_factor: upsampling ratio ``s >= 1``.
         layout: ``"NCHW"`` or ``"NHWC"``; the output is in the same layout.
-        backend: ``None`` (triton for CUDA, cpu otherwise), ``"cpu"``, ``"triton"`` or ``"reference"``.
+        backend: ``None`` (the device's default), ``"reference"``, ``"torch"``, ``"numba"`` or ``"triton"``;
+            ``"cpu"`` still means the CPU default.
 
     Returns:
         ``[N, C, sH, sW]`` (or ``[N, sH, sW, C]``), accumulated in float32 (float64 for float64).
@@ -105,7 +106,7 @@ def carafe_forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int
     features, masks = mixed_to_float32(features, masks)
     k, g, s = checks.check_forward(features, masks, kernel_size, group_size, scale_factor,
                                    _nchw_view(features, layout), _nchw_view(masks, layout))
-    check_backend(checks.OP, backend, features.device)
+    check_backend(__package__, checks.OP, backend, features.device, features, masks)
     return _forward_op(features, masks, k, g, s, layout, backend)
 
 
@@ -119,12 +120,12 @@ def carafe_backward(grad_output: torch.Tensor, features: torch.Tensor, masks: to
     """Gradients of :func:`carafe`: returns ``(grad_input, grad_mask)`` shaped like features and masks.
 
     ``grad_output`` is ``[N, C, sH, sW]`` (``[N, sH, sW, C]`` for NHWC). Deterministic: every
-    gradient element is one gather-sum in a fixed order (no atomics).
+    gradient element is one gather-sum in a fixed order (no atomics). ``backend``: as in :func:`carafe`.
     """
     layout = parse_layout("carafe", layout)
     grad_output, features, masks = mixed_to_float32(grad_output, features, masks)
     k, g, s = checks.check_backward(grad_output, features, masks, kernel_size, group_size, scale_factor,
                                     _nchw_view(grad_output, layout), _nchw_view(features, layout),
                                     _nchw_view(masks, layout))
-    check_backend(checks.OP, backend, features.device)
+    check_backend(__package__, checks.OP, backend, features.device, grad_output, features, masks)
     return _backward_op(grad_output, features, masks, k, g, s, layout, backend)

@@ -28,8 +28,8 @@ that row: about ``R * (W + 2r) * ((3s² + 1) * C + 2s² * G*k*k)`` elements (a f
 per thread: for CARAFE-FPN (C 256, k 5, G 1, s 2) at W 168 (one row a chunk) about 3 MB per thread,
 whatever the batch and the height.
 
-With numba installed (and ``CVOPS_NUMBA`` not ``0``) ``cpu_numba`` computes both directions as compiled
-loops with the channel loop innermost; this module is the fallback.
+This is the ``torch`` backend; ``cpu_numba`` (the ``numba`` backend, the CPU default where numba is
+installed) computes both directions as compiled loops with the channel loop innermost.
 """
 from __future__ import annotations
 
@@ -37,7 +37,6 @@ from functools import partial
 
 import torch
 
-from ..._core.jit import numba_kernels
 from ..._core.layout import empty_nchw
 from ..._core.parallel import run_split
 
@@ -134,9 +133,6 @@ def forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int, group
             scale_factor: int, layout: str = "NCHW") -> torch.Tensor:
     """features ``[N, C, H, W]`` and masks ``[N, G*k*k, sH, sW]`` (logical NCHW views) ->
     output ``[N, C, sH, sW]`` (logical NCHW view, stored in ``layout``)."""
-    fused = numba_kernels(__package__, features, masks)
-    if fused is not None:
-        return fused.forward(features, masks, kernel_size, group_size, scale_factor, layout)
     n, c, h, w = features.shape
     k, g, s = kernel_size, group_size, scale_factor
     out = empty_nchw((n, c, h * s, w * s), layout, like=features)
@@ -148,9 +144,6 @@ def backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Ten
              group_size: int, scale_factor: int, layout: str = "NCHW"):
     """Returns ``(grad_input [N, C, H, W], grad_mask [N, G*k*k, sH, sW])`` as logical NCHW views
     stored in ``layout``."""
-    fused = numba_kernels(__package__, grad_output, features, masks)
-    if fused is not None:
-        return fused.backward(grad_output, features, masks, kernel_size, group_size, scale_factor, layout)
     n, c, h, w = features.shape
     k, g, s = kernel_size, group_size, scale_factor
     grad_input = empty_nchw((n, c, h, w), layout, like=features)

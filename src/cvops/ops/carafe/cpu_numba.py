@@ -1,4 +1,4 @@
-"""CARAFE as compiled loops: the CPU fast path when numba is installed (see ``_core/jit.py``).
+"""CARAFE as compiled loops: the ``numba`` backend (see ``_core/dispatch.py``).
 
 Why: CARAFE is ``k*k`` multiply-adds per output element with a different weight matrix per output
 pixel, so it maps onto matrix products only as many tiny ones; their per-product overhead keeps the

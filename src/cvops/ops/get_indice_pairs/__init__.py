@@ -50,7 +50,7 @@ def _run(indices: torch.Tensor, geo: Geometry, backend: Optional[str]):
         return (torch.empty((0, geo.ndim + 1), dtype=torch.int32, device=indices.device),
                 torch.full((K, 2, 0), -1, dtype=torch.int32, device=indices.device),
                 torch.zeros(K, dtype=torch.int32, device=indices.device))
-    impl = backend_module(__package__, OP, backend, indices.device)
+    impl = backend_module(__package__, OP, backend, indices.device, indices)
     return impl.get_indice_pairs(indices, geo)
 
 
@@ -92,7 +92,8 @@ def get_indice_pairs(indices: torch.Tensor, batch_size: int, spatial_shape: Sequ
         transpose: deconvolution positions ``o = p*stride - padding + t*dilation``.
         out_spatial_shape: output grid; computed with :func:`get_conv_output_size` (or
             :func:`get_deconv_output_size`) when None.
-        backend: ``None`` (triton on CUDA, else cpu), ``"reference"``, ``"cpu"`` or ``"triton"``.
+        backend: ``None`` (the device's default), ``"reference"``, ``"torch"``, ``"numba"`` or
+            ``"triton"``; ``"cpu"`` still means the CPU default.
         ksize: mmcv/spconv's name for ``kernel_size`` (keyword only; overrides it when given).
 
     Returns:
@@ -107,7 +108,7 @@ def get_indice_pairs(indices: torch.Tensor, batch_size: int, spatial_shape: Sequ
         kernel_size = ksize
     geo = check_params(indices, batch_size, spatial_shape, kernel_size, stride, padding, dilation,
                        out_padding, subm, transpose, out_spatial_shape)
-    check_backend(OP, backend, indices.device)
+    check_backend(__package__, OP, backend, indices.device, indices)
     return _get_indice_pairs_op(indices, geo.batch_size, list(geo.spatial_shape),
                                 list(geo.out_spatial_shape), list(geo.kernel_size), list(geo.stride),
                                 list(geo.padding), list(geo.dilation), geo.subm, geo.transpose,

@@ -1,4 +1,4 @@
-"""Vectorised torch backend of get_indice_pairs (device-agnostic torch code).
+"""The ``torch`` backend of get_indice_pairs (device-agnostic torch code).
 
 No dense grid of B * prod(spatial) is ever allocated; sites are joined on int64 linear indices by
 sorting:
@@ -9,14 +9,14 @@ sorting:
 * subm: the input sites are sorted by linear index. For each offset of the leading dimensions (z, y
   for 3-D) one ``searchsorted`` finds where the window of the last dimension (x) starts in the sorted
   keys; the at most ``(kx - 1) * dil + 1`` consecutive keys from there are the only candidates, so the
-  join costs ``kz * ky`` binary searches per site instead of ``K``. With numba, ``cpu_numba`` builds the
-  same map by one merge of the sorted keys per offset.
+  join costs ``kz * ky`` binary searches per site instead of ``K``. ``cpu_numba`` (the ``numba``
+  backend, the CPU default where numba is installed) builds the same map by one merge of the sorted keys
+  per offset.
 """
 from __future__ import annotations
 
 import torch
 
-from ..._core.jit import numba_kernels
 from ..._core.memory import new_empty
 from ..._core.parallel import single_threaded
 from .checks import INVALID_KEY, Geometry, check_no_duplicates
@@ -123,13 +123,6 @@ def _sorted_site_keys(indices: torch.Tensor, geo: Geometry):
     return sorted_keys, order
 
 
-def _compiled_subm_pairs(fused, indices: torch.Tensor, geo: Geometry):
-    with single_threaded():
-        sorted_keys, order = _sorted_site_keys(indices, geo)
-    pairs, indice_num = fused.subm_pairs(indices, sorted_keys, order, geo, grid_strides(geo.spatial_shape)[0])
-    return indices.to(torch.int32).clone(), pairs, indice_num
-
-
 def _subm_pairs(indices: torch.Tensor, geo: Geometry):
     L = indices.shape[0]
     sorted_keys, order = _sorted_site_keys(indices, geo)
@@ -208,13 +201,9 @@ def get_indice_pairs(indices: torch.Tensor, geo: Geometry):
     On CPU the torch code runs on one intra-op thread: it is a chain of a few hundred sub-millisecond ops,
     where OpenMP fork/join costs more than it saves, and a loaded machine (another process on the
     second core) turns every parallel region into a scheduler wait, an order of magnitude slower or worse.
-    The compiled subm map shares its offsets among cvops's workers instead.
+    The numba backend's subm map shares its offsets among cvops's workers instead.
     """
     if indices.device.type != "cpu":
         return (_subm_pairs if geo.subm else _conv_pairs)(indices, geo)
-    if geo.subm:
-        fused = numba_kernels(__package__, indices)
-        if fused is not None:
-            return _compiled_subm_pairs(fused, indices, geo)
     with single_threaded():
         return (_subm_pairs if geo.subm else _conv_pairs)(indices, geo)

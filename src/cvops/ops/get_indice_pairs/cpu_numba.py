@@ -1,4 +1,5 @@
-"""The subm kernel map as a numba loop: the CPU fast path of ``cpu.py`` when numba is installed.
+"""The subm kernel map as a numba loop: the ``numba`` backend (see ``_core/dispatch.py``); other maps run
+the torch code of ``cpu.py``.
 
 On a grid with row-major linear keys ``key(b, o) = b * V + sum_d o_d * S_d``, every kernel offset moves a
 site by a constant key shift: ``o = p + pad - t * dil`` gives ``key(o) = key(p) + sum_d (pad_d - t_d dil_d) S_d``.
@@ -20,7 +21,8 @@ import torch
 
 from ..._core.bits import numpy_alias
 from ..._core.jit import njit, use_parallel
-from ..._core.parallel import run_parts
+from ..._core.parallel import run_parts, single_threaded
+from . import cpu
 
 
 @njit
@@ -105,3 +107,13 @@ def subm_pairs(indices: torch.Tensor, sorted_keys: torch.Tensor, order: torch.Te
     parts = [(k, k + 1) for k in range(merged)] if use_parallel(K * L * 4) else [(0, merged)]
     run_parts(lambda lo, hi: _subm_offsets(*args, lo, hi), parts)
     return pairs, counts
+
+
+def get_indice_pairs(indices: torch.Tensor, geo):
+    """As ``cpu.get_indice_pairs``: a subm map by the merge above, any other map by the torch code."""
+    if not geo.subm:
+        return cpu.get_indice_pairs(indices, geo)
+    with single_threaded():  # the sort is one torch op: no OpenMP region on a loaded machine
+        sorted_keys, order = cpu._sorted_site_keys(indices, geo)
+    pairs, indice_num = subm_pairs(indices, sorted_keys, order, geo, cpu.grid_strides(geo.spatial_shape)[0])
+    return indices.to(torch.int32).clone(), pairs, indice_num

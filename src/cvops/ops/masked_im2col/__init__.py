@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 from ..._core.autocast import to_autocast_dtype
@@ -25,8 +24,8 @@ __all__ = ["masked_im2col", "masked_col2im", "masked_conv2d"]
 _OP = "masked_im2col"
 
 
-def _backend(backend: Optional[str], device: torch.device):
-    return backend_module(__package__, _OP, backend, device)
+def _backend(backend: Optional[str], values: Tensor, *indices: Tensor):
+    return backend_module(__package__, _OP, backend, values.device, values, *indices)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -34,8 +33,8 @@ def _backend(backend: Optional[str], device: torch.device):
 
 def _im2col(feature: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, kernel_h: int, kernel_w: int, pad_h: int,
             pad_w: int, backend: Optional[str] = None) -> Tensor:
-    return _backend(backend, feature.device).im2col_forward(feature, mask_h_idx, mask_w_idx,
-                                                            kernel_h, kernel_w, pad_h, pad_w)
+    return _backend(backend, feature, mask_h_idx, mask_w_idx).im2col_forward(
+        feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w)
 
 
 def _im2col_fake(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w, backend=None):
@@ -51,7 +50,7 @@ def _im2col_grad(s, grad_col):
 def _im2col_backward(grad_col: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, channels: int, height: int,
                      width: int, kernel_h: int, kernel_w: int, pad_h: int, pad_w: int,
                      backend: Optional[str] = None) -> Tensor:
-    return _backend(backend, grad_col.device).im2col_backward(
+    return _backend(backend, grad_col, mask_h_idx, mask_w_idx).im2col_backward(
         grad_col, mask_h_idx, mask_w_idx, channels, height, width, kernel_h, kernel_w, pad_h, pad_w)
 
 
@@ -66,8 +65,8 @@ def _im2col_backward_grad(s, grad_feature):
 
 def _col2im(masked_output: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, height: int, width: int,
             backend: Optional[str] = None) -> Tensor:
-    return _backend(backend, masked_output.device).col2im_forward(masked_output, mask_h_idx, mask_w_idx,
-                                                                  height, width)
+    return _backend(backend, masked_output, mask_h_idx, mask_w_idx).col2im_forward(
+        masked_output, mask_h_idx, mask_w_idx, height, width)
 
 
 def _col2im_fake(masked_output, mask_h_idx, mask_w_idx, height, width, backend=None):
@@ -80,7 +79,8 @@ def _col2im_grad(s, grad_output):
 
 def _col2im_backward(grad_output: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor,
                      backend: Optional[str] = None) -> Tensor:
-    return _backend(backend, grad_output.device).col2im_backward(grad_output, mask_h_idx, mask_w_idx)
+    return _backend(backend, grad_output, mask_h_idx, mask_w_idx).col2im_backward(
+        grad_output, mask_h_idx, mask_w_idx)
 
 
 def _col2im_backward_fake(grad_output, mask_h_idx, mask_w_idx, backend=None):
@@ -115,7 +115,8 @@ def masked_im2col(feature: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, kerne
         kernel_size: ``kh`` or ``(kh, kw)``, each >= 1.
         padding: ``pad`` or ``(pad_h, pad_w)``; the window of point m starts at
             ``(mask_h_idx[m] - pad_h, mask_w_idx[m] - pad_w)``.
-        backend: ``None`` (triton for CUDA, else cpu), ``"reference"``, ``"cpu"`` or ``"triton"``.
+        backend: ``None`` (the device's default), ``"reference"``, ``"torch"``, ``"numba"`` or
+            ``"triton"``; ``"cpu"`` still means the CPU default.
 
     Returns:
         ``data_col [C*kh*kw, M]`` with ``data_col[(c*kh + i)*kw + j, m] =
@@ -125,7 +126,7 @@ def masked_im2col(feature: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, kerne
     """
     kernel_h, kernel_w, pad_h, pad_w = checks.check_masked_im2col(feature, mask_h_idx, mask_w_idx,
                                                                    kernel_size, padding)
-    check_backend(_OP, backend, feature.device)
+    check_backend(__package__, _OP, backend, feature.device, feature, mask_h_idx, mask_w_idx)
     return _im2col_op(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w, backend)
 
 
@@ -137,6 +138,7 @@ def masked_col2im(masked_output: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor,
         masked_output: ``[C, M]``, any floating dtype.
         mask_h_idx, mask_w_idx: ``[M]`` int32 or int64 positions.
         height, width: output spatial size (>= 0).
+        backend: as in :func:`masked_im2col`.
 
     Returns:
         ``output [1, C, height, width]``: ``output[0, :, mask_h_idx[m], mask_w_idx[m]] =
@@ -146,7 +148,8 @@ def masked_col2im(masked_output: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor,
         than 8 MiB of scratch besides its inputs.
     """
     height, width = checks.check_masked_col2im(masked_output, mask_h_idx, mask_w_idx, height, width)
-    check_backend(_OP, backend, masked_output.device)
+    check_backend(__package__, _OP, backend, masked_output.device, masked_output, mask_h_idx,
+                  mask_w_idx)
     return _col2im_op(masked_output, mask_h_idx, mask_w_idx, height, width, backend)
 
 
@@ -174,6 +177,7 @@ def masked_conv2d(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional
         mask: ``[1, H, W]``; positions with ``mask > 0`` are computed.
         weight: ``[O, C, kh, kw]``; bias: ``[O]`` or None.
         padding: int or pair. stride, dilation and groups must be 1 (mmcv raises for stride too).
+        backend: as in :func:`masked_im2col` (``None`` and ``"cpu"`` may take the dense route on the CPU).
 
     Returns:
         ``[1, O, H + 2*pad_h - kh + 1, W + 2*pad_w - kw + 1]``: ``bias + W * window`` at each mask
@@ -184,7 +188,7 @@ def masked_conv2d(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional
     stride, dilation = _int_pair(op, "stride", stride), _int_pair(op, "dilation", dilation)
     pad_h, pad_w = _int_pair(op, "padding", padding, min_value=0)  # torch's conv rejects negative padding too
     checks.check_masked_conv2d(op, features, mask, weight, bias, stride, dilation, groups)
-    check_backend(op, backend, features.device)
+    check_backend(__package__, op, backend, features.device, features)
     out_channels, _, kernel_h, kernel_w = weight.shape
     out_h = features.shape[2] + 2 * pad_h - kernel_h + 1
     out_w = features.shape[3] + 2 * pad_w - kernel_w + 1

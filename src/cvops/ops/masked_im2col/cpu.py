@@ -1,4 +1,4 @@
-"""Vectorised torch backend (device-agnostic torch code).
+"""The ``torch`` backend of masked_im2col (device-agnostic torch code).
 
 im2col is one ``index_select`` along the plane axis: for tap (i, j) and mask point m the source is
 the flat position ``(h_m - pad_h + i) * W + (w_m - pad_w + j)`` of the channel's plane, so one
@@ -6,15 +6,14 @@ index row of length ``kh*kw*M`` (tap-major, m-minor) serves every channel and th
 ``data_col`` in its final (c, i, j) x m order. Taps that fall outside the feature read position 0
 and are zeroed afterwards (a few columns at the border), which keeps NaN/Inf bits exact.
 
-With numba installed (the ``numba`` extra) and ``CVOPS_NUMBA`` not ``0``, the forward goes to the
-fused loop of ``cpu_numba`` instead (the index_select runs far below memory bandwidth); this torch
-code is the fallback and gives the same bits.
+``cpu_numba`` (the ``numba`` backend, the CPU default where numba is installed) runs the forward as a
+fused loop instead (the index_select runs far below memory bandwidth), with the same bits, and this
+module's other directions.
 """
 from __future__ import annotations
 
 import torch
 
-from ..._core.jit import numba_kernels
 from ..._core.memory import new_empty, new_zeros
 
 
@@ -33,9 +32,6 @@ def tap_positions(mask_h_idx, mask_w_idx, height, width, kernel_h, kernel_w, pad
 
 def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w):
     """``feature [1, C, H, W]`` -> ``data_col [C*kh*kw, M]`` (see the module docstring)."""
-    fused = numba_kernels(__package__, feature, mask_h_idx, mask_w_idx)
-    if fused is not None:
-        return fused.im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w)
     _, channels, height, width = feature.shape
     mask_cnt = mask_h_idx.shape[0]
     taps = kernel_h * kernel_w

@@ -1,4 +1,5 @@
-"""masked_im2col forward as one numba loop: the CPU fast path when numba is installed (see ``_core/jit.py``).
+"""masked_im2col forward as one numba loop: the ``numba`` backend (see ``_core/dispatch.py``).
+The other directions run the torch code (``cpu.py``), re-exported here: no loop of theirs beats it.
 
 Why: the torch path (``cpu.py``) is one ``index_select`` over a ``kh*kw*M`` index row, which runs well
 below memory bandwidth (per-element index loads and bounds checks); the RetinaNet-head case needs the
@@ -30,6 +31,7 @@ from ..._core.bits import as_bits, numpy_alias, storage_bits
 from ..._core.jit import match_torch_threads, njit, njit_variants, use_parallel
 from ..._core.jit_intrinsics import store_fence, stream_store
 from ..._core.memory import new_empty
+from .cpu import col2im_backward, col2im_forward, im2col_backward  # noqa: F401  (the torch code serves these)
 
 # data_col of at least this many bytes is written with streaming stores (a smaller one is likely still
 # in cache when the matmul of MaskedConv2d reads it)
@@ -42,9 +44,8 @@ SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def supports(feature: torch.Tensor, *indices: torch.Tensor) -> bool:
-    """CPU tensors, a floating feature of a dtype moved here as raw bits, and at least one element."""
-    return (all(t.device.type == "cpu" for t in (feature, *indices)) and feature.dtype in SUPPORTED
-            and feature.numel() > 0)
+    """CPU tensors and a floating feature of a dtype moved here as raw bits."""
+    return all(t.device.type == "cpu" for t in (feature, *indices)) and feature.dtype in SUPPORTED
 
 
 # ------------------------------------------------------------------------------------------- kernels

@@ -23,7 +23,7 @@ __all__ = ["psamask", "psamask_forward", "psamask_backward"]
 
 def _run(direction: str, t: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str,
          backend: Optional[str]) -> torch.Tensor:
-    module = backend_module(__name__, OP, backend, t.device)
+    module = backend_module(__name__, OP, backend, t.device, t)
     if t.numel() == 0:  # psamask.md 1.1: zero elements return at once
         return t.new_zeros(_result_shape(direction, t, h_mask, w_mask, layout))
     out = getattr(module, direction)(as_nchw(t, layout), psa_type, h_mask, w_mask, layout)
@@ -73,13 +73,14 @@ def psamask_forward(input: torch.Tensor, psa_type, mask_size, layout: str = "NCH
         psa_type: ``"collect"``/``0`` or ``"distribute"``/``1``.
         mask_size: ``h_mask`` or ``(h_mask, w_mask)``; even sizes use the window ``-(m-1)//2 .. m-1-(m-1)//2``.
         layout: storage layout of input and output.
-        backend: ``None`` (triton on CUDA, cpu otherwise), ``"reference"``, ``"cpu"`` or ``"triton"``.
+        backend: ``None`` (the device's default), ``"reference"``, ``"torch"``, ``"numba"`` or ``"triton"`` (see
+            ``cvops._core.dispatch``; ``"cpu"`` still means the CPU default).
 
     Returns:
         ``[N, H*W, H, W]`` (NCHW) or ``[N, H, W, H*W]`` (NHWC), same dtype and device as ``input``.
     """
     code, h_mask, w_mask, layout = check_forward(input, psa_type, mask_size, layout)
-    check_backend(OP, backend, input.device)
+    check_backend(__name__, OP, backend, input.device, input)
     return _forward_op(input, code, h_mask, w_mask, layout, backend)
 
 
@@ -88,9 +89,10 @@ def psamask_backward(grad_output: torch.Tensor, psa_type, mask_size, layout: str
     """Gradient of :func:`psamask_forward` w.r.t. its input.
 
     ``grad_output [N, H*W, H, W]`` (or NHWC ``[N, H, W, H*W]``) -> ``[N, h_mask*w_mask, H, W]`` (or NHWC).
+    ``backend``: as in :func:`psamask_forward`.
     """
     code, h_mask, w_mask, layout = check_backward(grad_output, psa_type, mask_size, layout)
-    check_backend(OP, backend, grad_output.device)
+    check_backend(__name__, OP, backend, grad_output.device, grad_output)
     return _backward_op(grad_output, code, h_mask, w_mask, layout, backend)
 
 

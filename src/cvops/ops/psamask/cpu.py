@@ -8,15 +8,13 @@ and ``out`` as ``[N, H, W, H, W]``, COLLECT copies ``out[:, q, p] = x[:, d, p]``
 rest of ``out`` is 0. Backward copies the same rectangles back into a zero ``dx``. Elements are copied,
 never computed, so every bit (NaN payloads too) survives, and a call needs no memory beside its output.
 
-With numba installed (and ``CVOPS_NUMBA`` not ``0``) ``cpu_numba`` does the same job as compiled loops,
-faster at PSANet scale; this module is the fallback.
+This is the ``torch`` backend; ``cpu_numba`` (the ``numba`` backend, the CPU default where numba is
+installed) does the same job as compiled loops, faster at PSANet scale.
 """
 from __future__ import annotations
 
-
 import torch
 
-from ..._core.jit import numba_kernels
 from ..._core.layout import empty_nchw
 from .checks import COLLECT
 
@@ -39,9 +37,6 @@ def _windows(h: int, w: int, h_mask: int, w_mask: int, psa_type: int):
 
 def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
     """x: logical NCHW ``[N, h_mask*w_mask, H, W]`` -> logical NCHW ``[N, H*W, H, W]`` stored in ``layout``."""
-    fast = numba_kernels(__package__, x)
-    if fast is not None:
-        return fast.forward(x, psa_type, h_mask, w_mask, layout)
     n, _, h, w = x.shape
     out = empty_nchw((n, h * w, h, w), layout, like=x, zero=True)
     src, dst = x.unflatten(1, (h_mask, w_mask)), out.unflatten(1, (h, w))
@@ -52,9 +47,6 @@ def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: st
 
 def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
     """dy: logical NCHW ``[N, H*W, H, W]`` -> dx logical NCHW ``[N, h_mask*w_mask, H, W]``."""
-    fast = numba_kernels(__package__, dy)
-    if fast is not None:
-        return fast.backward(dy, psa_type, h_mask, w_mask, layout)
     n, _, h, w = dy.shape
     dx = empty_nchw((n, h_mask * w_mask, h, w), layout, like=dy, zero=True)
     src, dst = dy.unflatten(1, (h, w)), dx.unflatten(1, (h_mask, w_mask))

@@ -1,4 +1,4 @@
-"""psamask as compiled loops: the CPU fast path when numba is installed (see ``_core/jit.py``).
+"""psamask as compiled loops: the ``numba`` backend (see ``_core/dispatch.py``).
 
 Why: the strided copies of ``cpu.py`` pay per element for the shear ``q = p + d - half``, which gives one
 side of every copy a non-unit inner stride, and its backward streams most of ``dx`` through memory

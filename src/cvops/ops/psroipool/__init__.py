@@ -39,7 +39,7 @@ def _forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled
     backend, which works on the logical NCHW view of the input; results in ``layout``."""
     x = as_nchw(input, layout)
     checks.check_roi_values(checks.OP, rois, x.shape[0])
-    impl = backend_module(__package__, checks.OP, backend, x.device)
+    impl = backend_module(__package__, checks.OP, backend, x.device, input, rois)
     output, mapping = impl.forward(x, rois, pooled_height, pooled_width, spatial_scale, output_dim, layout, convention)
     return from_nchw(output, layout), from_nchw(mapping, layout)
 
@@ -65,7 +65,8 @@ def _backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch
     shape = nchw_shape(input_shape, layout)
     if not trusted_mapping:
         checks.check_roi_values(checks.OP_BACKWARD, rois, shape[0])
-    impl = backend_module(__package__, checks.OP_BACKWARD, backend, top_grad.device)
+    impl = backend_module(__package__, checks.OP_BACKWARD, backend, top_grad.device, top_grad, rois,
+                          mapping_channel)
     bottom = impl.backward(as_nchw(top_grad, layout), rois, as_nchw(mapping_channel, layout), spatial_scale,
                            output_dim, shape, layout, trusted_mapping, convention)
     return from_nchw(bottom, layout)
@@ -113,7 +114,8 @@ def psroi_pool(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pool
             the channel grid is (PH, PW) and group_size is not used beyond being a positive int.
         output_dim: output channels.
         layout: layout of ``input`` and of the returned tensors.
-        backend: ``None`` (triton on CUDA, torch otherwise), ``"reference"``, ``"cpu"`` or ``"triton"``.
+        backend: ``None`` (the device's default), ``"reference"``, ``"torch"``, ``"numba"`` or ``"triton"``;
+            ``"cpu"`` still means the CPU default.
         convention: how a RoI becomes bins (see the module docstring): ``"rfcn"`` (R-FCN, MLU-OPS) or
             ``"torchvision"`` (``torchvision.ops.ps_roi_pool``).
 
@@ -127,7 +129,7 @@ def psroi_pool(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pool
     x_nchw = as_nchw(input, layout) if is_4d else input
     checks.check_forward(x_nchw, rois, pooled_height, pooled_width, spatial_scale, group_size, output_dim)
     convention = checks.check_convention(checks.OP, convention)
-    check_backend(checks.OP, backend, input.device)
+    check_backend(__package__, checks.OP, backend, input.device, input, rois)
     return _forward_op(input, rois, int(pooled_height), int(pooled_width), float(spatial_scale), int(output_dim),
                        layout, backend, convention)
 
@@ -148,6 +150,7 @@ def psroi_pool_backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_chan
         input_shape: shape of the returned gradient in ``layout``: ``(N, C, H, W)`` or ``(N, H, W, C)``,
             with ``C == output_dim * PH * PW``.
         convention: the forward's (``"rfcn"`` or ``"torchvision"``).
+        backend: as in :func:`psroi_pool`.
     Returns:
         bottom_grad of ``input_shape``, dtype of ``top_grad``.
     """
@@ -161,6 +164,7 @@ def psroi_pool_backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_chan
     shape_nchw = nchw_shape(shape, layout)
     checks.check_backward(top_nchw, rois, map_nchw, spatial_scale, output_dim, shape_nchw)
     convention = checks.check_convention(checks.OP_BACKWARD, convention)
-    check_backend(checks.OP_BACKWARD, backend, top_grad.device)
+    check_backend(__package__, checks.OP_BACKWARD, backend, top_grad.device, top_grad, rois,
+                  mapping_channel)
     return _backward_op(top_grad, rois, mapping_channel, float(spatial_scale), int(output_dim), list(shape), layout,
                         backend, convention)

@@ -13,17 +13,14 @@ Memory: a column chunk of the table holds at most ``TABLE_BYTES`` (16 MiB, at le
 tensors of a chunk of bins as much (at least one bin). Besides the inputs and outputs, a call holds per-bin
 tensors of the output's size (the sums, or the values and channels of the backward).
 
-With numba installed and ``CVOPS_NUMBA`` not ``0``, non-empty CPU calls go to the compiled loops of
-``cpu_numba`` instead (the tuned path); this code is the fallback and gives the same results within the
-accumulation tolerance.
+This is the ``torch`` backend; ``cpu_numba`` (the ``numba`` backend, the CPU default where numba is
+installed) computes the same results, within the accumulation tolerance, as tuned compiled loops.
 """
 from __future__ import annotations
-
 
 import torch
 import torch.nn.functional as F
 
-from ..._core.jit import numba_kernels
 from ..._core.layout import empty_nchw
 from . import checks
 
@@ -123,11 +120,6 @@ def _grouped(t_nchw: torch.Tensor, groups: int) -> torch.Tensor:
 def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
             spatial_scale: float, output_dim: int, out_layout: str = "NCHW", convention: str = "rfcn"):
     """(output, mapping_channel int32) as logical NCHW views of tensors stored in ``out_layout``."""
-    fused = (numba_kernels(__package__, input, rois)
-             if input.numel() > 0 and rois.shape[0] > 0 else None)
-    if fused is not None:
-        return fused.forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout,
-                             convention)
     n, c, h, w = input.shape
     shape = (rois.shape[0], output_dim, pooled_height, pooled_width)
     mapping = empty_nchw(shape, out_layout, like=input.new_empty(0, dtype=torch.int32))
@@ -168,11 +160,6 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
 
     ``trusted_mapping``: mapping_channel comes from this library's forward (autograd), so its range needs no
     check."""
-    fused = (numba_kernels(__package__, top_grad, rois, mapping_channel)
-             if top_grad.numel() > 0 and 0 not in input_shape else None)
-    if fused is not None:
-        return fused.backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape,
-                              out_layout, trusted_mapping, convention)
     n, c, h, w = input_shape
     _, od, ph_n, pw_n = top_grad.shape
     bottom = empty_nchw((n, c, h, w), out_layout, like=top_grad, zero=True)

@@ -1,4 +1,4 @@
-"""psroipool as compiled loops (numba): the CPU path when numba is installed (see ``_core/jit.py``).
+"""psroipool as compiled loops: the ``numba`` backend (see ``_core/dispatch.py``).
 
 One method per direction, whose cost follows the RoIs' work:
 
@@ -49,7 +49,7 @@ from ..._core.jit_access import load, store, transpose
 from ..._core.jit_intrinsics import add8 as _add8, load8 as _get8, store8 as _put8, zero8 as _zero8
 from ..._core.layout import empty_nchw
 from ..._core.parallel import even_parts, run_parts
-from . import checks
+from . import checks, cpu
 
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 BAND_BYTES = 1 << 20  # band scratch: regrouped rows stay in L2 while the bins read them
@@ -495,7 +495,9 @@ def _threads(work: float) -> int:
 def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout="NCHW",
             convention="rfcn"):
     """As :func:`cpu.forward`: (output, mapping_channel) as logical NCHW views of tensors stored in ``out_layout``.
-    The caller checked the RoI values and non-empty tensors. The bins are split over the threads by their first row."""
+    The caller checked the RoI values. The bins are split over the threads by their first row."""
+    if input.numel() == 0 or rois.shape[0] == 0:  # nothing to pool: the torch code writes the mapping and zeros
+        return cpu.forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout, convention)
     n, c, h, w = input.shape
     r, od, groups = rois.shape[0], output_dim, pooled_height * pooled_width
     rois_np, edges, area, box, acc, run, band_rows = _plan(rois, input.dtype, pooled_height, pooled_width,
@@ -534,6 +536,9 @@ def backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_s
     """As :func:`cpu.backward`: bottom_grad as the logical NCHW view of a tensor stored in ``out_layout``.
     ``trusted_mapping``: mapping_channel is the forward's (autograd), so it needs no look. The rows of the
     gradient are split over the threads."""
+    if top_grad.numel() == 0 or 0 in input_shape:  # nothing to add: the torch code returns the zeros
+        return cpu.backward(top_grad, rois, mapping_channel, spatial_scale, output_dim, input_shape, out_layout,
+                            trusted_mapping, convention)
     n, c, h, w = input_shape
     r, od, ph_n, pw_n = top_grad.shape
     groups = ph_n * pw_n

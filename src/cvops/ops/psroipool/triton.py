@@ -99,7 +99,7 @@ def _psroi_pool_backward_kernel(g_ptr, hs_ptr, he_ptr, ws_ptr, we_ptr, batch_ptr
 
 
 _NOT_CANONICAL = ("the triton backend needs the forward's mapping_channel (channel (ctop*PH + ph)*PW + pw); "
-                  "use backend='cpu' for any other mapping")
+                  "use backend='torch' or 'numba' for any other mapping")
 
 
 def _canonical(mapping_channel: torch.Tensor) -> torch.Tensor:
