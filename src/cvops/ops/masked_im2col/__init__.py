@@ -4,8 +4,9 @@
 ``masked_col2im`` scatters one column per mask point back into a feature map. Each is the other's
 autograd adjoint. ``masked_conv2d`` (and :class:`cvops.nn.MaskedConv2d`) gathers the mask points' windows
 with ``masked_im2col``, multiplies them by the weight and copies the columns into a zero map, or, on the
-CPU where that is more work, runs the dense convolution and keeps the mask points (:mod:`.route`: the
-same values within the accumulating-op tolerance).
+CPU where that is more work, runs the dense convolution and keeps the mask points, or multiplies the whole
+map by every tap's weight and sums each point's taps (:mod:`.route`: the same values within the
+accumulating-op tolerance).
 """
 from __future__ import annotations
 
@@ -177,7 +178,7 @@ def masked_conv2d(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional
         mask: ``[1, H, W]``; positions with ``mask > 0`` are computed.
         weight: ``[O, C, kh, kw]``; bias: ``[O]`` or None.
         padding: int or pair. stride, dilation and groups must be 1 (mmcv raises for stride too).
-        backend: as in :func:`masked_im2col` (``None`` and ``"cpu"`` may take the dense route on the CPU).
+        backend: as in :func:`masked_im2col` (``None`` and ``"cpu"`` may take the dense or taps route on the CPU).
 
     Returns:
         ``[1, O, H + 2*pad_h - kh + 1, W + 2*pad_w - kw + 1]``: ``bias + W * window`` at each mask
@@ -196,14 +197,18 @@ def masked_conv2d(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional
         require(False, op, f"output size ({out_h}, {out_w}) must be positive: kernel {kernel_h}x{kernel_w} is larger "
                 f"than the padded input {features.shape[2] + 2 * pad_h}x{features.shape[3] + 2 * pad_w}")
     keep = route.output_keep(mask, out_h, out_w)
-    points = keep.reshape(-1).nonzero().view(-1)  # flat h*out_w + w, ascending (row-major for a strided mask too)
-    if route.takes_dense(features, weight, points.shape[0], keep, backend):
+    which = route.choose(features, weight, keep, backend)
+    if which == "dense":
         return route.dense(features, keep, weight, bias, (pad_h, pad_w))
-    # the indices are ours (checked); without autograd or torch.compile the kernel runs without the custom
-    # op, whose dispatch costs about as much as the whole gather on the small pyramid levels
-    gather = _im2col_op if route.needs_op(features) else _im2col
-    data_col = gather(features, points // out_w, points % out_w, kernel_h, kernel_w, pad_h, pad_w, backend)
-    values = route.product(weight.reshape(out_channels, -1), data_col, bias)
+    points = keep.reshape(-1).nonzero().view(-1)  # flat h*out_w + w, ascending (row-major for a strided mask too)
+    if which == "taps":
+        values = route.taps(features, points, out_w, weight, bias, (pad_h, pad_w))
+    else:
+        # the indices are ours (checked); without autograd or torch.compile the kernel runs without the custom
+        # op, whose dispatch costs about as much as the whole gather on the small pyramid levels
+        gather = _im2col_op if route.needs_op(features) else _im2col
+        data_col = gather(features, points // out_w, points % out_w, kernel_h, kernel_w, pad_h, pad_w, backend)
+        values = route.product(weight.reshape(out_channels, -1), data_col, bias)
     # the points are distinct and inside the output: one differentiable copy instead of masked_col2im's scatter
     out = values.new_zeros((out_channels, out_h * out_w)).index_copy(1, points, values)
     return out.view(1, out_channels, out_h, out_w)

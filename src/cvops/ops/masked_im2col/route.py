@@ -1,25 +1,25 @@
-"""How ``masked_conv2d`` computes on the CPU: two routes, one rule that counts their work.
+"""How ``masked_conv2d`` computes on the CPU: three routes, one rule that counts their work.
 
 * *gather*: ``masked_im2col`` of the windows of the M output points to compute (K = C*kh*kw values
-  each), one ``[O, K] x [K, M]`` product, its columns copied into a zero map. Work: 2*O*K*M flops, and
-  K*M window values moved through memory (written by the gather and read by the product; the
-  backward moves them again, scattering their gradients).
+  each), one ``[O, K] x [K, M]`` product, its columns copied into a zero map. Work: 2*O*K*M flops and
+  K*M gathered values moved (written by the gather, read by the product; the backward moves them again).
 * *dense*: ``conv2d`` over all P = out_h*out_w output positions, then exact zeros filled in off the
   points. Work: 2*O'*K*P flops with O' = max(O, one vector of output channels: the convolution computes
-  them a vector at a time), and nothing gathered. Its backward is the dense convolution's backward of the
-  masked gradient.
+  them a vector at a time).
+* *taps*: one product of every tap's weight with the whole input map, ``Y [kh*kw*O, H*W] = W [kh*kw*O, C]
+  x X [C, H*W]`` (BLAS fills its vectors along the H*W positions, so few output channels cost no more
+  than their share), then each point sums its kh*kw shifted entries of Y (a gather of kh*kw*O values).
+  Work: 2*C*kh*kw*O*H*W flops and kh*kw*O*M moved values.
 
 Counting one moved value as :data:`MOVE_FLOPS` flops and the gather route's extra fixed cost as
-:data:`CALL_FLOPS`, the gather route costs ``M*K*(2*O + MOVE_FLOPS) + CALL_FLOPS`` and the dense one
-``P*K*2*O'``. The dense route is one ``conv2d`` and a fill, close to the plain convolution's time on every
-map, so it is the safe side: :func:`dense_is_cheaper` takes the gather route only where it wins with its
-moves counted :data:`GATHER_MARGIN` times, forward and backward alike (the backward does twice the flops
-and moves the values twice). The margin covers the least certain term: flops run near the matmul rate
-on any core, a gather of scattered windows at a fraction of the copy bandwidth that varies from machine
-to machine. On large maps this reads "dense when the masked fraction M/P is at least
-``2*O' / (2*O + GATHER_MARGIN*MOVE_FLOPS)``": in float32 with O = 256 output channels from 80% on, with 80
-from 56%, with 4 from 24%; on small maps with few output channels the fixed cost tips it to dense. Both
-routes give the same values within the accumulating-op tolerance, and exact zeros off the points.
+:data:`CALL_FLOPS`, :func:`cheapest` takes the route of least work: gather ``M*K*(2*O +
+GATHER_MARGIN*MOVE_FLOPS) + CALL_FLOPS`` (its moves counted :data:`GATHER_MARGIN` times: a gather of
+scattered windows runs at a rate that varies from machine to machine), dense ``P*K*2*O'``, taps
+``H*W*C*2*kh*kw*O + M*kh*kw*O*MOVE_FLOPS``; a tie goes to dense, then taps. With same-size padding the
+taps route beats the dense one exactly when O < O' (float32: fewer than 16 output channels), and the
+gather route wins on few points (256 -> 256 channels below 80% masked, 256 -> 4 below about 6%). All
+three give the same values within the accumulating-op tolerance, exact zeros off the points, and a NaN
+or inf off the points' windows reaches no output.
 """
 from __future__ import annotations
 
@@ -32,26 +32,46 @@ from torch import Tensor
 # A value moved to memory and back costs a CPU core about the time of 64 flops of a matmul (tens of
 # GFLOP/s against a few GB/s of gathered copies), on AMD and Intel cores alike.
 MOVE_FLOPS = 64
-# How many times the gather route's moves are counted when it is weighed against the dense route (see the
+# How many times the gather route's moves are counted when it is weighed against the others (see the
 # module docstring): it is taken only where it wins by a clear margin on its least certain term.
 GATHER_MARGIN = 2
-# The gather route's fixed cost beyond the dense route's: a few more calls (the gather's plan and kernel,
+# The gather route's fixed cost beyond the others': a few more calls (the gather's plan and kernel,
 # the product, the copy into the map; about 0.1 ms), counted as the flops of that time on one core.
 CALL_FLOPS = 2**23
 # The dense convolution's vector of output channels: 64 bytes (AVX-512; 16 float32, 8 float64). With fewer
 # output channels it takes as long as with a full vector of them (AVX2 cores: half that, so the rule
 # overrates the dense work there by at most 2x below 16 float32 channels).
 VECTOR_BYTES = 64
+ROUTES = ("gather", "dense", "taps")
 
 
-def dense_is_cheaper(points: int, positions: int, weight: Tensor) -> bool:
-    """Whether the dense route's work (``positions`` output positions) is no more than the gather
-    route's (``points`` gathered windows) with its moves counted :data:`GATHER_MARGIN` times, as in the
-    module docstring."""
-    out_channels, window = weight.shape[0], weight[0].numel()
+def cheapest(points: int, features: Tensor, out_positions: int, weight: Tensor) -> str:
+    """The route of least work (``"dense"``, ``"taps"`` or ``"gather"``) for ``points`` output points of
+    ``out_positions`` on the map of ``features``, as in the module docstring."""
+    out_channels, channels, kernel_h, kernel_w = weight.shape
+    taps_count = kernel_h * kernel_w
+    window = channels * taps_count
     vector = max(out_channels, VECTOR_BYTES // weight.element_size())
-    gather = points * window * (2 * out_channels + GATHER_MARGIN * MOVE_FLOPS) + CALL_FLOPS
-    return positions * window * 2 * vector <= gather
+    work = {"dense": out_positions * window * 2 * vector,
+            "taps": (features.shape[2] * features.shape[3] * window * 2 * out_channels
+                     + points * taps_count * out_channels * MOVE_FLOPS),
+            "gather": points * window * (2 * out_channels + GATHER_MARGIN * MOVE_FLOPS) + CALL_FLOPS}
+    return min(work, key=work.get)  # the first of equals: dense, then taps
+
+
+def choose(features: Tensor, weight: Tensor, keep: Tensor, backend: Optional[str]) -> str:
+    """This call's route: the :func:`cheapest` for a CPU float32/float64 call with the default or cpu
+    backend outside torch.compile (the point count is data-dependent there), else the gather route.
+    Where the weight's gradient is wanted every feature value must also be finite for the dense and taps
+    routes: their weight gradient sums over every position, and a zero gradient times an inf away
+    from the points is NaN."""
+    if (features.device.type != "cpu" or backend not in (None, "cpu") or torch.compiler.is_compiling()
+            or features.dtype not in (torch.float32, torch.float64)):
+        return "gather"
+    which = cheapest(int(keep.count_nonzero()), features, keep.numel(), weight)
+    if which != "gather" and torch.is_grad_enabled() and weight.requires_grad:
+        return which if bool(torch.isfinite(features).all()) else "gather"
+    return which
 
 
 def needs_op(features: Tensor) -> bool:
@@ -69,18 +89,6 @@ def output_keep(mask: Tensor, out_h: int, out_w: int) -> Tensor:
     rows, cols = min(out_h, mask.shape[1]), min(out_w, mask.shape[2])
     keep[:rows, :cols] = mask[0, :rows, :cols] > 0
     return keep
-
-
-def takes_dense(features: Tensor, weight: Tensor, points: int, keep: Tensor, backend: Optional[str]) -> bool:
-    """Whether this call takes the dense route: a CPU float32/float64 call with the default or cpu
-    backend, outside torch.compile (the point count is data-dependent there), where the rule says so.
-    Where the weight's gradient is wanted every feature value must also be finite: the dense weight
-    gradient sums over every position, and a zero gradient times an inf away from the points is NaN."""
-    if (features.device.type != "cpu" or backend not in (None, "cpu") or torch.compiler.is_compiling()
-            or features.dtype not in (torch.float32, torch.float64)
-            or not dense_is_cheaper(points, keep.numel(), weight)):
-        return False
-    return not (torch.is_grad_enabled() and weight.requires_grad) or bool(torch.isfinite(features).all())
 
 
 def dense(features: Tensor, keep: Tensor, weight: Tensor, bias: Optional[Tensor], padding) -> Tensor:
@@ -102,3 +110,24 @@ def product(weight_2d: Tensor, data_col: Tensor, bias: Optional[Tensor]) -> Tens
     if data_col.shape[1] < weight_2d.shape[0]:
         return F.linear(data_col.t().contiguous(), weight_2d, bias).t()
     return weight_2d.mm(data_col) if bias is None else torch.addmm(bias[:, None], weight_2d, data_col)
+
+
+def taps(features: Tensor, points: Tensor, out_w: int, weight: Tensor, bias: Optional[Tensor], padding) -> Tensor:
+    """The taps route's values at ``points`` (flat ``h*out_w + w``): ``[O, M]``. ``Y`` (see the module
+    docstring) is zero-padded like the input, so that a tap outside the map reads 0 and a point's tap
+    (i, j) reads Y's padded position ``(h + i, w + j)``."""
+    _, channels, height, width = features.shape
+    out_channels, _, kernel_h, kernel_w = weight.shape
+    taps_count = kernel_h * kernel_w
+    pad_h, pad_w = padding
+    tap_weight = weight.permute(2, 3, 0, 1).reshape(taps_count * out_channels, channels)  # row (i*kw + j)*O + o
+    products = tap_weight.mm(features.reshape(channels, height * width))
+    if pad_h or pad_w:
+        products = F.pad(products.view(-1, height, width), (pad_w, pad_w, pad_h, pad_h))
+    padded_w = width + 2 * pad_w
+    origin = points + (points // out_w) * (padded_w - out_w)  # (h, w) -> h*padded_w + w
+    offsets = torch.tensor([i * padded_w + j for i in range(kernel_h) for j in range(kernel_w)],
+                           device=points.device)
+    index = (offsets.view(-1, 1, 1) + origin).expand(taps_count, out_channels, points.shape[0])
+    values = products.view(taps_count, out_channels, -1).gather(2, index).sum(0)
+    return values if bias is None else values + bias[:, None]
