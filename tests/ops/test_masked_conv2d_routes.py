@@ -1,6 +1,6 @@
-"""masked_conv2d's two CPU routes (``masked_im2col.route``): the work rule's choice on both sides of its
-threshold, and each route against the reference backend: values, gradients, NaN/inf, strided masks, a frozen
-weight without bias. Both cpu paths where the gather runs."""
+"""masked_conv2d's three CPU routes (``masked_im2col.route``): the work rule's choice on both sides of its
+thresholds, and each route against the reference backend: values, gradients (a float64 gradcheck), NaN/inf,
+strided masks, a frozen weight without bias. Both cpu paths where the gather runs."""
 from __future__ import annotations
 
 import pytest
@@ -12,22 +12,26 @@ import cvops.mmcv
 from cvops.metrics import diff1, diff2
 from cvops.ops.masked_im2col import route
 
-ROUTES = ("gather", "dense")
+ROUTES = ("gather", "dense", "taps")
 
 
 def _force(monkeypatch, which: str) -> list:
-    """Makes the rule pick ``which`` (a moved value and the fixed cost count +-10**30 flops) and returns
-    the list that records each call of the dense route."""
-    for name in ("MOVE_FLOPS", "CALL_FLOPS"):
-        monkeypatch.setattr(route, name, 10**30 if which == "dense" else -10**30)
-    return _record_dense(monkeypatch)
+    """Makes the rule pick ``which`` and returns the list that records each call of the dense and taps routes."""
+    monkeypatch.setattr(route, "cheapest", lambda *args: which)
+    return _record_routes(monkeypatch)
 
 
-def _record_dense(monkeypatch) -> list:
+def _record_routes(monkeypatch) -> list:
     taken = []
-    dense = route.dense
-    monkeypatch.setattr(route, "dense", lambda *args: taken.append(1) or dense(*args))
+    for name in ("dense", "taps"):
+        run = getattr(route, name)
+        monkeypatch.setattr(route, name, lambda *args, _name=name, _run=run: taken.append(_name) or _run(*args))
     return taken
+
+
+def _taken(which: str) -> list:
+    """What :func:`_record_routes` records for one call of route ``which``."""
+    return [] if which == "gather" else [which]
 
 
 def _dense(x, mask, weight, bias, pad):
@@ -54,63 +58,83 @@ def _off_points(out, mask):
 
 
 # ----------------------------------------------------------------------------------------------- the rule
-def _least_dense_points(positions, weight):
-    """The fewest points from which the rule takes the dense route (its inequality solved for M)."""
-    out_channels, window = weight.shape[0], weight[0].numel()
+def _work(points, height, width, out_positions, weight):
+    """Each route's work as the module docstring states it (flops, a moved value counted MOVE_FLOPS)."""
+    out_channels, channels, kernel_h, kernel_w = weight.shape
+    taps, window = kernel_h * kernel_w, channels * kernel_h * kernel_w
     vector = max(out_channels, route.VECTOR_BYTES // weight.element_size())
-    dense_work = positions * window * 2 * vector
-    moves = route.GATHER_MARGIN * route.MOVE_FLOPS
-    return -(-(dense_work - route.CALL_FLOPS) // (window * (2 * out_channels + moves)))
+    return {"dense": out_positions * window * 2 * vector,
+            "taps": height * width * window * 2 * out_channels + points * taps * out_channels * route.MOVE_FLOPS,
+            "gather": points * window * (2 * out_channels + route.GATHER_MARGIN * route.MOVE_FLOPS) + route.CALL_FLOPS}
+
+
+def _least_work(work):
+    least = min(work.values())
+    return next(name for name in ("dense", "taps", "gather") if work[name] == least)  # ties: dense, then taps
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("out_channels", [1, 4, 16, 80, 256])
-@pytest.mark.parametrize("positions", [77, 1_050, 16_800])  # GA-RetinaNet's P7, P5 and P3 maps
-def test_the_rule_switches_at_its_threshold(positions, out_channels, dtype):
-    """Dense exactly where its 2*O'*K*P flops (O' = max(O, a vector of channels)) are no more than the gather's
-    M*K*(2*O + GATHER_MARGIN*MOVE_FLOPS) + CALL_FLOPS."""
+@pytest.mark.parametrize("out_channels", [1, 4, 7, 15, 16, 80, 256])
+@pytest.mark.parametrize("shape", [(7, 11), (25, 42), (100, 167)])  # GA-RetinaNet's P7, P5 and P3 maps
+def test_the_rule_takes_the_least_work(shape, out_channels, dtype):
+    """At every point count (sampled, and on both sides of each switch) the rule's route is the one of least
+    work as the docstring counts it; the rule's answer changes only where that least-work route does."""
+    height, width = shape
+    positions = height * width
     weight = torch.empty(out_channels, 256, 3, 3, dtype=dtype)
-    least = _least_dense_points(positions, weight)
-    for points in (least - 1, least):
-        if 0 <= points <= positions:
-            assert route.dense_is_cheaper(points, positions, weight) == (points == least)
-    if least > positions:  # the gather even of every position is less work
-        assert not route.dense_is_cheaper(positions, positions, weight)
-    if least <= 0:  # the gather's fixed cost alone outweighs the dense convolution
-        assert route.dense_is_cheaper(0, positions, weight)
+    features = torch.empty(1, 256, height, width, dtype=dtype)
+    counts = sorted({round(positions * k / 64) for k in range(65)})
+    got = [route.cheapest(m, features, positions, weight) for m in counts]
+    assert got == [_least_work(_work(m, height, width, positions, weight)) for m in counts]
+    for before, after, m0, m1 in zip(got, got[1:], counts, counts[1:]):
+        if before != after:  # bisect to the switch: both sides as the work says
+            while m1 - m0 > 1:
+                mid = (m0 + m1) // 2
+                m0, m1 = (mid, m1) if route.cheapest(mid, features, positions, weight) == before else (m0, mid)
+            assert _least_work(_work(m0, height, width, positions, weight)) == before
+            assert _least_work(_work(m1, height, width, positions, weight)) == after
+    # the taps route needs fewer output channels than the dense convolution's vector to win
+    if out_channels >= route.VECTOR_BYTES // weight.element_size():
+        assert "taps" not in got
 
 
 def test_the_rule_on_ga_retinanet():
-    """256 -> 256 channels gather at 10% and 30% masked on P3-P7; so does 256 -> 4 at 10% of P3 (the dense
-    convolution computes 16 float32 output channels for the cost of 4), but not at 30%, where the gather's
-    moves, counted with the margin, outweigh that; on P7 256 -> 4 convolve densely, the gather's fixed cost
-    outweighing the whole convolution. Every position masked: dense."""
-    wide, narrow = torch.empty(256, 256, 3, 3), torch.empty(4, 256, 3, 3)
-    for positions in (16_700, 4_200, 1_050, 273, 77):
+    """256 -> 256 and 256 -> 80 channels gather at 10% and 30% masked on P3-P7; 256 -> 4 (the loc branch)
+    multiply the map by every tap (4 output channels cost the dense convolution a vector of 16), and gather
+    only below about 6% of a large map. Every position masked: dense, except 256 -> 4: taps."""
+    features = {positions: torch.empty(1, 256, 1, positions) for positions in (16_700, 4_200, 1_050, 273, 77)}
+    wide, cls, narrow = torch.empty(256, 256, 3, 3), torch.empty(80, 256, 3, 3), torch.empty(4, 256, 3, 3)
+    for positions, x in features.items():
         for share in (0.1, 0.3):
-            assert not route.dense_is_cheaper(round(share * positions), positions, wide)
-    assert not route.dense_is_cheaper(1_670, 16_700, narrow) and route.dense_is_cheaper(5_010, 16_700, narrow)
-    assert route.dense_is_cheaper(8, 77, narrow)
-    assert route.dense_is_cheaper(16_700, 16_700, wide)
+            points = round(share * positions)
+            assert route.cheapest(points, x, positions, wide) == "gather"
+            assert route.cheapest(points, x, positions, cls) == "gather"
+            assert route.cheapest(points, x, positions, narrow) == "taps"
+        assert route.cheapest(positions, x, positions, wide) == "dense"
+        assert route.cheapest(positions, x, positions, narrow) == "taps"
+    assert route.cheapest(500, features[16_700], 16_700, narrow) == "gather"
 
 
-@pytest.mark.parametrize("dense", [False, True])
-def test_masked_conv2d_takes_the_route_of_the_rule(dense, monkeypatch, cpu_path):
-    # 64 -> 4 channels on a 64x64 map: the rule's threshold lies between 0 and 4096 points
-    x, _, weight, bias = _inputs(torch.float32, 4, shape=(64, 64, 64))
-    least = _least_dense_points(64 * 64, weight)
-    assert 0 < least < 64 * 64
-    mask = torch.zeros(1, 64, 64)
-    mask.view(-1)[torch.randperm(64 * 64, generator=torch.Generator().manual_seed(0))[:least - 1 + dense]] = 1
-    taken = _record_dense(monkeypatch)
-    out = cvops.masked_conv2d(x, mask, weight, bias, 1)
-    assert bool(taken) == dense
-    assert diff1(out, _dense(x, mask, weight, bias, 1)) <= 1e-5
+@pytest.mark.parametrize("out_channels, switch", [(4, ("gather", "taps")), (64, ("gather", "dense"))])
+def test_masked_conv2d_takes_the_route_of_the_rule(out_channels, switch, monkeypatch, cpu_path):
+    # 64 channels on a 64x64 map: the rule switches routes between 0 and 4096 points
+    x, _, weight, bias = _inputs(torch.float32, out_channels, shape=(64, 64, 64))
+    least = next(m for m in range(4097) if route.cheapest(m, x, 64 * 64, weight) == switch[1])
+    assert 0 < least < 64 * 64 and route.cheapest(least - 1, x, 64 * 64, weight) == switch[0]
+    order = torch.randperm(64 * 64, generator=torch.Generator().manual_seed(0))
+    taken = _record_routes(monkeypatch)
+    for points, which in ((least - 1, switch[0]), (least, switch[1])):
+        mask = torch.zeros(1, 64, 64)
+        mask.view(-1)[order[:points]] = 1
+        taken.clear()
+        out = cvops.masked_conv2d(x, mask, weight, bias, 1)
+        assert taken == _taken(which)
+        assert diff1(out, _dense(x, mask, weight, bias, 1)) <= 1e-5
     # other backends and dtypes: the gather route, whatever the rule says
     keep = torch.ones(64, 64, dtype=torch.bool)
-    assert route.takes_dense(x, weight, 4096, keep, None)
-    assert not route.takes_dense(x, weight, 4096, keep, "reference")
-    assert not route.takes_dense(x.half(), weight.half(), 4096, keep, None)
+    assert route.choose(x, weight, keep, None) == route.cheapest(4096, x, 4096, weight) != "gather"
+    assert route.choose(x, weight, keep, "reference") == "gather"
+    assert route.choose(x.half(), weight.half(), keep, None) == "gather"
 
 
 # ----------------------------------------------------------------------------------------- both routes
@@ -123,7 +147,7 @@ def test_each_route_matches_the_reference_forward_and_backward(which, dtype, pad
     taken = _force(monkeypatch, which)
     leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
     got = cvops.masked_conv2d(*leaves[:1], mask, *leaves[1:], pad)
-    assert bool(taken) == (which == "dense")
+    assert taken == _taken(which)
     want_leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
     want = cvops.masked_conv2d(want_leaves[0], mask, *want_leaves[1:], pad, backend="reference")
     grad = torch.randn_like(want)
@@ -139,10 +163,26 @@ def test_each_route_matches_the_reference_forward_and_backward(which, dtype, pad
         assert diff1(cvops.masked_conv2d(x, mask, weight, None, pad), want - bias[:, None, None] * ~off) <= tol
 
 
+@pytest.mark.parametrize("pad", [(1, 1), (2, 0), (0, 1)])
+@pytest.mark.parametrize("which", ROUTES)
+def test_gradcheck_of_each_route(which, pad, monkeypatch):
+    """Float64 gradcheck and gradgradcheck (features, weight, bias) of the route on a small map."""
+    x, mask, weight, bias = (t.requires_grad_(t.is_floating_point() and t.dim() != 3)
+                             for t in _inputs(torch.float64, 3, shape=(4, 6, 7)))
+    taken = _force(monkeypatch, which)
+
+    def conv(x, weight, bias):
+        return cvops.masked_conv2d(x, mask, weight, bias, pad)
+
+    assert torch.autograd.gradcheck(conv, (x, weight, bias))
+    assert torch.autograd.gradgradcheck(conv, (x, weight, bias))
+    assert set(taken) == set(_taken(which))
+
+
 @pytest.mark.parametrize("which", ROUTES)
 def test_nan_and_inf_in_the_features(which, monkeypatch, cpu_path):
     """NaN/inf inside the points' windows reach the same outputs as in the reference; values off the
-    points never reach an output or a gradient (the dense route leaves the weight gradient to the
+    points never reach an output or a gradient (the dense and taps routes leave the weight gradient to the
     gather route when a feature value is not finite)."""
     x, mask, weight, bias = _inputs(torch.float64, 5)
     mask[0, :3] = 0  # rows 0-1 are then outside every point's window
@@ -162,7 +202,7 @@ def test_nan_and_inf_in_the_features(which, monkeypatch, cpu_path):
         taken.clear()
         leaves = [x.clone().requires_grad_(), weight.clone().requires_grad_(weight_grad), bias.clone()]
         got = cvops.masked_conv2d(leaves[0], mask, *leaves[1:], 1)
-        assert bool(taken) == (which == "dense" and not weight_grad)
+        assert taken == ([] if weight_grad else _taken(which))
         got_grads = torch.autograd.grad(got, leaves[:1 + weight_grad], grad)
         for a, b in [(got, want)] + list(zip(got_grads, want_grads)):
             assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.isinf(), b.isinf())
@@ -199,7 +239,7 @@ def test_a_strided_mask_gives_the_contiguous_masks_result(layout, grad, which, m
         for fn in (cvops.masked_conv2d, cvops.mmcv.masked_conv2d):
             got = fn(x.requires_grad_(grad), mask, weight, bias, 1)
             torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-12, atol=1e-12)
-    assert bool(taken) == (which == "dense")
+    assert taken == _taken(which) * 2  # both functions
 
 
 @pytest.mark.parametrize("which", ROUTES)
@@ -212,7 +252,7 @@ def test_features_gradient_with_a_frozen_weight_and_no_bias(which, monkeypatch, 
     mask = (torch.rand(1, 64, 64, generator=torch.Generator().manual_seed(0)) > 0.998).double()
     taken = _force(monkeypatch, which)
     out = cvops.masked_conv2d(x, mask, weight, None, 1)
-    assert bool(taken) == (which == "dense")
+    assert taken == _taken(which)
     grad = torch.randn_like(out)
     (got,) = torch.autograd.grad(out, x, grad)
     ref = x.detach().requires_grad_()

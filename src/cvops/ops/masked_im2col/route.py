@@ -16,7 +16,7 @@ Counting one moved value as :data:`MOVE_FLOPS` flops and the gather route's extr
 GATHER_MARGIN*MOVE_FLOPS) + CALL_FLOPS`` (its moves counted :data:`GATHER_MARGIN` times: a gather of
 scattered windows runs at a rate that varies from machine to machine), dense ``P*K*2*O'``, taps
 ``H*W*C*2*kh*kw*O + M*kh*kw*O*MOVE_FLOPS``; a tie goes to dense, then taps. With same-size padding the
-taps route beats the dense one exactly when O < O' (float32: fewer than 16 output channels), and the
+taps route can beat the dense one only where O < O' (float32: fewer than 16 output channels), and the
 gather route wins on few points (256 -> 256 channels below 80% masked, 256 -> 4 below about 6%). All
 three give the same values within the accumulating-op tolerance, exact zeros off the points, and a NaN
 or inf off the points' windows reaches no output.
