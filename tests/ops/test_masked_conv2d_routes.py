@@ -279,3 +279,21 @@ def test_masked_conv2d_empty_mask_gives_zeros():
     out = cvops.masked_conv2d(torch.randn(1, 3, 5, 5), torch.zeros(1, 5, 5), torch.randn(2, 3, 3, 3),
                               torch.randn(2), 1)
     assert out.shape == (1, 2, 5, 5) and bool((out == 0).all())
+
+
+def test_the_taps_route_after_an_inference_mode_call(monkeypatch):
+    # the taps route keeps its tap offsets per geometry: made under inference_mode, they still serve autograd
+    _force(monkeypatch, "taps")
+    route._tap_offsets.cache_clear()
+    x, mask, weight, bias = _inputs(torch.float64, 3, shape=(4, 6, 7))
+    with torch.inference_mode():
+        first = cvops.masked_conv2d(x, mask, weight, bias, 1)
+    leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    second = cvops.masked_conv2d(leaves[0], mask, *leaves[1:], 1)
+    assert route._tap_offsets.cache_info().hits == 1
+    grads = torch.autograd.grad(second, leaves, torch.ones_like(second))
+    torch.testing.assert_close(second.detach(), first, rtol=0, atol=0)
+    want = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    expected = cvops.masked_conv2d(want[0], mask, *want[1:], 1, backend="reference")
+    for got, ref in zip(grads, torch.autograd.grad(expected, want, torch.ones_like(expected))):
+        torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10)

@@ -23,6 +23,7 @@ or inf off the points' windows reaches no output.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -81,10 +82,10 @@ def needs_op(features: Tensor) -> bool:
 
 
 def output_keep(mask: Tensor, out_h: int, out_w: int) -> Tensor:
-    """The ``[out_h, out_w]`` bool map of the output points to compute: ``mask > 0`` where the output
+    """The ``[out_h, out_w]`` (or ``[1, out_h, out_w]``) bool map of the output points to compute: ``mask > 0`` where the output
     overlaps the mask, off beyond it (an output larger or smaller than the mask: other paddings)."""
     if mask.shape[1] == out_h and mask.shape[2] == out_w:
-        return mask[0] > 0
+        return mask > 0  # [1, out_h, out_w]: the same positions, without an indexing call
     keep = torch.zeros((out_h, out_w), dtype=torch.bool, device=mask.device)
     rows, cols = min(out_h, mask.shape[1]), min(out_w, mask.shape[2])
     keep[:rows, :cols] = mask[0, :rows, :cols] > 0
@@ -112,6 +113,14 @@ def product(weight_2d: Tensor, data_col: Tensor, bias: Optional[Tensor]) -> Tens
     return weight_2d.mm(data_col) if bias is None else torch.addmm(bias[:, None], weight_2d, data_col)
 
 
+@functools.lru_cache(maxsize=64)
+def _tap_offsets(kernel_h: int, kernel_w: int, padded_w: int) -> Tensor:
+    """``[kh*kw, 1, 1]``: tap (i, j)'s flat offset ``i*padded_w + j`` in the padded map (CPU int64; the
+    taps route runs on the CPU only). Made once per geometry: a small tensor costs a call as long as
+    the tap sum on the smallest maps."""
+    return torch.tensor([i * padded_w + j for i in range(kernel_h) for j in range(kernel_w)]).view(-1, 1, 1)
+
+
 def taps(features: Tensor, points: Tensor, out_w: int, weight: Tensor, bias: Optional[Tensor], padding) -> Tensor:
     """The taps route's values at ``points`` (flat ``h*out_w + w``): ``[O, M]``. ``Y`` (see the module
     docstring) is zero-padded like the input, so that a tap outside the map reads 0 and a point's tap
@@ -126,8 +135,6 @@ def taps(features: Tensor, points: Tensor, out_w: int, weight: Tensor, bias: Opt
         products = F.pad(products.view(-1, height, width), (pad_w, pad_w, pad_h, pad_h))
     padded_w = width + 2 * pad_w
     origin = points + (points // out_w) * (padded_w - out_w)  # (h, w) -> h*padded_w + w
-    offsets = torch.tensor([i * padded_w + j for i in range(kernel_h) for j in range(kernel_w)],
-                           device=points.device)
-    index = (offsets.view(-1, 1, 1) + origin).expand(taps_count, out_channels, points.shape[0])
+    index = (_tap_offsets(kernel_h, kernel_w, padded_w) + origin).expand(taps_count, out_channels, points.shape[0])
     values = products.view(taps_count, out_channels, -1).gather(2, index).sum(0)
     return values if bias is None else values + bias[:, None]
