@@ -43,7 +43,6 @@ CALL_FLOPS = 2**23
 # output channels it takes as long as with a full vector of them (AVX2 cores: half that, so the rule
 # overrates the dense work there by at most 2x below 16 float32 channels).
 VECTOR_BYTES = 64
-ROUTES = ("gather", "dense", "taps")
 
 
 def cheapest(points: int, features: Tensor, out_positions: int, weight: Tensor) -> str:
@@ -82,8 +81,9 @@ def needs_op(features: Tensor) -> bool:
 
 
 def output_keep(mask: Tensor, out_h: int, out_w: int) -> Tensor:
-    """The ``[out_h, out_w]`` (or ``[1, out_h, out_w]``) bool map of the output points to compute: ``mask > 0`` where the output
-    overlaps the mask, off beyond it (an output larger or smaller than the mask: other paddings)."""
+    """The ``[out_h, out_w]`` (``[1, out_h, out_w]`` where the sizes match) bool map of the output points
+    to compute: ``mask > 0`` where the output overlaps the mask, off beyond it (an output larger or
+    smaller than the mask: other paddings)."""
     if mask.shape[1] == out_h and mask.shape[2] == out_w:
         return mask > 0  # [1, out_h, out_w]: the same positions, without an indexing call
     keep = torch.zeros((out_h, out_w), dtype=torch.bool, device=mask.device)
