@@ -1,10 +1,10 @@
 """The sparse convolution's ``numba`` backend (see ``_core/dispatch.py``): one compiled call per direction.
 
 Why: the torch path (``cpu.py``) streams each offset's gathered rows and products through memory, one
-offset after another, three torch ops per offset. Here a whole layer's forward (and its backward) is one compiled call that
-releases the GIL: blocks of destination rows in parallel (ranges of blocks claimed by the calling thread
-and cvops's workers, ``_core.parallel.run_parts``), and inside a block, offset after
-offset, a gather of the offset's rows into a work buffer, one matrix product (``np.dot``, which numba hands to
+offset after another, three torch ops per offset. Here a whole layer's forward (and its backward) is one
+compiled call that releases the GIL: blocks of destination rows in parallel (ranges of blocks claimed by the
+calling thread and cvops's workers, ``_core.parallel.run_parts``), and inside a block, offset after offset,
+a gather of the offset's rows into a work buffer, one matrix product (``np.dot``, which numba hands to
 SciPy's BLAS, held to one thread per call by threadpoolctl so the blocks are the parallelism) and a
 scatter-add into the block's own output rows. The block keeps its output rows and work buffers in cache
 between the three steps. Each offset's pairs are sorted by the block's row column (the layers pass maps in

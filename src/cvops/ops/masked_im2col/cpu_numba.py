@@ -132,7 +132,6 @@ def _gather(storage, stride_c, origin, deltas, outside_start, outside_m, data_co
             store_fence()
 
 
-
 # ------------------------------------------------------------------------------------------- entry
 def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w):
     """``feature [1, C, H, W]`` (any strides) -> ``data_col [C*kh*kw, M]``, bit-equal to the reference."""
