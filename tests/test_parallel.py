@@ -59,14 +59,14 @@ def test_run_parts_calls_every_range_once(threads):
 
 _FORK = """
 import os, sys, time, torch
-from cvops._core.parallel import run_split
+from cvops._core.parallel import even_parts, run_parts
 torch.set_num_threads(2)
 for _ in range(5):                                  # the pool's threads start, work and go idle here
-    run_split(list(range(8)), lambda item: time.sleep(0.01))
+    run_parts(lambda lo, hi: time.sleep(0.01), even_parts(8, 8))
 pid = os.fork()
 if pid == 0:                                        # the child has none of them
     seen = []
-    run_split(list(range(8)), seen.append)
+    run_parts(lambda lo, hi: seen.append(lo), even_parts(8, 8))
     os._exit(0 if sorted(seen) == list(range(8)) else 3)
 deadline = time.monotonic() + 30
 while (finished := os.waitpid(pid, os.WNOHANG))[0] == 0:

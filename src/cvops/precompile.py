@@ -5,8 +5,7 @@ caches the machine code on disk, so later processes only load it. On an empty ca
 take seconds to minutes; run this where the cache will live (a Docker image build, a CI cache step) so
 that no user call pays it. It calls each op on small inputs in every form the kernels take: float32,
 float64, float16 and bfloat16, NCHW and NHWC storage, forward and backward (autograd and the direct
-backward entry points). Small calls run the serial variant of a kernel that has one (``jit.njit_variants``),
-so each variant is then compiled for the argument types the other met.
+backward entry points).
 
     python -m cvops.precompile [--ops carafe psamask ...]
 
@@ -110,33 +109,21 @@ OPS: dict[str, tuple[Callable, tuple, tuple]] = {  # op -> (step, dtypes, layout
 
 
 def steps(ops) -> Iterator[tuple[str, Callable[[], None]]]:
-    """``(label, call)`` for every op in ``ops`` and form it takes, then the kernels' other variants."""
+    """``(label, call)`` for every op in ``ops`` and form it takes."""
     for name in ops:
         step, dtypes, layouts = OPS[name]
         for dtype in dtypes:
             for layout in layouts:
                 label = f"{name} {str(dtype).removeprefix('torch.')}" + ("" if layout == "-" else f" {layout}")
                 yield label, lambda step=step, dtype=dtype, layout=layout: step(dtype, layout)
-    yield "serial/parallel variants", compile_variants
-
-
-def compile_variants() -> None:
-    """Compile each ``(serial, parallel)`` kernel pair for every argument types either one has met."""
-    for pair in jit.VARIANTS:
-        signatures = {tuple(s) for kernel in pair for s in kernel.signatures}
-        for kernel in pair:
-            for signature in signatures - {tuple(s) for s in kernel.signatures}:
-                kernel.compile(signature)
 
 
 def _compiled_signatures() -> int:
     from numba.extending import is_jitted
 
-    count = 0
-    for module in list(sys.modules.values()):
-        if getattr(module, "__name__", "").startswith("cvops.") and module.__name__.endswith("cpu_numba"):
-            count += sum(len(v.signatures) for v in vars(module).values() if is_jitted(v))
-    return count + sum(len(k.signatures) for pair in jit.VARIANTS for k in pair)
+    return sum(len(v.signatures) for module in list(sys.modules.values())
+               if getattr(module, "__name__", "").startswith("cvops.") and module.__name__.endswith("cpu_numba")
+               for v in vars(module).values() if is_jitted(v))
 
 
 def _progress(total: int):

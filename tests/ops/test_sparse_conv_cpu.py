@@ -1,6 +1,6 @@
 """cvops.sparse's CPU backends (torch: sparse/cpu.py, numba: sparse/cpu_numba.py): the compiled layer agrees with
-the torch loops to rounding (another BLAS), each backend gives the same bits on any thread count, and a failing
-block reaches the caller."""
+the torch path to rounding (another BLAS), each backend gives the same bits on any thread count, and an error
+reaches the caller."""
 from __future__ import annotations
 
 import pytest
@@ -13,8 +13,8 @@ from tests.ops._sparse_kmap import MAP_CASES, map_case
 
 @pytest.mark.parametrize("case", list(MAP_CASES))
 @pytest.mark.parametrize("threads", [1, 2])
-def test_compiled_layer_matches_torch_loops(case, threads, monkeypatch):
-    """The compiled layer (cpu_numba, one call per direction) agrees with the torch loops within 1e-6 relative,
+def test_compiled_layer_matches_torch_path(case, threads, monkeypatch):
+    """The compiled layer (cpu_numba, one call per direction) agrees with the torch path within 1e-6 relative,
     forward and both gradients, on 1 and 2 threads."""
     from cvops._core import jit
     if not jit.numba_available():
@@ -33,14 +33,14 @@ def test_compiled_layer_matches_torch_loops(case, threads, monkeypatch):
 
 @pytest.mark.parametrize("case", list(MAP_CASES))
 def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
-    """The CPU backends' destination-row blocks (here a few rows each, chunks of 3 pairs) run on any
-    thread: on 1 and 2 torch threads each backend (torch, numba) gives the same bits, and both match
-    the reference."""
+    """On 1 and 2 torch threads each CPU backend gives the same bits, and both match the reference: the torch
+    path, and the numba path's destination-row blocks (here a few rows each, chunks of 3 pairs) on any thread."""
     from cvops._core import jit
-    from cvops.sparse import cpu
-    monkeypatch.setattr(cpu, "BLOCK_ROWS", (7, 7))
-    monkeypatch.setattr(cpu, "MAX_AHEAD", 1)
-    monkeypatch.setattr(cpu, "CHUNK_BYTES", 3 * 7 * 4)  # 3 rows of the widest side (7 channels, float32)
+    if jit.numba_available():
+        from cvops.sparse import cpu_numba
+        monkeypatch.setattr(cpu_numba, "BLOCK_ROWS", (7, 7))
+        monkeypatch.setattr(cpu_numba, "CHUNK_BYTES", 3 * 7 * 4)  # 3 rows of the widest side (7 channels, float32)
+        monkeypatch.setattr(jit, "use_parallel", lambda work, threshold=0: torch.get_num_threads() > 1)
     feats, weight, pairs, num, num_out, inverse, ident = map_case(**MAP_CASES[case], n=60, cin=5, cout=7)
     grad = torch.linspace(-1, 1, num_out * weight.shape[2]).reshape(num_out, -1)
     backends = ("torch", "numba") if jit.numba_available() else ("torch",)
@@ -90,13 +90,11 @@ def test_sort_pairs_numba_matches_torch(col):
         assert torch.equal(results[1][k, :, n:], pairs[k, :, n:])
 
 
-def test_cpu_block_error_reaches_the_caller_and_leaves_the_workers_usable(monkeypatch):
-    """An error inside one block (here an out-of-range row that the trusted-map path let through, on the torch
-    path) is raised to the caller once every worker stopped; the next call runs normally."""
+def test_torch_path_error_reaches_the_caller_and_the_next_call_runs():
+    """An out-of-range row that the trusted-map path let through is raised to the caller by the torch path,
+    forward and backward, on 2 threads; the next call runs normally and the thread count is as it was."""
     from cvops.sparse import cpu
     from cvops.sparse.functional import _indice_conv
-    monkeypatch.setattr(cpu, "BLOCK_ROWS", (7, 7))
-    monkeypatch.setattr(cpu, "MAX_AHEAD", 1)
     feats, weight, pairs, num, num_out, inverse, ident = map_case(n=60, cin=5, cout=7)
     bad = pairs.clone()
     k = int(torch.nonzero(num).flatten()[0])
@@ -109,7 +107,7 @@ def test_cpu_block_error_reaches_the_caller_and_leaves_the_workers_usable(monkey
             with pytest.raises((IndexError, RuntimeError)):
                 _indice_conv(f, w, bad, num, num_out, inverse=False, identity_offset=-1,
                              indice_pairs_by_output=None, backend="torch", check_values=False)
-            with pytest.raises((IndexError, RuntimeError)):  # the backward's weight-gradient wait is released
+            with pytest.raises((IndexError, RuntimeError)):
                 cpu.backward(torch.ones(num_out, 7), feats, weight, bad, num, False, -1)
             out = sparse.indice_conv(f, w, pairs, num, num_out, backend="torch")
             ref = sparse.indice_conv(f, w, pairs, num, num_out, backend="reference")

@@ -26,14 +26,13 @@ source (``__pycache__``) when that folder is writable, otherwise in the user's c
 (``~/.cache/numba`` on Linux), and ``NUMBA_CACHE_DIR`` moves it anywhere. Each kernel compiles once
 per argument types, never per value: sizes, strides and flags are plain integer arguments.
 
-Parallel kernels (``prange``) use numba's thread pool; :func:`match_torch_threads` gives it torch's
-thread count first, so ``OMP_NUM_THREADS`` / ``torch.set_num_threads`` bound both paths alike, and
-:func:`njit_variants` / :func:`use_parallel` keep small calls off the pool.
+Kernels are serial loops over a range handed to them; their parallelism is cvops's one pool of Python
+threads (``_core.parallel.run_parts``, torch's thread count), since the kernels release the GIL, and
+:func:`use_parallel` keeps small calls on the calling thread.
 """
 from __future__ import annotations
 
 import os
-import types
 from functools import lru_cache
 from typing import Callable, Optional
 
@@ -42,8 +41,6 @@ _OFF = ("0", "false", "False", "no", "off")
 # fastmath flags for accumulating kernels: sums may be reordered (vectorised) and a*b+c fused; NaN and inf
 # keep their IEEE meaning
 REASSOCIATE = frozenset({"reassoc", "contract"})
-# every (serial, parallel) pair of njit_variants, so cvops.precompile can compile each for the other's types
-VARIANTS: list[tuple] = []
 
 
 @lru_cache(maxsize=None)
@@ -62,9 +59,8 @@ def numba_enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "").strip() not in _OFF and numba_available()
 
 
-def njit(fn: Optional[Callable] = None, *, parallel: bool = False, error_model: str = "python",
-         fastmath=False):
-    """``numba.njit(cache=True, nogil=True, parallel=parallel, fastmath=fastmath)`` as a decorator, with or
+def njit(fn: Optional[Callable] = None, *, error_model: str = "python", fastmath=False):
+    """``numba.njit(cache=True, nogil=True, fastmath=fastmath)`` as a decorator, with or
     without arguments. Imports numba, so use it only in kernel modules (the ops' ``cpu_numba``, which the
     dispatcher imports when it chooses numba).
     ``fastmath`` is False (exact) or :data:`REASSOCIATE` (accumulating kernels only).
@@ -75,7 +71,7 @@ def njit(fn: Optional[Callable] = None, *, parallel: bool = False, error_model: 
 
     def wrap(f):
         flags = set(fastmath) if fastmath else False
-        return numba.njit(cache=True, nogil=True, parallel=parallel, fastmath=flags, error_model=error_model)(f)
+        return numba.njit(cache=True, nogil=True, fastmath=flags, error_model=error_model)(f)
 
     return wrap(fn) if fn is not None else wrap
 
@@ -87,36 +83,10 @@ def inline(fn: Callable) -> Callable:
     return numba.njit(inline="always")(fn)
 
 
-def njit_variants(fn: Callable, *, error_model: str = "python", fastmath=False):
-    """``(serial, parallel)`` compilations of one kernel written with ``prange``.
-
-    Waking a thread pool costs from tens of microseconds (idle machine) to a scheduler tick or two (busy
-    one), more than a small call's whole work, so callers pick the serial variant below a work threshold
-    (see :func:`use_parallel`). Each variant gets its own ``__qualname__``: numba's on-disk cache is keyed by
-    name and signature, not by the ``parallel`` flag, and would otherwise hand one variant the other's code.
-    """
-    variants = []
-    for suffix, parallel in (("serial", False), ("parallel", True)):
-        copy = types.FunctionType(fn.__code__, fn.__globals__, f"{fn.__name__}_{suffix}", fn.__defaults__,
-                                  fn.__closure__)
-        copy.__qualname__ = f"{fn.__qualname__}_{suffix}"
-        copy.__doc__ = fn.__doc__
-        variants.append(njit(copy, parallel=parallel, error_model=error_model, fastmath=fastmath))
-    VARIANTS.append(tuple(variants))
-    return tuple(variants)
-
-
 def use_parallel(work: float, threshold: float = 4e6) -> bool:
-    """Whether a call doing about ``work`` elementary steps should run on the thread pool: torch uses more
-    than one thread and the work amounts to milliseconds (below that a pool wake-up costs as much)."""
+    """Whether a call doing about ``work`` elementary steps should go to the thread pool
+    (``_core.parallel.run_parts``): torch uses more than one thread and the work amounts to milliseconds
+    (below that waking the pool costs as much)."""
     import torch
 
     return work >= threshold and torch.get_num_threads() > 1
-
-
-def match_torch_threads() -> None:
-    """Run numba's parallel loops on as many threads as torch uses (at most numba's pool size)."""
-    import numba
-    import torch
-
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))

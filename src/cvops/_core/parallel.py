@@ -1,14 +1,6 @@
-"""Run many small independent torch ops on all CPU cores without a barrier per op.
-
-Each torch CPU op parallelises internally (OpenMP) and ends in a barrier. A loop of hundreds of
-small ops (batched products over chunks that fit in cache) therefore waits at hundreds of barriers;
-on a busy machine a descheduled worker makes every one of them late, and the loop can run several
-times slower than one thread. :func:`run_split` instead gives each core its own share of the ops,
-run single-threaded, and joins once.
-
-The intra-op thread count is process-global in torch, so it is lowered to 1 for the duration of the
-call and restored afterwards; a lock keeps concurrent callers from interleaving that. Torch ops that
-other threads run meanwhile run single-threaded (slower, never wrong).
+"""cvops's one CPU thread pool: compiled (numba) kernels that release the GIL run over ranges of their work
+on the calling thread and torch's thread count of pool workers (:func:`run_parts`); the torch paths use
+torch's own threads.
 
 A forked child has none of its parent's pool threads: it forgets the pools (and the lock, which another
 of the parent's threads may have held), and makes new ones on first use, so work it submits runs instead
@@ -39,8 +31,8 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_parent_threads)
 
 
-def pool(workers: int) -> ThreadPoolExecutor:
-    """The shared worker threads (one pool per size); NumPy copies and torch ops release the GIL."""
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """The shared worker threads (one pool per size)."""
     if workers not in _pools:
         _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="cvops")
     return _pools[workers]
@@ -48,9 +40,9 @@ def pool(workers: int) -> ThreadPoolExecutor:
 
 @contextlib.contextmanager
 def single_threaded() -> Iterator[None]:
-    """Torch intra-op threading off for the block, for chains of many sub-millisecond ops where the
-    per-op fork/join costs more than it saves. Restored afterwards; the lock keeps concurrent callers
-    from restoring each other's setting."""
+    """Torch intra-op threading off for the block (the kernel map's one torch sort: no OpenMP region on a
+    loaded machine). Restored afterwards; the lock keeps concurrent callers from restoring each other's
+    setting."""
     threads = torch.get_num_threads()
     if threads == 1:
         yield
@@ -61,32 +53,6 @@ def single_threaded() -> Iterator[None]:
             yield
         finally:
             torch.set_num_threads(threads)
-
-
-def run_split(items: Sequence, body: Callable[[object], None]) -> None:
-    """Call ``body(item)`` for every item, items dealt round-robin to one single-threaded worker per core.
-
-    Falls back to a plain loop (with torch's own threading) for one thread or one item.
-    """
-    threads = torch.get_num_threads()
-    if threads <= 1 or len(items) <= 1:
-        for item in items:
-            body(item)
-        return
-
-    # grad and inference modes are thread-local: the workers run in the caller's modes
-    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
-
-    def share(part: int) -> None:
-        torch.set_num_threads(1)
-        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
-            for item in items[part::threads]:
-                body(item)
-
-    with single_threaded():
-        futures = [pool(threads).submit(share, part) for part in range(threads)]
-        for future in futures:
-            future.result()
 
 
 def even_parts(total: int, count: int) -> list[tuple[int, int]]:
@@ -133,7 +99,7 @@ def run_parts(call: Callable[[int, int], None], parts: Sequence[tuple[int, int]]
             call(*parts[i])
             i = next(claim)
 
-    helpers = [pool(threads).submit(take) for _ in range(threads - 1)]
+    helpers = [_pool(threads).submit(take) for _ in range(threads - 1)]
     try:
         take()
     finally:  # the kernels hold the caller's buffers: wait for every helper, even after an error here

@@ -1,14 +1,14 @@
 """The sparse convolution's ``numba`` backend (see ``_core/dispatch.py``): one compiled call per direction.
 
-Why: the torch path (``cpu.py``) runs a Python loop over blocks and kernel offsets, with a ``torch.mm`` and an
-index kernel per piece: thousands of small products and dispatches per training step of a detection
-backbone, all holding the GIL. Here a whole layer's forward (and its backward) is one compiled call that
-releases the GIL: blocks of destination rows in parallel (ranges of blocks claimed by the calling thread
-and cvops's workers, ``_core.parallel.run_parts``), and inside a block, offset after
-offset, a gather of the offset's rows into a work buffer, one matrix product (``np.dot``, which numba hands to
+Why: the torch path (``cpu.py``) streams each offset's gathered rows and products through memory, one
+offset after another, three torch ops per offset. Here a whole layer's forward (and its backward) is one
+compiled call that releases the GIL: blocks of destination rows in parallel (ranges of blocks claimed by the
+calling thread and cvops's workers, ``_core.parallel.run_parts``), and inside a block, offset after offset,
+a gather of the offset's rows into a work buffer, one matrix product (``np.dot``, which numba hands to
 SciPy's BLAS, held to one thread per call by threadpoolctl so the blocks are the parallelism) and a
 scatter-add into the block's own output rows. The block keeps its output rows and work buffers in cache
-between the three steps.
+between the three steps. Each offset's pairs are sorted by the block's row column (the layers pass maps in
+that order; others are sorted here), so a block's pairs of one offset are one contiguous segment.
 
 Determinism: a block's work depends only on its rows (fixed block sizes, independent of the thread count),
 every output row belongs to one block, and inside a block the offsets run in ascending order (the identity
@@ -20,19 +20,19 @@ Every loop checks each row index against the array it indexes (and that a destin
 block); a bad index is counted and skipped, never read or written, and the wrapper raises.
 
 Also here: the per-offset block bounds of a sorted map (binary search, plus a branch-free sortedness pass)
-and the stable per-offset sort of a map by one column, both without the int64 copy the torch versions make.
+and the stable per-offset sort of a map by one column (without the int64 key copy of ``kmap``'s torch sort),
+one offset a part on cvops's workers.
 """
 from __future__ import annotations
 
 import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401  (numba's np.dot calls it; loaded before threadpoolctl looks)
 import torch
-from numba import prange
 from threadpoolctl import ThreadpoolController
 
 from .._core import jit
 from .._core.bits import numpy_alias
-from .._core.jit import REASSOCIATE, inline, match_torch_threads, njit, njit_variants
+from .._core.jit import REASSOCIATE, inline, njit
 from .._core.memory import new_empty
 from .._core.parallel import guided_parts, run_parts
 from .._core.validate import require
@@ -40,22 +40,34 @@ from . import cpu
 
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # halves computed in float32
 _BLAS = ThreadpoolController()
+BLOCK_BYTES = 1 << 20   # rows per block: this many bytes of the block's own (output or gradient) rows ...
+BLOCK_ROWS = (1024, 16384)  # ... within these bounds
+CHUNK_BYTES = 1 << 20   # the most pairs gathered per product: this many bytes of the wider row side
 
 
 def supports(*tensors: torch.Tensor) -> bool:
     return all(t.device.type == "cpu" and t.dtype in SUPPORTED for t in tensors)
 
 
+def _block_rows(channels: int, itemsize: int) -> int:
+    lo, hi = BLOCK_ROWS
+    return max(lo, min(hi, BLOCK_BYTES // max(1, channels * itemsize)))
+
+
+def _chunk_rows(channels: int, itemsize: int) -> int:
+    return max(1, CHUNK_BYTES // max(1, channels * itemsize))
+
+
 def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, identity_offset: int):
-    """As ``cpu.forward`` (the same blocks and rounds): ``[num_out, C_out]``, one call of the compiled layer."""
+    """As ``cpu.forward``: ``[num_out, C_out]``, one call of the compiled layer."""
     ct = cpu._compute_dtype(features.dtype)
     f, w = features.detach().to(ct).contiguous(), weight.detach().to(ct).contiguous()
     src_col, dst_col = (1, 0) if inverse else (0, 1)
     out = new_empty((num_out, w.shape[2]), ct, f.device)
-    block = cpu._block_rows(w.shape[2], out.element_size())
+    block = _block_rows(w.shape[2], out.element_size())
     pairs, bounds, todo = _blocked_map(pairs, indice_num, dst_col, block, num_out, identity_offset)
     conv_forward(out, f, w, pairs, bounds, todo, identity_offset, src_col, dst_col, block,
-                 cpu._chunk_rows(max(w.shape[1], w.shape[2]), out.element_size()))
+                 _chunk_rows(max(w.shape[1], w.shape[2]), out.element_size()))
     return out.to(features.dtype)
 
 
@@ -66,11 +78,11 @@ def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, ident
     src_col, dst_col = (1, 0) if inverse else (0, 1)
     grad_features = new_empty(tuple(f.shape), ct, f.device)
     grad_weight = torch.zeros_like(w)
-    block = cpu._block_rows(w.shape[1], grad_features.element_size())
+    block = _block_rows(w.shape[1], grad_features.element_size())
     # the input gradient scatters into the source rows: blocks of source rows
     pairs, bounds, todo = _blocked_map(pairs, indice_num, src_col, block, f.shape[0], identity_offset)
     conv_backward(grad_features, grad_weight, g, f, w, pairs, bounds, todo, identity_offset, src_col, dst_col,
-                  block, cpu._chunk_rows(max(w.shape[1], w.shape[2]), grad_features.element_size()))
+                  block, _chunk_rows(max(w.shape[1], w.shape[2]), grad_features.element_size()))
     return grad_features.to(features.dtype), grad_weight.to(weight.dtype)
 
 
@@ -247,9 +259,18 @@ def conv_backward(grad_f, grad_w, g, f, w, pairs, bounds, todo, identity: int, s
     _raise_if_bad(bad, pairs, max(g.shape[0], f.shape[0]))
 
 
-def _block_bounds(pairs, counts, col, block_rows, bounds, ascending):
+def _per_offset(kernel, pairs: torch.Tensor, work: float, *args) -> None:
+    """``kernel(*args, k_lo, k_hi)`` over the map's offsets: one offset a part on cvops's workers when the work
+    is worth waking them, else one call."""
+    K = pairs.shape[0]
+    parts = [(k, k + 1) for k in range(K)] if jit.use_parallel(work) else [(0, K)]
+    run_parts(lambda lo, hi: kernel(*args, lo, hi), parts)
+
+
+@njit
+def _block_bounds(pairs, counts, col, block_rows, bounds, ascending, k_lo, k_hi):
     n_blocks = bounds.shape[1] - 1
-    for k in prange(pairs.shape[0]):
+    for k in range(k_lo, k_hi):
         n = counts[k]
         rows = pairs[k, col, :n]
         descents = 0
@@ -260,9 +281,6 @@ def _block_bounds(pairs, counts, col, block_rows, bounds, ascending):
             bounds[k, b] = np.searchsorted(rows, b * block_rows) if b < n_blocks else n
 
 
-_bounds_serial, _bounds_parallel = njit_variants(_block_bounds)
-
-
 def block_bounds(pairs: torch.Tensor, counts: torch.Tensor, col: int, block_rows: int, n_blocks: int):
     """``(bounds [K, n_blocks + 1], ascending)``: ``bounds[k, b]`` is the first pair of offset ``k`` whose
     ``pairs[k, col]`` row lies in block ``b`` (rows ``[b * block_rows, (b + 1) * block_rows)``), one pass
@@ -270,17 +288,14 @@ def block_bounds(pairs: torch.Tensor, counts: torch.Tensor, col: int, block_rows
     K = pairs.shape[0]
     bounds = torch.empty((K, n_blocks + 1), dtype=torch.int64)
     ascending = torch.empty(K, dtype=torch.bool)
-    work = int(counts.sum())
-    kernel = _bounds_parallel if jit.use_parallel(work) else _bounds_serial
-    if kernel is _bounds_parallel:
-        match_torch_threads()
-    kernel(numpy_alias(pairs), numpy_alias(counts.to(torch.int64)), col, block_rows, numpy_alias(bounds),
-           numpy_alias(ascending))
+    _per_offset(_block_bounds, pairs, int(counts.sum()), numpy_alias(pairs), numpy_alias(counts.to(torch.int64)),
+                col, block_rows, numpy_alias(bounds), numpy_alias(ascending))
     return bounds, bool(ascending.all())
 
 
-def _sort_by_column(pairs, counts, col, out):
-    for k in prange(pairs.shape[0]):
+@njit
+def _sort_by_column(pairs, counts, col, out, k_lo, k_hi):
+    for k in range(k_lo, k_hi):
         n = counts[k]
         order = np.argsort(pairs[k, col, :n], kind="mergesort")
         for c in range(2):
@@ -290,16 +305,10 @@ def _sort_by_column(pairs, counts, col, out):
                 out[k, c, i] = pairs[k, c, i]
 
 
-_sort_serial, _sort_parallel = njit_variants(_sort_by_column)
-
-
 def sort_pairs_by_column(pairs: torch.Tensor, counts: torch.Tensor, col: int) -> torch.Tensor:
     """Each offset's valid pairs in ascending ``pairs[k, col]`` (stable merge sort), the tail slots as they
     were: the result of ``kmap.sort_pairs_by_column``'s torch sort, without its int64 key copy."""
     out = torch.empty_like(pairs)
-    work = int(counts.sum()) * 16
-    kernel = _sort_parallel if jit.use_parallel(work) else _sort_serial
-    if kernel is _sort_parallel:
-        match_torch_threads()
-    kernel(numpy_alias(pairs), numpy_alias(counts.to(torch.int64)), col, numpy_alias(out))
+    _per_offset(_sort_by_column, pairs, int(counts.sum()) * 16, numpy_alias(pairs),
+                numpy_alias(counts.to(torch.int64)), col, numpy_alias(out))
     return out

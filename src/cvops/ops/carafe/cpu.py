@@ -18,27 +18,22 @@ Taps outside the map are skipped as the reference skips them: their mask is zero
 not meet the zero padding) and their grad_mask is 0. Taps that reach no pixel of the map
 (``|ky - r| >= H`` or ``|kx - r| >= W``) are not run.
 
-Work goes in chunks of ``R`` rows of blocks of one image, channels-last in the accumulating dtype
-(float32; float64 for float64 inputs), dealt to cvops's worker threads by ``run_split`` (each chunk runs
-single-threaded: a loop of small torch ops would otherwise wait at a barrier per op, seconds on a busy
-machine). A backward chunk holds the features with a zero halo of ``r`` rows and columns, its
-grad_output, and per kernel row the grad_output and masks of the blocks that read its pixels through
-that row: about ``R * (W + 2r) * ((3s² + 1) * C + 2s² * G*k*k)`` elements (a forward chunk less).
-``R`` keeps that near ``_CHUNK``, at least one row, so beside its outputs a call holds about that much
-per thread: for CARAFE-FPN (C 256, k 5, G 1, s 2) at W 168 (one row a chunk) about 3 MB per thread,
-whatever the batch and the height.
+Work goes in chunks of ``R`` rows of blocks of one image, one chunk after another (each torch op on
+torch's own threads), channels-last in the accumulating dtype (float32; float64 for float64 inputs). A
+backward chunk holds the features with a zero halo of ``r`` rows and columns, its grad_output, and per
+kernel row the grad_output and masks of the blocks that read its pixels through that row: about
+``R * (W + 2r) * ((3s² + 1) * C + 2s² * G*k*k)`` elements (a forward chunk less). ``R`` keeps that near
+``_CHUNK``, at least one row, so beside its outputs a call holds about that much: for CARAFE-FPN (C 256,
+k 5, G 1, s 2) at W 168 (one row a chunk) about 3 MB, whatever the batch and the height.
 
 This is the ``torch`` backend; ``cpu_numba`` (the ``numba`` backend, the CPU default where numba is
 installed) computes both directions as compiled loops with the channel loop innermost.
 """
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 
 from ..._core.layout import empty_nchw
-from ..._core.parallel import run_split
 
 _CHUNK = 1 << 20  # elements a chunk holds: 4 MiB of float32
 
@@ -136,7 +131,8 @@ def forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int, group
     n, c, h, w = features.shape
     k, g, s = kernel_size, group_size, scale_factor
     out = empty_nchw((n, c, h * s, w * s), layout, like=features)
-    run_split(_chunks(n, h, w, c, k, g, s), partial(_forward_rows, out, features, masks, k, g, s))
+    for chunk in _chunks(n, h, w, c, k, g, s):
+        _forward_rows(out, features, masks, k, g, s, chunk)
     return out
 
 
@@ -148,6 +144,6 @@ def backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Ten
     k, g, s = kernel_size, group_size, scale_factor
     grad_input = empty_nchw((n, c, h, w), layout, like=features)
     grad_mask = empty_nchw(tuple(masks.shape), layout, like=masks)
-    run_split(_chunks(n, h, w, c, k, g, s),
-              partial(_backward_rows, grad_input, grad_mask, grad_output, features, masks, k, g, s))
+    for chunk in _chunks(n, h, w, c, k, g, s):
+        _backward_rows(grad_input, grad_mask, grad_output, features, masks, k, g, s, chunk)
     return grad_input, grad_mask

@@ -12,7 +12,8 @@ once from memory, and every tap's row of ``data_col`` is written once, in order:
 points between that row's outside points.
 Values move as raw bits (fp16/bf16 as int16, fp32 as int32, fp64 as int64), so NaN payloads and -0.0
 survive exactly as in the reference. Every output element is written by exactly one loop iteration, so
-the result does not depend on the thread count.
+the result does not depend on the thread count: ranges of channels go to cvops's workers
+(``_core.parallel.run_parts``).
 
 On x86-64 the rows are written with non-temporal (streaming) stores: ``data_col`` is written once and
 not read back here, and streaming stores skip reading each destination line into the cache first
@@ -20,25 +21,21 @@ not read back here, and streaming stores skip reading each destination line into
 """
 from __future__ import annotations
 
-import contextlib
-
-import numba
 import numpy as np
 import torch
-from numba import prange
 
 from ..._core.bits import as_bits, numpy_alias, storage_bits
-from ..._core.jit import match_torch_threads, njit, njit_variants, use_parallel
+from ..._core.jit import njit, use_parallel
 from ..._core.jit_intrinsics import store_fence, stream_store
 from ..._core.memory import new_empty
+from ..._core.parallel import even_parts, run_parts
 from .cpu import col2im_backward, col2im_forward, im2col_backward  # noqa: F401  (the torch code serves these)
 
 # data_col of at least this many bytes is written with streaming stores (a smaller one is likely still
 # in cache when the matmul of MaskedConv2d reads it)
 STREAM_MIN_BYTES = 8 << 20
-
-# dynamic scheduling of prange loops (numba >= 0.57); static halves on older versions
-_chunksize = getattr(numba, "parallel_chunksize", lambda size: contextlib.nullcontext())
+# channel ranges per thread: a worker the OS deschedules holds up only its current range
+PARTS_PER_THREAD = 4
 
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -100,9 +97,10 @@ def _plan(mask_h_idx, mask_w_idx, height, width, stride_h, stride_w, kernel_h, k
     return origin, deltas, outside_start, outside_m
 
 
-def _gather(storage, stride_c, origin, deltas, outside_start, outside_m, data_col, streaming):
-    """``data_col[c*T + t, m] = storage[c*stride_c + origin[m] + deltas[t]]``, 0 where tap t of point m is
-    outside the feature.
+@njit
+def _gather(storage, stride_c, origin, deltas, outside_start, outside_m, data_col, streaming, c_lo, c_hi):
+    """``data_col[c*T + t, m] = storage[c*stride_c + origin[m] + deltas[t]]`` for channels ``[c_lo, c_hi)``,
+    0 where tap t of point m is outside the feature.
 
     Each row is written once, in order: branch-free runs of points between the row's outside points,
     with streaming stores if ``streaming``. Unsigned (modulo 2**64) index arithmetic: numba's
@@ -110,9 +108,8 @@ def _gather(storage, stride_c, origin, deltas, outside_start, outside_m, data_co
     """
     taps = deltas.shape[0]
     mask_cnt = origin.shape[0]
-    channels = data_col.shape[0] // taps
     zero = data_col.dtype.type(0)
-    for c in prange(channels):
+    for c in range(c_lo, c_hi):
         base = np.uint64(c * stride_c)
         for t in range(taps):
             row = data_col[c * taps + t]
@@ -135,9 +132,6 @@ def _gather(storage, stride_c, origin, deltas, outside_start, outside_m, data_co
             store_fence()
 
 
-_gather_serial, _gather_parallel = njit_variants(_gather)
-
-
 # ------------------------------------------------------------------------------------------- entry
 def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w):
     """``feature [1, C, H, W]`` (any strides) -> ``data_col [C*kh*kw, M]``, bit-equal to the reference."""
@@ -154,11 +148,7 @@ def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, p
     out = numpy_alias(as_bits(data_col))
     streaming = data_col.numel() * data_col.element_size() >= STREAM_MIN_BYTES
     # two threads already gain from about 1e5 gathered values (a fifth of the time saved at twice that)
-    if use_parallel(channels * taps * mask_cnt, threshold=1e5):
-        match_torch_threads()
-        # channels handed out in small chunks: a worker the OS deschedules holds up only its chunk
-        with _chunksize(max(1, channels // 32)):
-            _gather_parallel(storage, stride_c, *plan, out, streaming)
-    else:
-        _gather_serial(storage, stride_c, *plan, out, streaming)
+    threads = torch.get_num_threads() if use_parallel(channels * taps * mask_cnt, threshold=1e5) else 1
+    parts = even_parts(channels, threads * PARTS_PER_THREAD if threads > 1 else 1)
+    run_parts(lambda lo, hi: _gather(storage, stride_c, *plan, out, streaming, lo, hi), parts)
     return data_col
