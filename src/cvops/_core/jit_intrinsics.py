@@ -12,9 +12,10 @@ each destination line into the cache first with :func:`stream_store` or, a whole
 
 Two helpers steer LLVM's vectorisers per loop, where numba only has process-wide switches: :func:`load8`,
 :func:`add8` and :func:`store8` keep 8 lanes of sums in one vector register (:class:`Lanes8`), which numba's
-default pipeline (SLP vectoriser off) would otherwise leave as 8 scalar chains; and :func:`scalar_index`
-keeps the loop vectoriser off one loop (strided copies it would turn into AVX-512 gathers, slower than
-scalar loads on the CPUs measured). Both compute exactly what the plain loop computes.
+default pipeline (SLP vectoriser off) would otherwise leave as 8 scalar chains; and reads through
+:func:`scalar_load` keep the loop vectoriser off one loop (strided copies it would turn into AVX-512 gathers,
+slower than scalar loads on the CPUs measured) and leave it to the unroller. Both compute exactly what the
+plain loop computes.
 """
 from __future__ import annotations
 
