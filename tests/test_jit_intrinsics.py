@@ -1,5 +1,5 @@
 """The numba helpers of ``_core/jit_intrinsics.py``: the register transpose, the prefetches, the whole-line
-streaming store, the 8-lane sums and the scalar-loop index."""
+streaming store, the 8-lane sums and the scalar load."""
 import re
 
 import numpy as np
@@ -120,10 +120,11 @@ def test_lanes8_reject_what_they_cannot_hold():
 
 
 @requires_numba
-def test_scalar_index_keeps_a_loop_scalar_and_changes_nothing():
+@pytest.mark.parametrize("dtype", [np.float32, np.int16, np.int64])
+def test_scalar_load_keeps_a_loop_scalar_unrolled_and_changes_nothing(dtype):
     import numba
 
-    from cvops._core.jit_intrinsics import scalar_index
+    from cvops._core.jit_intrinsics import scalar_load
 
     @numba.njit
     def plain(dst, src):
@@ -133,14 +134,31 @@ def test_scalar_index_keeps_a_loop_scalar_and_changes_nothing():
     @numba.njit
     def scalar(dst, src):
         for i in range(dst.shape[0]):
-            dst[i] = src[scalar_index(i)]
+            dst[i] = scalar_load(src, i)
 
-    src = np.arange(100, dtype=np.float32)
+    src = np.arange(100).astype(dtype)
     for kernel in (plain, scalar):
-        dst = np.zeros(100, np.float32)
+        dst = np.zeros(100, dtype)
         kernel(dst, src)
         np.testing.assert_array_equal(dst, src)
-    def vector_code(kernel):  # LLVM's vector types in the optimised IR (the wrapper's stack copies aside)
-        return re.search(r"<\d+ x float>", kernel.inspect_llvm(kernel.signatures[0])) is not None
+    ir = {kernel: kernel.inspect_llvm(kernel.signatures[0]) for kernel in (plain, scalar)}
+    vector = r"<\d+ x (float|i16|i64)>"  # LLVM's vector types in the optimised IR
+    assert re.search(vector, ir[plain]) and not re.search(vector, ir[scalar])
+    # still unrolled: a main loop of several loads and a remainder loop, not one load a trip
+    assert len(re.findall(r"load atomic", ir[scalar])) > 2
 
-    assert vector_code(plain) and not vector_code(scalar)
+
+@requires_numba
+def test_scalar_load_rejects_what_it_cannot_read():
+    import numba
+
+    from cvops._core.jit_intrinsics import scalar_load
+
+    @numba.njit
+    def run(a):
+        return scalar_load(a, 0)
+
+    with pytest.raises(numba.errors.TypingError):
+        run(np.zeros((2, 8), np.float32))  # 1-D arrays only
+    with pytest.raises(numba.errors.TypingError):
+        run(np.zeros(8, np.bool_))  # integers and floats only

@@ -12,9 +12,10 @@ each destination line into the cache first with :func:`stream_store` or, a whole
 
 Two helpers steer LLVM's vectorisers per loop, where numba only has process-wide switches: :func:`load8`,
 :func:`add8` and :func:`store8` keep 8 lanes of sums in one vector register (:class:`Lanes8`), which numba's
-default pipeline (SLP vectoriser off) would otherwise leave as 8 scalar chains; and :func:`scalar_index`
-keeps the loop vectoriser off one loop (strided copies it would turn into AVX-512 gathers, slower than
-scalar loads on the CPUs measured). Both compute exactly what the plain loop computes.
+default pipeline (SLP vectoriser off) would otherwise leave as 8 scalar chains; and reads through
+:func:`scalar_load` keep the loop vectoriser off one loop (strided copies it would turn into AVX-512 gathers,
+slower than scalar loads on the CPUs measured) and leave it to the unroller. Both compute exactly what the
+plain loop computes.
 """
 from __future__ import annotations
 
@@ -263,16 +264,22 @@ def zero8(typingctx, array):
 
 
 @intrinsic
-def scalar_index(typingctx, index):
-    """``index`` unchanged, through an empty ``asm`` statement that LLVM cannot see through: a loop that reads
-    ``array[scalar_index(i)]`` is not vectorised (the vectoriser cannot widen the statement), and costs
-    nothing more (no instruction, no memory effect)."""
-    if not isinstance(index, types.Integer):
+def scalar_load(typingctx, array, index):
+    """``array[index]`` (1-D contiguous array, index in range: the caller's duty) as a load that LLVM's
+    vectorisers leave alone: a loop reading through it stays scalar, and is still unrolled. The load is
+    LLVM's ``unordered`` atomic one, on x86-64 and AArch64 the same instruction as a plain load; the
+    vectorisers widen only plain loads, and unlike a call (an ``asm`` statement, say) it does not stop the
+    unroller."""
+    if not (isinstance(array, types.Array) and array.ndim == 1 and isinstance(array.dtype, (types.Integer, types.Float))
+            and isinstance(index, types.Integer)):
         return None
 
     def codegen(context, builder, signature, args):
-        value = args[0].type
-        identity = ir.InlineAsm(ir.FunctionType(value, [value]), "", "=r,0", side_effect=False)
-        return builder.call(identity, [args[0]], attrs=("nounwind", "readnone"))
+        array_type, index_type = signature.args
+        data = context.make_array(array_type)(context, builder, args[0]).data
+        at = context.cast(builder, args[1], index_type, types.intp)
+        width = context.get_abi_sizeof(context.get_data_type(array_type.dtype))
+        value = builder.load_atomic(builder.gep(data, [at]), "unordered", width)
+        return value
 
-    return index(index), codegen
+    return array.dtype(array, index), codegen

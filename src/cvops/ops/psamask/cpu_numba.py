@@ -17,7 +17,7 @@ What makes it fast:
 * the sources of the next row are prefetched (``jit_intrinsics.prefetch``): with a strided source each
   element sits on its own cache line, and the hardware prefetchers do not follow ~100 such streams;
   strided sources go into L2 only (``prefetch_l2``), where they do not evict the lines in use;
-* the copy loops stay scalar (``jit_intrinsics.scalar_index``): LLVM's loop vectoriser turns these strided
+* the copy loops stay scalar (``jit_intrinsics.scalar_load``): LLVM's loop vectoriser turns these strided
   loops into AVX-512 gathers, slower than scalar loads;
 * array indices are unsigned (no negative-index wrap test per access).
 
@@ -37,7 +37,7 @@ import torch
 
 from ..._core.bits import as_bits, numpy_alias, storage_bits
 from ..._core.jit import njit
-from ..._core.jit_intrinsics import (STREAMING, prefetch, prefetch_l2, scalar_index, store_fence, stream_line,
+from ..._core.jit_intrinsics import (STREAMING, prefetch, prefetch_l2, scalar_load, store_fence, stream_line,
                                      transpose8)
 from ..._core.layout import empty_nchw
 from ..._core.parallel import even_parts, run_parts
@@ -161,7 +161,7 @@ def _forward_q_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, t
                     o = (b * w + qw) * hwsz + ph * w - base
                     s = src_row + (qw + hw) * sdw + a * step
                     for pw in range(a, e):
-                        stage[np.uint64(o + pw)] = x[np.uint64(scalar_index(s))]
+                        stage[np.uint64(o + pw)] = scalar_load(x, np.uint64(s))
                         s += step
             _stream_out(out, start, stop, stage, base, lead, line)
     store_fence()
@@ -195,7 +195,7 @@ def _forward_p_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, t
                     o = (b * w + pw) * hwsz + qh * w - base
                     s = src_row + pw * spw + (a - pw + hw) * sdw
                     for qw in range(a, e):
-                        stage[np.uint64(o + qw)] = x[np.uint64(scalar_index(s))]
+                        stage[np.uint64(o + qw)] = scalar_load(x, np.uint64(s))
                         s += sdw
             _stream_out(out, start, stop, stage, base, lead, line)
     store_fence()
@@ -235,7 +235,7 @@ def _d_major_rows(out, shift, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, d
             else:
                 s = src_row + (dw - hw) * sqw + a * step
                 for pw in range(a, e):
-                    out[np.uint64(o + pw)] = dy[np.uint64(scalar_index(s))]
+                    out[np.uint64(o + pw)] = scalar_load(dy, np.uint64(s))
                     s += step
 
 
@@ -279,7 +279,7 @@ def _p_major_rows(out, shift, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, p
             else:
                 s = src_row + pw * spw + (pw + a - hw) * sqw
                 for dw in range(a, e):
-                    out[np.uint64(o + dw)] = dy[np.uint64(scalar_index(s))]
+                    out[np.uint64(o + dw)] = scalar_load(dy, np.uint64(s))
                     s += sqw
 
 

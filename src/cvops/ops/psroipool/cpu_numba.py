@@ -426,6 +426,15 @@ def _backward(diffs, rois, edges, dest, canonical, ph_n, pw_n, od, run, n, heigh
 
 
 @njit(error_model="numpy")
+def _tile(pattern, mapping, i0, i1, _unused):
+    """``mapping`` (flat storage) of RoIs [i0, i1) = ``pattern``, one RoI's forward mapping_channel."""
+    size = pattern.shape[0]
+    for i in range(i0, i1):
+        for j in range(size):
+            mapping[np.uint64(i * size + j)] = pattern[j]
+
+
+@njit(error_model="numpy")
 def _mapping_kind(mapping, pattern, limit, kinds, i0, i1):
     """``kinds[i0]`` for RoIs [i0, i1): 0 where ``mapping`` (flat storage) is the forward's, ``pattern`` (one RoI's
     channels in the same storage order) for every RoI; 1 for another mapping with every entry in [0, channels);
@@ -505,8 +514,9 @@ def forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim,
     shape = (r, od, pooled_height, pooled_width)
     output = empty_nchw(shape, out_layout, like=input)
     mapping = empty_nchw(shape, out_layout, like=rois.new_empty(0, dtype=torch.int32))
-    mapping.copy_(torch.from_numpy(_pattern(od, pooled_height, pooled_width, "NCHW")).view(1, *shape[1:]).expand(shape))
-    (x, xs), (out, os) = _dense(input), _dense(output)
+    (x, xs), (out, os), (flat_mapping, _) = _dense(input), _dense(output), _dense(mapping)
+    _split(_tile, (_pattern(od, pooled_height, pooled_width, out_layout), flat_mapping),
+           even_parts(r, _threads(r * groups * od)), 1, acc)
     sums = np.empty(r * groups * run, acc)
     parts = [(lo, hi if hi < h else h + 1) for lo, hi in even_parts(h, _threads(box * c + area * od))]
     _split(_forward, (x, xs, n, h, w, rois_np, edges, pooled_height, pooled_width, od, run, band_rows, sums, out, os),
