@@ -1,5 +1,6 @@
-"""The subm kernel map as a numba loop: the ``numba`` backend (see ``_core/dispatch.py``); other maps run
-the torch code of ``cpu.py``.
+"""The subm kernel map as a numba loop: the ``numba`` backend (see ``_core/dispatch.py``); regular and
+transposed maps run ``strided_numba``'s bitmap passes where the bitmap fits their memory rule, else the torch
+code of ``cpu.py``.
 
 On a grid with row-major linear keys ``key(b, o) = b * V + sum_d o_d * S_d``, every kernel offset moves a
 site by a constant key shift: ``o = p + pad - t * dil`` gives ``key(o) = key(p) + sum_d (pad_d - t_d dil_d) S_d``.
@@ -22,7 +23,7 @@ import torch
 from ..._core.bits import numpy_alias
 from ..._core.jit import njit, use_parallel
 from ..._core.parallel import run_parts, single_threaded
-from . import cpu
+from . import cpu, strided_numba
 
 
 @njit
@@ -110,8 +111,10 @@ def subm_pairs(indices: torch.Tensor, sorted_keys: torch.Tensor, order: torch.Te
 
 
 def get_indice_pairs(indices: torch.Tensor, geo):
-    """As ``cpu.get_indice_pairs``: a subm map by the merge above, any other map by the torch code."""
+    """As ``cpu.get_indice_pairs``: a subm map by the merge above, a strided one by ``strided_numba``."""
     if not geo.subm:
+        if strided_numba.fits(indices, geo):
+            return strided_numba.strided_pairs(indices, geo)
         return cpu.get_indice_pairs(indices, geo)
     with single_threaded():  # the sort is one torch op: no OpenMP region on a loaded machine
         sorted_keys, order = cpu._sorted_site_keys(indices, geo)
