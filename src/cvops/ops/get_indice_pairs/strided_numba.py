@@ -1,18 +1,19 @@
 """The regular and transposed (strided) kernel map as numba loops over an occupancy bitmap of the output grid.
 
 Output cells have row-major linear keys ``key(b, o) = b * V + sum_d o_d * S_d`` over ``(batches, *out_shape)``.
-Instead of sorting the ``L * K`` candidate keys (``cpu.py``'s ``unique``), the map is built in four passes:
+Instead of sorting the candidate keys (``cpu.py``'s ``unique``), the map is built in four passes, each
+visiting only the (row, offset) slots that land on the grid: per dimension, a row's valid taps follow from
+one division (``cpu.tap_positions``' rules: with stride s > 1 the dilation is 1, so the taps ``t`` with
+``p + pad - t`` divisible by s are every s-th from ``(p + pad) mod s``; transposed positions are
+``p * s - pad + t * dil``), and the offsets of the row are their product.
 
-1. taps: per dimension d, row i and tap t, the key part ``o_d * S_d`` (dimension 0 adds ``b * V``) or -1
-   where the tap misses the grid (``cpu.tap_positions``' rules: exact division by the stride, bounds; the
-   transposed positions ``p * s - pad + t * dil``); parallel over rows;
-2. mark: every valid (offset, row) slot sets the bit of its output cell. Serial: slots of different rows
-   share bitmap words, and a parallel mark would race on them;
-3. rank: ``prefix[w]``, the set bits in the words before word w, so the output row of a marked cell is
+1. mark: every slot sets the bit of its output cell, and counts its offset within its chunk of rows.
+   Serial: slots of different rows share bitmap words, and a parallel mark would race on them;
+2. rank: ``prefix[w]``, the set bits in the words before word w, so the output row of a marked cell is
    ``prefix[w] + popcount(word & bits below)``: rows ascend with the key, which is ``unique``'s order;
-4. pairs, per offset (offsets shared over ``_core.parallel.run_parts``, each writing its own slices), rows
-   ascending: ``(row, rank(cell))``, ``pack_pairs``' order, -1 after; and ``out_indices``, the set bits in
-   order unravelled to ``(b, *coords)``, in parallel over ranges of words.
+3. pairs, in parallel over chunks of rows: each chunk knows from the counts where its pairs of every
+   offset start, and lists its rows ascending, as ``pack_pairs`` does; then the -1 tails, per offset;
+4. ``out_indices``: the set bits in order, unravelled to ``(b, *coords)``, in parallel over ranges of words.
 
 The result is the torch code's, bit for bit. The bitmap costs ``cells / 8`` bytes and the prefix 4 bytes a
 word; :func:`fits` takes it only where that is at most the sort's ``8 * L * K`` bytes of keys. The batch count
@@ -25,11 +26,13 @@ import torch
 
 from ..._core.bits import numpy_alias
 from ..._core.jit import inline, njit, use_parallel
-from ..._core.parallel import even_parts, run_parts, single_threaded
+from ..._core.parallel import even_parts, run_parts
 from . import cpu
 
 WORD_BITS = 64
 INT32_LIMIT = 1 << 31  # output rows are int32, and so is the prefix count
+# rows of the geometry table handed to the kernels (one column per spatial dimension)
+OUT_SHAPE, OUT_STRIDE, KERNEL, STRIDE, PAD, DIL, OFFSET_STRIDE = range(7)
 
 
 @inline
@@ -42,60 +45,76 @@ def _popcount(word):
 
 
 @inline
-def _slot_key(parts, tap_rows, i):
-    """Linear key of row i's cell under the offset whose tap rows are ``tap_rows``, or -1 off the grid."""
-    key = 0
-    for d in range(tap_rows.shape[0]):
-        part = parts[tap_rows[d], i]
-        if part < 0:
-            return -1
-        key += part
-    return key
+def _row_taps(coords, i, geo, volume, transpose, offset_of, key_of, count):
+    """Row i's valid taps per dimension d: ``count[d]`` of them, each as its share of the offset index
+    (``offset_of[d, n]``) and of the output key (``key_of[d, n]``). False when a dimension has none."""
+    for d in range(geo.shape[1]):
+        size, s, pad, dil = geo[OUT_SHAPE, d], geo[STRIDE, d], geo[PAD, d], geo[DIL, d]
+        p = coords[i, d + 1]
+        n = 0
+        if transpose or s == 1:
+            first, step = (p * s - pad, dil) if transpose else (p + pad, -dil)
+            for t in range(geo[KERNEL, d]):
+                o = first + t * step
+                if 0 <= o < size:
+                    offset_of[d, n] = t
+                    key_of[d, n] = o
+                    n += 1
+        else:
+            num = p + pad
+            o = num // s  # floor: the taps t = num - o * s, + s, ... reach o, o - 1, ...
+            t = num - o * s
+            while t < geo[KERNEL, d] and o >= 0:
+                if o < size:
+                    offset_of[d, n] = t
+                    key_of[d, n] = o
+                    n += 1
+                t += s
+                o -= 1
+        if n == 0:
+            return False
+        for m in range(n):
+            offset_of[d, m] *= geo[OFFSET_STRIDE, d]
+            key_of[d, m] *= geo[OUT_STRIDE, d]
+        count[d] = n
+    base = coords[i, 0] * volume  # the batch term rides on dimension 0
+    for m in range(count[0]):
+        key_of[0, m] += base
+    return True
 
 
 @inline
-def _offset_taps(k, kernel, tap_base, tap_rows):
-    """Rows of ``parts`` holding offset k's taps (the last dimension fastest, ``itertools.product``'s order)."""
-    for d in range(kernel.shape[0] - 1, -1, -1):
-        tap_rows[d] = tap_base[d] + k % kernel[d]
-        k //= kernel[d]
+def _next_slot(pick, count):
+    """Advances the odometer ``pick`` over the product of the dimensions' taps; False after the last."""
+    for d in range(pick.shape[0] - 1, -1, -1):
+        pick[d] += 1
+        if pick[d] < count[d]:
+            return True
+        pick[d] = 0
+    return False
 
 
 @njit
-def _tap_parts(coords, out_shape, out_strides, volume, kernel, stride, pad, dil, transpose, tap_base, parts,
-               lo, hi):
-    nd = out_shape.shape[0]
-    for i in range(lo, hi):
-        for d in range(nd):
-            p = coords[i, d + 1]
-            for t in range(kernel[d]):
-                if transpose:
-                    o = p * stride[d] - pad[d] + t * dil[d]
-                else:
-                    num = p + pad[d] - t * dil[d]
-                    o = num // stride[d]
-                    if num < 0 or o * stride[d] != num:
-                        o = -1
-                part = -1
-                if 0 <= o < out_shape[d]:
-                    part = o * out_strides[d]
-                    if d == 0:
-                        part += coords[i, 0] * volume   # the batch term rides on dimension 0
-                parts[tap_base[d] + t, i] = part
-
-
-@njit
-def _mark(parts, kernel, tap_base, bits):
-    K = 1
-    for d in range(kernel.shape[0]):
-        K *= kernel[d]
-    tap_rows = np.empty(kernel.shape[0], dtype=np.int64)
-    for k in range(K):
-        _offset_taps(k, kernel, tap_base, tap_rows)
-        for i in range(parts.shape[1]):
-            key = _slot_key(parts, tap_rows, i)
-            if key >= 0:
-                bits[key >> 6] |= np.int64(1) << (key & 63)
+def _mark(coords, geo, volume, transpose, bits, chunk_counts, chunk_rows):
+    nd, max_taps = geo.shape[1], geo[KERNEL].max()
+    offset_of = np.empty((nd, max_taps), dtype=np.int64)
+    key_of = np.empty((nd, max_taps), dtype=np.int64)
+    count = np.empty(nd, dtype=np.int64)
+    pick = np.zeros(nd, dtype=np.int64)
+    chunk_counts[:] = 0
+    for i in range(coords.shape[0]):
+        if not _row_taps(coords, i, geo, volume, transpose, offset_of, key_of, count):
+            continue
+        c = i // chunk_rows
+        while True:
+            k, key = 0, 0
+            for d in range(nd):
+                k += offset_of[d, pick[d]]
+                key += key_of[d, pick[d]]
+            bits[key >> 6] |= np.int64(1) << (key & 63)
+            chunk_counts[c, k] += 1
+            if not _next_slot(pick, count):
+                break
 
 
 @njit
@@ -108,28 +127,34 @@ def _rank(bits, prefix):
 
 
 @njit
-def _offset_pairs(parts, position, kernel, tap_base, bits, prefix, pairs, counts, k_lo, k_hi):
-    L = parts.shape[1]
-    tap_rows = np.empty(kernel.shape[0], dtype=np.int64)
-    found = np.empty(L, dtype=np.int64)  # by sorted position: the output row, or -1
-    for k in range(k_lo, k_hi):
-        _offset_taps(k, kernel, tap_base, tap_rows)
-        for s in range(L):  # in key order: the bitmap is read nearly sequentially
-            key = _slot_key(parts, tap_rows, s)
-            if key < 0:
-                found[s] = -1
-            else:
+def _chunk_pairs(coords, geo, volume, transpose, bits, prefix, chunk_starts, chunk_rows, pairs, c_lo, c_hi):
+    nd, max_taps = geo.shape[1], geo[KERNEL].max()
+    offset_of = np.empty((nd, max_taps), dtype=np.int64)
+    key_of = np.empty((nd, max_taps), dtype=np.int64)
+    count = np.empty(nd, dtype=np.int64)
+    pick = np.zeros(nd, dtype=np.int64)
+    for c in range(c_lo, c_hi):
+        cursor = chunk_starts[c].copy()
+        for i in range(c * chunk_rows, min(coords.shape[0], (c + 1) * chunk_rows)):
+            if not _row_taps(coords, i, geo, volume, transpose, offset_of, key_of, count):
+                continue
+            while True:
+                k, key = 0, 0
+                for d in range(nd):
+                    k += offset_of[d, pick[d]]
+                    key += key_of[d, pick[d]]
                 w = key >> 6
-                found[s] = prefix[w] + _popcount(bits[w] & ~(np.int64(-1) << (key & 63)))
-        n = 0
-        for i in range(L):  # in row order: the packed order
-            j = found[position[i]]
-            if j >= 0:
-                pairs[k, 0, n] = i
-                pairs[k, 1, n] = j
-                n += 1
-        counts[k] = n
-        pairs[k, :, n:] = -1
+                pairs[k, 0, cursor[k]] = i
+                pairs[k, 1, cursor[k]] = prefix[w] + _popcount(bits[w] & ~(np.int64(-1) << (key & 63)))
+                cursor[k] += 1
+                if not _next_slot(pick, count):
+                    break
+
+
+@njit
+def _tails(pairs, counts, k_lo, k_hi):
+    for k in range(k_lo, k_hi):
+        pairs[k, :, counts[k]:] = -1
 
 
 @njit
@@ -149,10 +174,6 @@ def _sites(bits, prefix, out_shape, out, w_lo, w_hi):
             word ^= lowest
 
 
-def _vec(values):
-    return np.asarray(values, dtype=np.int64)
-
-
 def batch_count(indices: torch.Tensor) -> int:
     """The largest batch index + 1 (``indices`` non-empty)."""
     return int(indices[:, 0].max()) + 1
@@ -167,44 +188,40 @@ def fits(indices: torch.Tensor, geo) -> bool:
     return L * K < INT32_LIMIT and words * (8 + 4) <= 8 * L * K
 
 
+def _geometry_table(geo) -> np.ndarray:
+    out_strides, _ = cpu.grid_strides(geo.out_spatial_shape)
+    offset_strides, _ = cpu.grid_strides(geo.kernel_size)  # offsets are row-major over the kernel
+    return np.array([geo.out_spatial_shape, out_strides, geo.kernel_size, geo.stride, geo.padding,
+                     geo.dilation, offset_strides], dtype=np.int64).reshape(7, geo.ndim)
+
+
 def strided_pairs(indices: torch.Tensor, geo):
     """``(out_indices, indice_pairs, indice_num)`` of a regular or transposed map of CPU ``indices``."""
     L, K, nd = indices.shape[0], geo.kernel_volume, geo.ndim
-    # rows in input-key order: an offset then moves them to nearly ascending output keys, so marking and
-    # ranking walk the bitmap (megabytes, beyond the core's cache) nearly in order instead of at random
-    with single_threaded():
-        order = torch.sort(cpu.site_keys(indices, geo.spatial_shape)).indices
-    coords = indices.to(torch.int64).index_select(0, order)
-    position = torch.empty_like(order)
-    position[order] = torch.arange(L, dtype=torch.int64)
-    del order
-    out_strides, volume = cpu.grid_strides(geo.out_spatial_shape)
-    kernel = _vec(geo.kernel_size)
-    tap_base = _vec(np.cumsum([0] + list(geo.kernel_size[:-1])))
-    parallel = use_parallel(L * K * 4)
-
-    parts = torch.empty((int(kernel.sum()), L), dtype=torch.int64)
-    args = (numpy_alias(coords), _vec(geo.out_spatial_shape), _vec(out_strides), volume, kernel,
-            _vec(geo.stride), _vec(geo.padding), _vec(geo.dilation), geo.transpose, tap_base, numpy_alias(parts))
-    run_parts(lambda lo, hi: _tap_parts(*args, lo, hi), even_parts(L, 8) if parallel else [(0, L)])
-    del coords
+    coords = numpy_alias(indices.to(torch.int64).contiguous())
+    table = _geometry_table(geo)
+    volume = cpu.grid_strides(geo.out_spatial_shape)[1]
+    threads = torch.get_num_threads() if use_parallel(L * K) else 1
+    chunks = 4 * threads if threads > 1 else 1  # several per thread: a late thread holds up a short one
+    chunk_rows = -(-L // chunks)
 
     words = -(-batch_count(indices) * volume // WORD_BITS)
     bits = torch.zeros(words, dtype=torch.int64)
     prefix = torch.empty(words, dtype=torch.int32)
-    parts_np, bits_np, prefix_np = numpy_alias(parts), numpy_alias(bits), numpy_alias(prefix)
-    _mark(parts_np, kernel, tap_base, bits_np)
+    bits_np, prefix_np = numpy_alias(bits), numpy_alias(prefix)
+    chunk_counts = np.empty((chunks, K), dtype=np.int64)
+    _mark(coords, table, volume, geo.transpose, bits_np, chunk_counts, chunk_rows)
     num_out = _rank(bits_np, prefix_np)
 
+    counts = chunk_counts.sum(0)
+    chunk_starts = np.cumsum(chunk_counts, 0) - chunk_counts  # where each chunk's pairs of an offset begin
     pairs = torch.empty((K, 2, L), dtype=torch.int32)
-    counts = torch.empty(K, dtype=torch.int32)
-    pair_args = (parts_np, numpy_alias(position), kernel, tap_base, bits_np, prefix_np, numpy_alias(pairs),
-                 numpy_alias(counts))
-    run_parts(lambda lo, hi: _offset_pairs(*pair_args, lo, hi),
-              [(k, k + 1) for k in range(K)] if parallel else [(0, K)])
-    del parts, parts_np
+    pairs_np = numpy_alias(pairs)
+    args = (coords, table, volume, geo.transpose, bits_np, prefix_np, chunk_starts, chunk_rows, pairs_np)
+    run_parts(lambda lo, hi: _chunk_pairs(*args, lo, hi), [(c, c + 1) for c in range(chunks)])
+    run_parts(lambda lo, hi: _tails(pairs_np, counts, lo, hi), even_parts(K, threads))
 
     out = torch.empty((num_out, nd + 1), dtype=torch.int32)
-    site_args = (bits_np, prefix_np, _vec(geo.out_spatial_shape), numpy_alias(out))
-    run_parts(lambda lo, hi: _sites(*site_args, lo, hi), even_parts(words, 8) if parallel else [(0, words)])
-    return out, pairs, counts
+    site_args = (bits_np, prefix_np, table[OUT_SHAPE].copy(), numpy_alias(out))
+    run_parts(lambda lo, hi: _sites(*site_args, lo, hi), even_parts(words, chunks))
+    return out, pairs, torch.from_numpy(counts.astype(np.int32))
