@@ -28,6 +28,7 @@ from ..._core.bits import numpy_alias
 from ..._core.jit import inline, njit, use_parallel
 from ..._core.parallel import even_parts, run_parts
 from . import cpu
+from .checks import MAX_NDIM
 
 WORD_BITS = 64
 INT32_LIMIT = 1 << 31  # output rows are int32, and so is the prefix count
@@ -44,77 +45,59 @@ def _popcount(word):
     return (word * 0x0101010101010101) >> 56
 
 
-@inline
-def _row_taps(coords, i, geo, volume, transpose, offset_of, key_of, count):
-    """Row i's valid taps per dimension d: ``count[d]`` of them, each as its share of the offset index
-    (``offset_of[d, n]``) and of the output key (``key_of[d, n]``). False when a dimension has none."""
+@njit
+def _tap_tables(geo, in_shape, transpose, table_count, table_offset, table_key):
+    """Per dimension d and coordinate p (row ``row_base[d] + p``): the valid taps, each as its share of the
+    offset index and of the output key. One division per coordinate here, none per input row later."""
+    row = 0
     for d in range(geo.shape[1]):
         size, s, pad, dil = geo[OUT_SHAPE, d], geo[STRIDE, d], geo[PAD, d], geo[DIL, d]
-        p = coords[i, d + 1]
-        n = 0
-        if transpose or s == 1:
-            first, step = (p * s - pad, dil) if transpose else (p + pad, -dil)
-            for t in range(geo[KERNEL, d]):
-                o = first + t * step
-                if 0 <= o < size:
-                    offset_of[d, n] = t
-                    key_of[d, n] = o
-                    n += 1
-        else:
-            num = p + pad
-            o = num // s  # floor: the taps t = num - o * s, + s, ... reach o, o - 1, ...
-            t = num - o * s
-            while t < geo[KERNEL, d] and o >= 0:
-                if o < size:
-                    offset_of[d, n] = t
-                    key_of[d, n] = o
-                    n += 1
-                t += s
-                o -= 1
-        if n == 0:
-            return False
-        for m in range(n):
-            offset_of[d, m] *= geo[OFFSET_STRIDE, d]
-            key_of[d, m] *= geo[OUT_STRIDE, d]
-        count[d] = n
-    base = coords[i, 0] * volume  # the batch term rides on dimension 0
-    for m in range(count[0]):
-        key_of[0, m] += base
-    return True
-
-
-@inline
-def _next_slot(pick, count):
-    """Advances the odometer ``pick`` over the product of the dimensions' taps; False after the last."""
-    for d in range(pick.shape[0] - 1, -1, -1):
-        pick[d] += 1
-        if pick[d] < count[d]:
-            return True
-        pick[d] = 0
-    return False
+        for p in range(in_shape[d]):
+            n = 0
+            if transpose or s == 1:
+                first, step = (p * s - pad, dil) if transpose else (p + pad, -dil)
+                for t in range(geo[KERNEL, d]):
+                    o = first + t * step
+                    if 0 <= o < size:
+                        table_offset[row, n] = t * geo[OFFSET_STRIDE, d]
+                        table_key[row, n] = o * geo[OUT_STRIDE, d]
+                        n += 1
+            else:
+                num = p + pad
+                o = num // s  # floor: the taps t = num - o * s, + s, ... reach o, o - 1, ...
+                t = num - o * s
+                while t < geo[KERNEL, d] and o >= 0:
+                    if o < size:
+                        table_offset[row, n] = t * geo[OFFSET_STRIDE, d]
+                        table_key[row, n] = o * geo[OUT_STRIDE, d]
+                        n += 1
+                    t += s
+                    o -= 1
+            table_count[row] = n
+            row += 1
 
 
 @njit
-def _mark(coords, geo, volume, transpose, bits, chunk_counts, chunk_rows):
-    nd, max_taps = geo.shape[1], geo[KERNEL].max()
-    offset_of = np.empty((nd, max_taps), dtype=np.int64)
-    key_of = np.empty((nd, max_taps), dtype=np.int64)
-    count = np.empty(nd, dtype=np.int64)
-    pick = np.zeros(nd, dtype=np.int64)
+def _mark(coords, row_base, volume, table_count, table_offset, table_key, bits, chunk_counts, chunk_rows):
     chunk_counts[:] = 0
+    c, chunk_end = 0, chunk_rows
     for i in range(coords.shape[0]):
-        if not _row_taps(coords, i, geo, volume, transpose, offset_of, key_of, count):
-            continue
-        c = i // chunk_rows
-        while True:
-            k, key = 0, 0
-            for d in range(nd):
-                k += offset_of[d, pick[d]]
-                key += key_of[d, pick[d]]
-            bits[key >> 6] |= np.int64(1) << (key & 63)
-            chunk_counts[c, k] += 1
-            if not _next_slot(pick, count):
-                break
+        if i == chunk_end:
+            c += 1
+            chunk_end += chunk_rows
+        r0, r1 = row_base[0] + coords[i, 1], row_base[1] + coords[i, 2]
+        r2, r3 = row_base[2] + coords[i, 3], row_base[3] + coords[i, 4]
+        batch_key = coords[i, 0] * volume  # the batch term
+        for a in range(table_count[r0]):
+            k0, key0 = table_offset[r0, a], batch_key + table_key[r0, a]
+            for b in range(table_count[r1]):
+                k1, key1 = k0 + table_offset[r1, b], key0 + table_key[r1, b]
+                for e in range(table_count[r2]):
+                    k2, key2 = k1 + table_offset[r2, e], key1 + table_key[r2, e]
+                    for f in range(table_count[r3]):
+                        k, key = k2 + table_offset[r3, f], key2 + table_key[r3, f]
+                        bits[key >> 6] |= np.int64(1) << (key & 63)
+                        chunk_counts[c, k] += 1
 
 
 @njit
@@ -127,28 +110,26 @@ def _rank(bits, prefix):
 
 
 @njit
-def _chunk_pairs(coords, geo, volume, transpose, bits, prefix, chunk_starts, chunk_rows, pairs, c_lo, c_hi):
-    nd, max_taps = geo.shape[1], geo[KERNEL].max()
-    offset_of = np.empty((nd, max_taps), dtype=np.int64)
-    key_of = np.empty((nd, max_taps), dtype=np.int64)
-    count = np.empty(nd, dtype=np.int64)
-    pick = np.zeros(nd, dtype=np.int64)
+def _chunk_pairs(coords, row_base, volume, table_count, table_offset, table_key, bits, prefix, chunk_starts,
+                 chunk_rows, pairs, c_lo, c_hi):
     for c in range(c_lo, c_hi):
         cursor = chunk_starts[c].copy()
         for i in range(c * chunk_rows, min(coords.shape[0], (c + 1) * chunk_rows)):
-            if not _row_taps(coords, i, geo, volume, transpose, offset_of, key_of, count):
-                continue
-            while True:
-                k, key = 0, 0
-                for d in range(nd):
-                    k += offset_of[d, pick[d]]
-                    key += key_of[d, pick[d]]
-                w = key >> 6
-                pairs[k, 0, cursor[k]] = i
-                pairs[k, 1, cursor[k]] = prefix[w] + _popcount(bits[w] & ~(np.int64(-1) << (key & 63)))
-                cursor[k] += 1
-                if not _next_slot(pick, count):
-                    break
+            r0, r1 = row_base[0] + coords[i, 1], row_base[1] + coords[i, 2]
+            r2, r3 = row_base[2] + coords[i, 3], row_base[3] + coords[i, 4]
+            batch_key = coords[i, 0] * volume
+            for a in range(table_count[r0]):
+                k0, key0 = table_offset[r0, a], batch_key + table_key[r0, a]
+                for b in range(table_count[r1]):
+                    k1, key1 = k0 + table_offset[r1, b], key0 + table_key[r1, b]
+                    for e in range(table_count[r2]):
+                        k2, key2 = k1 + table_offset[r2, e], key1 + table_key[r2, e]
+                        for f in range(table_count[r3]):
+                            k, key = k2 + table_offset[r3, f], key2 + table_key[r3, f]
+                            w = key >> 6
+                            pairs[k, 0, cursor[k]] = i
+                            pairs[k, 1, cursor[k]] = prefix[w] + _popcount(bits[w] & ~(np.int64(-1) << (key & 63)))
+                            cursor[k] += 1
 
 
 @njit
@@ -157,19 +138,45 @@ def _tails(pairs, counts, k_lo, k_hi):
         pairs[k, :, counts[k]:] = -1
 
 
+@inline
+def _unravel_line(line, out_shape, site):
+    """``site[:-1]`` = (b, *coords but the last) of grid line ``line`` (a key over all but the last dimension)."""
+    for d in range(out_shape.shape[0] - 2, -1, -1):
+        site[d + 1] = line % out_shape[d]
+        line //= out_shape[d]
+    site[0] = line
+
+
 @njit
 def _sites(bits, prefix, out_shape, out, w_lo, w_hi):
+    # keys ascend, so the line (all coordinates but the last) changes rarely: a division per set word and
+    # per line rather than per dimension of every site
     nd = out_shape.shape[0]
+    width = out_shape[nd - 1]
+    site = np.empty(nd + 1, dtype=np.int64)
+    current = -1
     for w in range(w_lo, w_hi):
         word = bits[w]
+        if word == 0:
+            continue
         row = prefix[w]
+        line = (w * 64) // width
+        x = w * 64 - line * width
+        previous = 0
         while word != 0:
             lowest = word & -word
-            key = w * 64 + _popcount(lowest - 1)
-            for d in range(nd - 1, -1, -1):
-                out[row, d + 1] = key % out_shape[d]
-                key //= out_shape[d]
-            out[row, 0] = key
+            bit = _popcount(lowest - 1)
+            x += bit - previous
+            previous = bit
+            while x >= width:
+                x -= width
+                line += 1
+            if line != current:
+                _unravel_line(line, out_shape, site)
+                current = line
+            for d in range(nd):
+                out[row, d] = site[d]
+            out[row, nd] = x
             row += 1
             word ^= lowest
 
@@ -179,49 +186,68 @@ def batch_count(indices: torch.Tensor) -> int:
     return int(indices[:, 0].max()) + 1
 
 
-def fits(indices: torch.Tensor, geo) -> bool:
-    """Whether the bitmap and its prefix take at most the sort's ``8 * L * K`` bytes of keys (and every
-    output row fits int32)."""
-    L, K = indices.shape[0], geo.kernel_volume
+def _sizes(indices: torch.Tensor, geo) -> tuple[int, int, int]:
+    """Words of the bitmap, rows of the tap tables and their taps per row."""
     cells = batch_count(indices) * cpu.grid_strides(geo.out_spatial_shape)[1]
-    words = -(-cells // WORD_BITS)
-    return L * K < INT32_LIMIT and words * (8 + 4) <= 8 * L * K
+    return -(-cells // WORD_BITS), sum(geo.spatial_shape) + MAX_NDIM - geo.ndim, max(geo.kernel_size)
 
 
-def _geometry_table(geo) -> np.ndarray:
-    out_strides, _ = cpu.grid_strides(geo.out_spatial_shape)
-    offset_strides, _ = cpu.grid_strides(geo.kernel_size)  # offsets are row-major over the kernel
-    return np.array([geo.out_spatial_shape, out_strides, geo.kernel_size, geo.stride, geo.padding,
-                     geo.dilation, offset_strides], dtype=np.int64).reshape(7, geo.ndim)
+def fits(indices: torch.Tensor, geo) -> bool:
+    """Whether the bitmap, its prefix and the tap tables take at most the sort's ``8 * L * K`` bytes of keys
+    (and every output row fits int32)."""
+    L, K = indices.shape[0], geo.kernel_volume
+    words, table_rows, taps = _sizes(indices, geo)
+    return L * K < INT32_LIMIT and words * (8 + 4) + table_rows * (1 + 2 * taps) * 8 <= 8 * L * K
+
+
+def _padded(geo) -> tuple[np.ndarray, np.ndarray]:
+    """The geometry table and input shape of ``geo`` with leading size-1 dimensions up to 4-D (one tap
+    each, adding nothing to an offset or a key), so that one loop nest serves every rank."""
+    lead = MAX_NDIM - geo.ndim
+
+    def pad(values, fill):
+        return [fill] * lead + list(values)
+
+    out_shape, kernel = pad(geo.out_spatial_shape, 1), pad(geo.kernel_size, 1)
+    table = np.array([out_shape, cpu.grid_strides(out_shape)[0], kernel, pad(geo.stride, 1), pad(geo.padding, 0),
+                      pad(geo.dilation, 1), cpu.grid_strides(kernel)[0]], dtype=np.int64)
+    return table, np.asarray(pad(geo.spatial_shape, 1), dtype=np.int64)
 
 
 def strided_pairs(indices: torch.Tensor, geo):
     """``(out_indices, indice_pairs, indice_num)`` of a regular or transposed map of CPU ``indices``."""
     L, K, nd = indices.shape[0], geo.kernel_volume, geo.ndim
-    coords = numpy_alias(indices.to(torch.int64).contiguous())
-    table = _geometry_table(geo)
+    coords = torch.zeros((L, MAX_NDIM + 1), dtype=torch.int64)
+    coords[:, 0] = indices[:, 0]
+    coords[:, MAX_NDIM + 1 - nd:] = indices[:, 1:]
+    coords = numpy_alias(coords)
     volume = cpu.grid_strides(geo.out_spatial_shape)[1]
+    words, table_rows, taps = _sizes(indices, geo)
+    tables = (np.empty(table_rows, dtype=np.int64), np.empty((table_rows, taps), dtype=np.int64),
+              np.empty((table_rows, taps), dtype=np.int64))
+    table, in_shape = _padded(geo)
+    _tap_tables(table, in_shape, geo.transpose, *tables)
+    row_base = np.cumsum(in_shape) - in_shape  # first table row of each dimension
     threads = torch.get_num_threads() if use_parallel(L * K) else 1
     chunks = 4 * threads if threads > 1 else 1  # several per thread: a late thread holds up a short one
     chunk_rows = -(-L // chunks)
 
-    words = -(-batch_count(indices) * volume // WORD_BITS)
     bits = torch.zeros(words, dtype=torch.int64)
     prefix = torch.empty(words, dtype=torch.int32)
     bits_np, prefix_np = numpy_alias(bits), numpy_alias(prefix)
     chunk_counts = np.empty((chunks, K), dtype=np.int64)
-    _mark(coords, table, volume, geo.transpose, bits_np, chunk_counts, chunk_rows)
+    _mark(coords, row_base, volume, *tables, bits_np, chunk_counts, chunk_rows)
     num_out = _rank(bits_np, prefix_np)
 
     counts = chunk_counts.sum(0)
     chunk_starts = np.cumsum(chunk_counts, 0) - chunk_counts  # where each chunk's pairs of an offset begin
     pairs = torch.empty((K, 2, L), dtype=torch.int32)
     pairs_np = numpy_alias(pairs)
-    args = (coords, table, volume, geo.transpose, bits_np, prefix_np, chunk_starts, chunk_rows, pairs_np)
+    args = (coords, row_base, volume, *tables, bits_np, prefix_np, chunk_starts, chunk_rows, pairs_np)
     run_parts(lambda lo, hi: _chunk_pairs(*args, lo, hi), [(c, c + 1) for c in range(chunks)])
     run_parts(lambda lo, hi: _tails(pairs_np, counts, lo, hi), even_parts(K, threads))
 
     out = torch.empty((num_out, nd + 1), dtype=torch.int32)
-    site_args = (bits_np, prefix_np, table[OUT_SHAPE].copy(), numpy_alias(out))
+    site_args = (bits_np, prefix_np, np.asarray(geo.out_spatial_shape, dtype=np.int64), numpy_alias(out))
     run_parts(lambda lo, hi: _sites(*site_args, lo, hi), even_parts(words, chunks))
     return out, pairs, torch.from_numpy(counts.astype(np.int32))
