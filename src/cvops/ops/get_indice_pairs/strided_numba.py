@@ -26,6 +26,7 @@ import torch
 
 from ..._core.bits import numpy_alias
 from ..._core.jit import inline, njit, use_parallel
+from ..._core.memory import new_empty
 from ..._core.parallel import even_parts, run_parts
 from . import cpu
 from .checks import MAX_NDIM
@@ -228,7 +229,7 @@ def strided_pairs(indices: torch.Tensor, geo):
     table, in_shape = _padded(geo)
     _tap_tables(table, in_shape, geo.transpose, *tables)
     row_base = np.cumsum(in_shape) - in_shape  # first table row of each dimension
-    threads = torch.get_num_threads() if use_parallel(L * K) else 1
+    threads = torch.get_num_threads() if use_parallel(L * K * 4) else 1
     chunks = 4 * threads if threads > 1 else 1  # several per thread: a late thread holds up a short one
     chunk_rows = -(-L // chunks)
 
@@ -241,13 +242,13 @@ def strided_pairs(indices: torch.Tensor, geo):
 
     counts = chunk_counts.sum(0)
     chunk_starts = np.cumsum(chunk_counts, 0) - chunk_counts  # where each chunk's pairs of an offset begin
-    pairs = torch.empty((K, 2, L), dtype=torch.int32)
+    pairs = new_empty((K, 2, L), torch.int32)
     pairs_np = numpy_alias(pairs)
     args = (coords, row_base, volume, *tables, bits_np, prefix_np, chunk_starts, chunk_rows, pairs_np)
     run_parts(lambda lo, hi: _chunk_pairs(*args, lo, hi), [(c, c + 1) for c in range(chunks)])
     run_parts(lambda lo, hi: _tails(pairs_np, counts, lo, hi), even_parts(K, threads))
 
-    out = torch.empty((num_out, nd + 1), dtype=torch.int32)
+    out = new_empty((num_out, nd + 1), torch.int32)
     site_args = (bits_np, prefix_np, np.asarray(geo.out_spatial_shape, dtype=np.int64), numpy_alias(out))
     run_parts(lambda lo, hi: _sites(*site_args, lo, hi), even_parts(words, chunks))
     return out, pairs, torch.from_numpy(counts.astype(np.int32))
