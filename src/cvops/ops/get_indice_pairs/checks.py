@@ -5,11 +5,13 @@
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
+from ..._core.parallel import single_threaded
 from ..._core.validate import INDEX_DTYPES, check_int, check_tensor, pair, require
 
 OP = "get_indice_pairs"
@@ -138,8 +140,10 @@ def check_index_values(indices: torch.Tensor, batch_size: int, spatial_shape: Se
     """Every row is (b, *coords) with 0 <= b < batch_size and 0 <= coord < spatial_shape."""
     if indices.shape[0] == 0:
         return
-    lo = indices.amin(0).tolist()
-    hi = indices.amax(0).tolist()
+    # one intra-op thread: two short scans, where an OpenMP region on a loaded machine costs milliseconds of
+    # scheduler waits
+    with single_threaded() if indices.device.type == "cpu" else contextlib.nullcontext():
+        lo, hi = indices.amin(0).tolist(), indices.amax(0).tolist()
     names = ["batch"] + [f"coordinate {d}" for d in range(len(spatial_shape))]
     limits = (batch_size, *spatial_shape)
     for name, low, high, limit in zip(names, lo, hi, limits):

@@ -183,8 +183,8 @@ def _sites(bits, prefix, out_shape, out, w_lo, w_hi):
 
 
 def batch_count(indices: torch.Tensor) -> int:
-    """The largest batch index + 1 (``indices`` non-empty)."""
-    return int(indices[:, 0].max()) + 1
+    """The largest batch index + 1 (``indices`` non-empty; numpy, so no OpenMP region)."""
+    return int(numpy_alias(indices)[:, 0].max()) + 1
 
 
 def _sizes(indices: torch.Tensor, geo) -> tuple[int, int, int]:
@@ -218,10 +218,12 @@ def _padded(geo) -> tuple[np.ndarray, np.ndarray]:
 def strided_pairs(indices: torch.Tensor, geo):
     """``(out_indices, indice_pairs, indice_num)`` of a regular or transposed map of CPU ``indices``."""
     L, K, nd = indices.shape[0], geo.kernel_volume, geo.ndim
-    coords = torch.zeros((L, MAX_NDIM + 1), dtype=torch.int64)
-    coords[:, 0] = indices[:, 0]
-    coords[:, MAX_NDIM + 1 - nd:] = indices[:, 1:]
-    coords = numpy_alias(coords)
+    # numpy for the scratch work: torch's intra-op threads would open OpenMP regions, which on a loaded
+    # machine wait on the scheduler; the loops share out their work over run_parts instead
+    rows = numpy_alias(indices)
+    coords = np.zeros((L, MAX_NDIM + 1), dtype=np.int64)
+    coords[:, 0] = rows[:, 0]
+    coords[:, MAX_NDIM + 1 - nd:] = rows[:, 1:]
     volume = cpu.grid_strides(geo.out_spatial_shape)[1]
     words, table_rows, taps = _sizes(indices, geo)
     tables = (np.empty(table_rows, dtype=np.int64), np.empty((table_rows, taps), dtype=np.int64),
@@ -233,9 +235,7 @@ def strided_pairs(indices: torch.Tensor, geo):
     chunks = 4 * threads if threads > 1 else 1  # several per thread: a late thread holds up a short one
     chunk_rows = -(-L // chunks)
 
-    bits = torch.zeros(words, dtype=torch.int64)
-    prefix = torch.empty(words, dtype=torch.int32)
-    bits_np, prefix_np = numpy_alias(bits), numpy_alias(prefix)
+    bits_np, prefix_np = np.zeros(words, dtype=np.int64), np.empty(words, dtype=np.int32)
     chunk_counts = np.empty((chunks, K), dtype=np.int64)
     _mark(coords, row_base, volume, *tables, bits_np, chunk_counts, chunk_rows)
     num_out = _rank(bits_np, prefix_np)
