@@ -108,7 +108,7 @@ def test_kitti_backbone_maps_equal_torch_maps(threads):
             expected = cvops.get_indice_pairs(idx, 2, shape, backend="torch", **kw)
             torch.set_num_threads(threads)
             geo = check_params(idx, 2, shape, kw["kernel_size"], kw["stride"], kw["padding"], 1)
-            assert strided().fits(idx, geo)
+            assert strided().bitmap_sizes(idx, geo) is not None
             assert_same(cvops.get_indice_pairs(idx, 2, shape, backend="numba", **kw), expected)
             idx, shape = expected[0], cvops.get_conv_output_size(shape, kw["kernel_size"], kw["stride"],
                                                                  kw["padding"], 1)
@@ -121,7 +121,7 @@ def test_memory_rule_picks_the_path(monkeypatch):
     the bitmap spans the batches present (largest index + 1), not ``batch_size``."""
     module = strided()
     calls = []
-    monkeypatch.setattr(module, "strided_pairs", lambda i, g: calls.append(g) or cpu.get_indice_pairs(i, g))
+    monkeypatch.setattr(module, "strided_pairs", lambda i, g, s: calls.append(g) or cpu.get_indice_pairs(i, g))
     dense = uniform_voxels(500, 2, [20, 30, 40], seed=1)
     cvops.get_indice_pairs(dense, 4096, [20, 30, 40], 3, 2, 1, backend="numba")
     assert len(calls) == 1

@@ -102,7 +102,9 @@ def get_indice_pairs(indices: torch.Tensor, batch_size: int, spatial_shape: Sequ
         ``indice_num [K]`` int32, with ``K = prod(kernel_size)``.
 
     Memory on the CPU: the outputs plus the candidate lists of the pairs (a few int64 words per pair
-    found, below 1.5x the outputs); no dense grid of the spatial shape is ever allocated.
+    found, below 1.5x the outputs); no dense table over the spatial shape is ever allocated. The numba
+    backend's regular and transposed maps use a bitmap of the output grid (1.5 bits a cell) instead, only
+    where it takes no more memory than the sort's 8 bytes per (row, offset) slot.
     """
     if ksize is not None:
         kernel_size = ksize

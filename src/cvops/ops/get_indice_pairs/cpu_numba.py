@@ -113,8 +113,9 @@ def subm_pairs(indices: torch.Tensor, sorted_keys: torch.Tensor, order: torch.Te
 def get_indice_pairs(indices: torch.Tensor, geo):
     """As ``cpu.get_indice_pairs``: a subm map by the merge above, a strided one by ``strided_numba``."""
     if not geo.subm:
-        if strided_numba.fits(indices, geo):
-            return strided_numba.strided_pairs(indices, geo)
+        sizes = strided_numba.bitmap_sizes(indices, geo)
+        if sizes is not None:
+            return strided_numba.strided_pairs(indices, geo, sizes)
         return cpu.get_indice_pairs(indices, geo)
     with single_threaded():  # the sort is one torch op: no OpenMP region on a loaded machine
         sorted_keys, order = cpu._sorted_site_keys(indices, geo)

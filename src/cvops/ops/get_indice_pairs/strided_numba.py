@@ -1,25 +1,31 @@
 """The regular and transposed (strided) kernel map as numba loops over an occupancy bitmap of the output grid.
 
 Output cells have row-major linear keys ``key(b, o) = b * V + sum_d o_d * S_d`` over ``(batches, *out_shape)``.
-Instead of sorting the candidate keys (``cpu.py``'s ``unique``), the map is built in four passes, each
-visiting only the (row, offset) slots that land on the grid: per dimension, a row's valid taps follow from
-one division (``cpu.tap_positions``' rules: with stride s > 1 the dilation is 1, so the taps ``t`` with
-``p + pad - t`` divisible by s are every s-th from ``(p + pad) mod s``; transposed positions are
-``p * s - pad + t * dil``), and the offsets of the row are their product.
+Instead of sorting the candidate keys (``cpu.py``'s ``unique``), the passes below visit only the (row, offset)
+slots that land on the grid. A table per dimension lists, for every input coordinate p, its valid taps as
+shares of the offset index and of the output key (``cpu.tap_positions``' rules: with stride s > 1 the
+dilation is 1, so the taps t with ``p + pad - t`` divisible by s are every s-th from ``(p + pad) mod s``;
+transposed positions are ``p * s - pad + t * dil``): one division per coordinate, none per row. A row's
+slots are the product of its coordinates' taps, walked by one 4-deep loop nest (lower ranks get leading
+size-1 dimensions).
 
 1. mark: every slot sets the bit of its output cell, and counts its offset within its chunk of rows.
    Serial: slots of different rows share bitmap words, and a parallel mark would race on them;
 2. rank: ``prefix[w]``, the set bits in the words before word w, so the output row of a marked cell is
    ``prefix[w] + popcount(word & bits below)``: rows ascend with the key, which is ``unique``'s order;
-3. pairs, in parallel over chunks of rows: each chunk knows from the counts where its pairs of every
-   offset start, and lists its rows ascending, as ``pack_pairs`` does; then the -1 tails, per offset;
+3. pairs, in parallel over chunks of rows (``_core.parallel.run_parts``): each chunk knows from the counts
+   where its pairs of every offset start, and lists its rows ascending, as ``pack_pairs`` does; then the
+   -1 tails, per offset;
 4. ``out_indices``: the set bits in order, unravelled to ``(b, *coords)``, in parallel over ranges of words.
 
-The result is the torch code's, bit for bit. The bitmap costs ``cells / 8`` bytes and the prefix 4 bytes a
-word; :func:`fits` takes it only where that is at most the sort's ``8 * L * K`` bytes of keys. The batch count
-is the largest batch index + 1, so a generous ``batch_size`` costs nothing.
+The result is the torch code's, bit for bit. The bitmap costs ``cells / 8`` bytes, the prefix 4 bytes a word
+and the tap tables ``8 * (1 + 2 * max(kernel))`` bytes per coordinate of the input shape; :func:`fits` takes
+the bitmap only where that is at most the sort's ``8 * L * K`` bytes of keys. The batch count is the largest
+batch index + 1, so a generous ``batch_size`` costs nothing.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import numpy as np
 import torch
@@ -29,10 +35,9 @@ from ..._core.jit import inline, njit, use_parallel
 from ..._core.memory import new_empty
 from ..._core.parallel import even_parts, run_parts
 from . import cpu
-from .checks import MAX_NDIM
+from .checks import INT32_LIMIT, MAX_NDIM  # output rows are int32, and so is the prefix count
 
 WORD_BITS = 64
-INT32_LIMIT = 1 << 31  # output rows are int32, and so is the prefix count
 # rows of the geometry table handed to the kernels (one column per spatial dimension)
 OUT_SHAPE, OUT_STRIDE, KERNEL, STRIDE, PAD, DIL, OFFSET_STRIDE = range(7)
 
@@ -187,18 +192,20 @@ def batch_count(indices: torch.Tensor) -> int:
     return int(numpy_alias(indices)[:, 0].max()) + 1
 
 
-def _sizes(indices: torch.Tensor, geo) -> tuple[int, int, int]:
-    """Words of the bitmap, rows of the tap tables and their taps per row."""
-    cells = batch_count(indices) * cpu.grid_strides(geo.out_spatial_shape)[1]
-    return -(-cells // WORD_BITS), sum(geo.spatial_shape) + MAX_NDIM - geo.ndim, max(geo.kernel_size)
+def _table_shape(geo) -> tuple[int, int]:
+    """Rows of the tap tables (the padded input shape's coordinates) and taps per row."""
+    return sum(geo.spatial_shape) + MAX_NDIM - geo.ndim, max(geo.kernel_size)
 
 
-def fits(indices: torch.Tensor, geo) -> bool:
-    """Whether the bitmap, its prefix and the tap tables take at most the sort's ``8 * L * K`` bytes of keys
-    (and every output row fits int32)."""
+def bitmap_sizes(indices: torch.Tensor, geo) -> Optional[tuple[int, int, int]]:
+    """Words of the bitmap, rows of the tap tables and their taps per row; None where these (bitmap, prefix
+    and tables) take more than the sort's ``8 * L * K`` bytes of keys, or an output row could pass int32."""
     L, K = indices.shape[0], geo.kernel_volume
-    words, table_rows, taps = _sizes(indices, geo)
-    return L * K < INT32_LIMIT and words * (8 + 4) + table_rows * (1 + 2 * taps) * 8 <= 8 * L * K
+    cells = batch_count(indices) * cpu.grid_strides(geo.out_spatial_shape)[1]
+    words, table_rows, taps = -(-cells // WORD_BITS), *_table_shape(geo)
+    if L * K >= INT32_LIMIT or words * (8 + 4) + table_rows * (1 + 2 * taps) * 8 > 8 * L * K:
+        return None
+    return words, table_rows, taps
 
 
 def _padded(geo) -> tuple[np.ndarray, np.ndarray]:
@@ -215,8 +222,9 @@ def _padded(geo) -> tuple[np.ndarray, np.ndarray]:
     return table, np.asarray(pad(geo.spatial_shape, 1), dtype=np.int64)
 
 
-def strided_pairs(indices: torch.Tensor, geo):
-    """``(out_indices, indice_pairs, indice_num)`` of a regular or transposed map of CPU ``indices``."""
+def strided_pairs(indices: torch.Tensor, geo, sizes: Optional[tuple[int, int, int]] = None):
+    """``(out_indices, indice_pairs, indice_num)`` of a regular or transposed map of CPU ``indices``;
+    ``sizes``: :func:`bitmap_sizes` where already known (None: computed, whatever they come to)."""
     L, K, nd = indices.shape[0], geo.kernel_volume, geo.ndim
     # numpy for the scratch work: torch's intra-op threads would open OpenMP regions, which on a loaded
     # machine wait on the scheduler; the loops share out their work over run_parts instead
@@ -225,7 +233,10 @@ def strided_pairs(indices: torch.Tensor, geo):
     coords[:, 0] = rows[:, 0]
     coords[:, MAX_NDIM + 1 - nd:] = rows[:, 1:]
     volume = cpu.grid_strides(geo.out_spatial_shape)[1]
-    words, table_rows, taps = _sizes(indices, geo)
+    if sizes is None:
+        cells = batch_count(indices) * volume
+        sizes = -(-cells // WORD_BITS), *_table_shape(geo)
+    words, table_rows, taps = sizes
     tables = (np.empty(table_rows, dtype=np.int64), np.empty((table_rows, taps), dtype=np.int64),
               np.empty((table_rows, taps), dtype=np.int64))
     table, in_shape = _padded(geo)
@@ -235,20 +246,20 @@ def strided_pairs(indices: torch.Tensor, geo):
     chunks = 4 * threads if threads > 1 else 1  # several per thread: a late thread holds up a short one
     chunk_rows = -(-L // chunks)
 
-    bits_np, prefix_np = np.zeros(words, dtype=np.int64), np.empty(words, dtype=np.int32)
+    bits, prefix = np.zeros(words, dtype=np.int64), np.empty(words, dtype=np.int32)
     chunk_counts = np.empty((chunks, K), dtype=np.int64)
-    _mark(coords, row_base, volume, *tables, bits_np, chunk_counts, chunk_rows)
-    num_out = _rank(bits_np, prefix_np)
+    _mark(coords, row_base, volume, *tables, bits, chunk_counts, chunk_rows)
+    num_out = _rank(bits, prefix)
 
     counts = chunk_counts.sum(0)
     chunk_starts = np.cumsum(chunk_counts, 0) - chunk_counts  # where each chunk's pairs of an offset begin
     pairs = new_empty((K, 2, L), torch.int32)
     pairs_np = numpy_alias(pairs)
-    args = (coords, row_base, volume, *tables, bits_np, prefix_np, chunk_starts, chunk_rows, pairs_np)
+    args = (coords, row_base, volume, *tables, bits, prefix, chunk_starts, chunk_rows, pairs_np)
     run_parts(lambda lo, hi: _chunk_pairs(*args, lo, hi), [(c, c + 1) for c in range(chunks)])
     run_parts(lambda lo, hi: _tails(pairs_np, counts, lo, hi), even_parts(K, threads))
 
     out = new_empty((num_out, nd + 1), torch.int32)
-    site_args = (bits_np, prefix_np, np.asarray(geo.out_spatial_shape, dtype=np.int64), numpy_alias(out))
+    site_args = (bits, prefix, np.asarray(geo.out_spatial_shape, dtype=np.int64), numpy_alias(out))
     run_parts(lambda lo, hi: _sites(*site_args, lo, hi), even_parts(words, chunks))
     return out, pairs, torch.from_numpy(counts.astype(np.int32))
