@@ -14,6 +14,9 @@ threads (tests/ops/test_sparse_conv_cpu.py checks the bits on 1 and 2 threads). 
 (``cpu_numba``, the CPU default where numba is installed) makes the same additions in the same order with
 SciPy's BLAS for the products, so the two agree to rounding. Half types are computed in float32 and
 rounded once at the end. On CUDA, ``index_add_`` adds with atomics (no fixed order).
+An offset's pairs are taken in blocks of about ``BLOCK_BYTES`` of gathered rows, so a call holds its
+outputs and a few MiB, not a copy of the features (an offset such as a map's identity has a pair for
+every row); blocks keep the map order, so the additions and their order are unchanged.
 """
 from __future__ import annotations
 
@@ -26,9 +29,17 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _offsets(indice_num: torch.Tensor, identity_offset: int):
-    """(k, n) for every offset with pairs, the identity offset excepted, ascending k."""
-    return [(k, n) for k, n in enumerate(indice_num.tolist()) if n and k != identity_offset]
+BLOCK_BYTES = 4 << 20
+
+
+def _blocks(indice_num: torch.Tensor, identity_offset: int, width: int):
+    """(k, start, stop) over every offset with pairs, the identity offset excepted, ascending k, in blocks
+    of at most ``BLOCK_BYTES`` of ``width``-wide float32 rows."""
+    step = max(1, BLOCK_BYTES // (4 * max(width, 1)))
+    for k, n in enumerate(indice_num.tolist()):
+        if n and k != identity_offset:
+            for start in range(0, n, step):
+                yield k, start, min(n, start + step)
 
 
 def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, identity_offset: int):
@@ -41,9 +52,9 @@ def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, id
         torch.mm(f[:num_out], w[identity_offset], out=out)
     else:
         out.zero_()
-    for k, n in _offsets(indice_num, identity_offset):
-        rows = torch.index_select(f, 0, pairs[k, src_col, :n])
-        out.index_add_(0, pairs[k, dst_col, :n], rows @ w[k])
+    for k, a, b in _blocks(indice_num, identity_offset, max(w.shape[1:])):
+        rows = torch.index_select(f, 0, pairs[k, src_col, a:b])
+        out.index_add_(0, pairs[k, dst_col, a:b], rows @ w[k])
     return out.to(features.dtype)
 
 
@@ -60,9 +71,9 @@ def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, ident
         torch.mm(f.t(), g[:rows], out=grad_weight[identity_offset])
     else:
         grad_features.zero_()
-    for k, n in _offsets(indice_num, identity_offset):
-        src, dst = pairs[k, src_col, :n], pairs[k, dst_col, :n]
+    for k, a, b in _blocks(indice_num, identity_offset, max(w.shape[1:])):
+        src, dst = pairs[k, src_col, a:b], pairs[k, dst_col, a:b]
         g_rows = torch.index_select(g, 0, dst)
         grad_features.index_add_(0, src, g_rows @ w[k].t())
-        torch.mm(torch.index_select(f, 0, src).t(), g_rows, out=grad_weight[k])
+        grad_weight[k].addmm_(torch.index_select(f, 0, src).t(), g_rows)
     return grad_features.to(features.dtype), grad_weight.to(weight.dtype)
