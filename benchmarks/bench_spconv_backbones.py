@@ -9,7 +9,10 @@ KITTI scale (grid 1408 x 1600 x 40 as [41, 1600, 1408] zyx, 16k LiDAR-like voxel
 
 Each library runs at 1 thread and at torch's thread count: one row per count, cvops against spconv at 1 thread
 and against spconv's faster of the two counts (spconv's CPU results differ between the two; cvops's do not),
-with cvops's CPU time split into kernel maps, convolution forward, convolution backward and the rest. The check column compares the outputs of cvops and 1-thread spconv (diff1). Peak memory
+with cvops's CPU time split into kernel maps, convolution forward, convolution backward and the rest, and the
+time its convolutions' matrix products alone would take at the machine's matmul rate at that thread count (the
+GEMM floor: the convolutions' time above it is their gathers, scatter-adds and dispatch). The check column
+compares the outputs of cvops and 1-thread spconv (diff1). Peak memory
 is the largest resident-set growth seen while one step runs (sampled every millisecond) after idle memory
 went back to the system (cvops.empty_cache, malloc_trim), so it is approximate.
 
@@ -125,6 +128,37 @@ def phase_split(step) -> str:
     return ", ".join(f"{name} {v / total:.0%}" for name, v in spent.items())
 
 
+def gemm_flops(model, step) -> float:
+    """The matrix-product FLOPs of one step of ``model``: ``2 * pairs * C_in * C_out`` per sparse conv forward
+    (read off the kernel maps the step builds), three times over (forward, input gradient, weight gradient)."""
+    total = []
+
+    def hook(module, inputs, output):
+        data = output.indice_dict.get(module.indice_key)
+        total.append(2.0 * float(data.indice_num.sum()) * module.in_channels * module.out_channels
+                     if data is not None else float("nan"))
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, cvops.sparse.SparseConvolution)]
+    try:
+        step()
+    finally:
+        for h in handles:
+            h.remove()
+    return 3.0 * sum(total)
+
+
+def matmul_rate(threads: int) -> float:
+    """fp32 matmul FLOP/s at ``threads`` torch threads (2048-square, best of 5), for the GEMM floor."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.rand(2048, 2048), torch.rand(2048, 2048)
+        return 2 * 2048**3 / time_fn(lambda: a @ b, torch.device("cpu"), repeats=5, warmup=1)
+    finally:
+        torch.set_num_threads(saved)
+
+
 def run(limits: MachineLimits, tag: str = "network", repeats: int = 3, anchor: bool = True,
         nets: str = ",".join(CASES_NETS)):
     """Per net, one row per torch thread count (1 and the default): cvops's step time, against spconv at the
@@ -137,6 +171,7 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 3, anchor: b
     features, indices = features.to(device), indices.to(device)
     threads = torch.get_num_threads()
     counts = (1, threads) if threads > 1 else (threads,)
+    rates = {t: matmul_rate(t) for t in counts} if device.type == "cpu" else {}
     rows = []
     for name in nets.split(","):
         torch.manual_seed(0)
@@ -164,6 +199,10 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 3, anchor: b
                     seconds = time_fn(step, device, repeats=repeats, warmup=0)
                     mem = peak_rss_growth(step)
                     split = phase_split(step) if lib_name == "cvops" else ""
+                    if lib_name == "cvops" and t in rates:
+                        floor = gemm_flops(model, step) / rates[t]
+                        split += (f"; its GEMMs at the machine's {rates[t] / 1e9:.0f} GFLOP/s: {floor * 1e3:.0f} ms "
+                                  f"({floor / seconds:.0%} of the step)")
                 finally:
                     torch.set_num_threads(threads)
                 results[lib_name, t] = (seconds, mem, split)
