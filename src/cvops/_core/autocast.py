@@ -1,15 +1,9 @@
-"""Mixed precision: how every cvops custom op behaves inside ``torch.autocast`` (CUDA and CPU), one
-policy per op (:data:`POLICIES`):
-
-* ``KEEP`` (pure data movement): the op runs on the tensors as given; a copy is exact in every dtype, so
-  a float16 model keeps float16 activations.
-* ``FLOAT32`` (accumulating ops): float16 / bfloat16 arguments are cast to float32, the op runs with
-  autocast off, and floating results are cast back (as torchvision's RoI ops do): a forward to the
-  autocast dtype, a backward's gradients each to its tensor's dtype. float64 arguments stay float64.
-
-The casts run through the dispatcher, so autograd records them. Not ``torch.library.register_autocast``:
-it casts the inputs only, so a FLOAT32 forward would return float32 and a backward's gradients would not
-take their tensors' dtypes.
+"""How every cvops custom op behaves inside ``torch.autocast`` (CPU and CUDA), one policy per op
+(:data:`POLICIES`): ``KEEP`` (pure data movement) runs on the tensors as given; ``FLOAT32`` (accumulating
+ops) casts float16 / bfloat16 arguments to float32, runs with autocast off, and casts floating results back
+(a forward's to the autocast dtype, a backward's gradients each to its tensor's dtype); float64 stays float64.
+The casts go through the dispatcher, so autograd records them (``torch.library.register_autocast`` would
+cast the inputs only).
 """
 from __future__ import annotations
 
