@@ -32,11 +32,8 @@ OP = "indice_conv"
 # ----------------------------------------------------------------------------- checks
 def check_indice_conv(features, weight, indice_pairs, indice_num, num_out, inverse, identity_offset_,
                       check_values: bool = True):
-    """Every rule of the kernel-map convolution; raises ``BadParamError`` naming the argument.
-
-    ``check_values=False`` skips the O(K*L) scan of the pair values (for maps that come straight from
-    :func:`cvops.get_indice_pairs`, which are valid by construction); shapes are always checked.
-    """
+    """Every rule of the kernel-map convolution; raises ``BadParamError`` naming the argument
+    (``check_values``: see :func:`_indice_conv`)."""
     check_tensor(OP, "features", features, dim=2, dtypes=FLOAT_DTYPES)
     check_tensor(OP, "weight", weight, dim=3, dtypes=FLOAT_DTYPES)
     check_tensor(OP, "indice_pairs", indice_pairs, dim=3, dtypes=INDEX_DTYPES)
