@@ -31,6 +31,8 @@ def _check_sizes(op: str, **limits) -> None:
             _pair(op, name, value, min_value=min_value)
         else:
             _check_int(op, name, value, min_value=min_value)
+
+
 @_torch.jit.unused
 def _call_psamask(input: _Tensor, psa_type: str, mask_size) -> _Tensor:  # mask_size as given (int, pair, None)
     return _psamask(input, psa_type, mask_size)

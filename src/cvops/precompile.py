@@ -126,29 +126,6 @@ def _compiled_signatures() -> int:
                for v in vars(module).values() if is_jitted(v))
 
 
-def _progress(total: int):
-    """``(show(done, label), close())`` drawing one progress line (``label``: the step now running): rich's bar
-    when rich is installed and the output is a terminal, else plain text (a line per step off a terminal)."""
-    start = time.perf_counter()
-    if sys.stdout.isatty():
-        try:
-            from rich.progress import Progress, TimeElapsedColumn
-        except ImportError:
-            pass
-        else:
-            bar = Progress(*Progress.get_default_columns()[:-1], TimeElapsedColumn())
-            task = bar.add_task("", total=total)
-            bar.start()
-            return (lambda done, label: bar.update(task, completed=done, description=label)), bar.stop
-
-    def show(done: int, label: str) -> None:
-        line = f"[{done}/{total}] {label} ({time.perf_counter() - start:.1f} s)"
-        print(f"\r{line:<72}" if sys.stdout.isatty() else line, end="" if sys.stdout.isatty() else "\n",
-              flush=True)
-
-    return show, (lambda: print() if sys.stdout.isatty() else None)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cvops.precompile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", nargs="+", choices=list(OPS), default=list(OPS), help="ops to compile (all)")
@@ -158,15 +135,20 @@ def main(argv=None) -> int:
         print("numba does not import here: the CPU ops run their torch code and have nothing to compile")
         return 1
     todo = list(steps(args.ops))
-    start = time.perf_counter()
-    show, close = _progress(len(todo))
+    start, tty = time.perf_counter(), sys.stdout.isatty()
+
+    def show(done: int, label: str) -> None:  # one line redrawn on a terminal, a line per step elsewhere
+        line = f"[{done}/{len(todo)}] {label} ({time.perf_counter() - start:.1f} s)"
+        print(f"\r{line:<72}" if tty else line, end="" if tty else "\n", flush=True)
+
     try:
         for done, (label, call) in enumerate(todo):
             show(done, label)
             call()
         show(len(todo), "done")
     finally:
-        close()
+        if tty:
+            print()
     where = os.environ.get("NUMBA_CACHE_DIR") or "numba's default cache (__pycache__ or ~/.cache/numba)"
     print(f"{_compiled_signatures()} kernel signatures compiled or loaded in {time.perf_counter() - start:.1f} s;"
           f" cache: {where}")

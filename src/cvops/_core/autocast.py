@@ -1,15 +1,9 @@
-"""Mixed precision: how every cvops custom op behaves inside ``torch.autocast`` (CUDA and CPU), one
-policy per op (:data:`POLICIES`):
-
-* ``KEEP`` (pure data movement): the op runs on the tensors as given; a copy is exact in every dtype, so
-  a float16 model keeps float16 activations.
-* ``FLOAT32`` (accumulating ops): float16 / bfloat16 arguments are cast to float32, the op runs with
-  autocast off, and floating results are cast back (as torchvision's RoI ops do): a forward to the
-  autocast dtype, a backward's gradients each to its tensor's dtype. float64 arguments stay float64.
-
-The casts run through the dispatcher, so autograd records them. Not ``torch.library.register_autocast``:
-it casts the inputs only, so a FLOAT32 forward would return float32 and a backward's gradients would not
-take their tensors' dtypes.
+"""How every cvops custom op behaves inside ``torch.autocast`` (CPU and CUDA), one policy per op
+(:data:`POLICIES`): ``KEEP`` (pure data movement) runs on the tensors as given; ``FLOAT32`` (accumulating
+ops) casts float16 / bfloat16 arguments to float32, runs with autocast off, and casts floating results back
+(a forward's to the autocast dtype, a backward's gradients each to its tensor's dtype); float64 stays float64.
+The casts go through the dispatcher, so autograd records them (``torch.library.register_autocast`` would
+cast the inputs only).
 """
 from __future__ import annotations
 
@@ -20,7 +14,6 @@ import torch
 KEEP = "keep"
 FLOAT32 = "float32"
 _HALF = (torch.float16, torch.bfloat16)
-DEVICES = ("cpu", "cuda")
 AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}  # the dispatch keys autocast adds per device
 
 # op name -> (policy, for each floating result: the index of the argument whose dtype it takes, or None for
@@ -41,17 +34,18 @@ POLICIES: dict[str, tuple[str, tuple[Optional[int], ...]]] = {
     "sparse_indice_conv_backward": (FLOAT32, (1, 2)),          # (grad_out, features, weight) -> (gf, gw)
 }
 
-_registered = False
 _lib: Optional[torch.library.Library] = None
 
 
-def _float32_kernel(op, device_type: str, result_like: tuple[Optional[int], ...]):
+def _kernel(op, device_type: str, policy: str, result_like: tuple[Optional[int], ...]):
     def kernel(*args):
-        wide = any(isinstance(a, torch.Tensor) and a.dtype == torch.float64 for a in args)
+        if policy == KEEP:
+            with torch.autocast(device_type, enabled=False):
+                return op(*args)
         cast = [a.to(torch.float32) if isinstance(a, torch.Tensor) and a.dtype in _HALF else a for a in args]
         with torch.autocast(device_type, enabled=False):
             out = op(*cast)
-        if wide:
+        if any(isinstance(a, torch.Tensor) and a.dtype == torch.float64 for a in args):
             return out
         results = list(out) if isinstance(out, (tuple, list)) else [out]
         floating = [i for i, r in enumerate(results) if r.is_floating_point()]
@@ -63,35 +57,24 @@ def _float32_kernel(op, device_type: str, result_like: tuple[Optional[int], ...]
     return kernel
 
 
-def _keep_kernel(op, device_type: str):
-    def kernel(*args):
-        with torch.autocast(device_type, enabled=False):
-            return op(*args)
-
-    return kernel
-
-
 def register() -> None:
     """Installs the autocast kernel of every op in :data:`POLICIES` for CPU and CUDA, once, under the
     ``Autocast<device>`` dispatch keys."""
-    global _registered, _lib
-    if _registered:
+    global _lib
+    if _lib is not None:
         return
     _lib = torch.library.Library("cvops", "IMPL")
     for name, (policy, result_like) in POLICIES.items():
         op = getattr(torch.ops.cvops, name).default
-        for device_type in DEVICES:
-            kernel = (_keep_kernel(op, device_type) if policy == KEEP
-                      else _float32_kernel(op, device_type, result_like))
-            _lib.impl(name, kernel, AUTOCAST_KEYS[device_type])
-    _registered = True
+        for device_type, key in AUTOCAST_KEYS.items():
+            _lib.impl(name, _kernel(op, device_type, policy, result_like), key)
 
 
 def _autocast_device(tensors) -> Optional[str]:
     for t in tensors:
         if isinstance(t, torch.Tensor):
             kind = t.device.type
-            return kind if kind in DEVICES and torch.is_autocast_enabled(kind) else None
+            return kind if kind in AUTOCAST_KEYS and torch.is_autocast_enabled(kind) else None
     return None
 
 

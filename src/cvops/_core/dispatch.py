@@ -1,13 +1,10 @@
 """Backend dispatch: which module of an op's package runs a call.
 
 ``"reference"`` -> ``reference.py`` (literal loops, the oracle); ``"torch"`` -> ``cpu.py`` (plain torch, any
-device); ``"numba"`` -> ``cpu_numba.py`` (compiled loops on CPU tensors; the torch code where an op has no
-loop for a direction or case); ``"triton"`` -> ``triton.py`` (CUDA tensors, or CPU ones under
-``TRITON_INTERPRET=1``). ``None`` is the device's default and ``"cpu"`` an alias of the CPU default, so
-code written for the earlier names keeps working; :func:`resolve_backend` makes the choice, top to bottom.
-``CVOPS_NUMBA=0`` changes only the default; an explicit ``"numba"`` or ``"triton"`` that cannot run a
-call raises NotSupportedError. Modules are imported only when chosen, and triton is found with
-``importlib.util.find_spec`` (importing it costs about a second, which CPU-only processes should not pay).
+device); ``"numba"`` -> ``cpu_numba.py`` (compiled loops on CPU tensors); ``"triton"`` -> ``triton.py`` (CUDA
+tensors, or CPU ones under ``TRITON_INTERPRET=1``). ``None`` is the device's default and ``"cpu"`` an alias of
+the CPU default; ``CVOPS_NUMBA=0`` changes only the default. Modules are imported only when chosen, and triton
+is only looked for (importing it costs about a second, which CPU-only processes should not pay).
 """
 from __future__ import annotations
 
@@ -79,10 +76,8 @@ def _triton_refusal(package: str, device: torch.device, tensors) -> str | None:
 
 
 def check_backend(package: str, op: str, backend: str | None, device: torch.device, *tensors) -> None:
-    """Every public function calls this before any work: an unknown backend name raises BadParamError, and
-    an explicit backend that cannot run the call (``"triton"`` without triton or on a CPU tensor outside
-    the interpreter, ``"numba"`` without numba, off the CPU or on tensors its loops do not take) raises
-    NotSupportedError naming it. ``None`` and ``"cpu"`` run anywhere."""
+    """Every public function calls this before any work: an unknown backend name raises BadParamError, an
+    explicit backend that cannot run the call NotSupportedError naming why. ``None`` and ``"cpu"`` run anywhere."""
     if backend is not None and backend != CPU_ALIAS:
         resolve_backend(package, op, backend, device, *tensors)
 

@@ -1,10 +1,6 @@
-"""Index width for Triton kernels.
-
-On NVIDIA GPUs 64-bit integer division and multiplication are emulated with several 32-bit instructions
-and every 64-bit value takes two registers, so a data-movement kernel doing its index arithmetic in int64
-needs about twice the registers (and far more instructions) of the same kernel in int32. Kernels take
-an ``INDEX_64`` constexpr: ``False`` when :func:`needs_int64` proves that every offset they compute fits
-int32 (the common case), ``True`` otherwise (a separate compiled variant, so large tensors stay correct).
+"""Index width for Triton kernels: they take an ``INDEX_64`` constexpr, ``False`` when :func:`needs_int64`
+proves that every offset fits int32 (64-bit integer arithmetic is emulated on NVIDIA GPUs and doubles the
+registers), ``True`` otherwise (a separate compiled variant, so large tensors stay correct).
 """
 from __future__ import annotations
 

@@ -1,34 +1,12 @@
-"""numba kernels for the CPU: the ``numba`` backend (``cpu_numba.py`` of an op; see ``_core/dispatch.py``).
+"""numba kernels for the CPU: the ``numba`` backend (an op's ``cpu_numba.py``; see ``_core/dispatch.py``), which
+the dispatcher makes the CPU default when numba imports and ``CVOPS_NUMBA`` is not ``0`` (read on every call;
+an explicit ``backend="numba"`` ignores it). Nothing here imports numba at ``import cvops`` time.
 
-The project rule: CPU backends are plain torch, and numba is allowed only where a benchmark shows torch
-cannot reach the goal. Such an op keeps its torch backend and adds a module of fused loop kernels, which
-the dispatcher makes the CPU default when
-
-* numba imports, and
-* the environment does not say ``CVOPS_NUMBA=0`` (read on every call, so tests and users can switch;
-  an explicit ``backend="numba"`` ignores it).
-
-Nothing here imports numba at ``import cvops`` time: the dispatcher imports an op's kernel module (which decorates
-with :func:`njit`) when it first chooses the numba backend. Kernels compile on the calling thread
-the first time they meet an argument type (dtype, array layout), with numba's public ``cache=True``: the
-machine code is written to numba's disk cache and later processes load it. So which path computes a
-result never depends on timing, and a result is the same on the first call and the thousandth. The
-first call of a process pays numba's import and the loading of its kernels; on an empty cache it also
-pays their compilation, which ``python -m cvops.precompile`` does ahead of time (images, CI).
-
-Pure-IO kernels compile without fastmath (results match the loop references bit for bit); accumulating
-kernels may allow reassociation and contraction (:data:`REASSOCIATE`) so LLVM vectorises their sums: the
-order is fixed at compile time, so results are still the same on every run, and no-NaN/no-inf assumptions
-are never made.
-
-Where the cache lives: numba's own rule, which suits a pip install. It writes next to the kernel's
-source (``__pycache__``) when that folder is writable, otherwise in the user's cache folder
-(``~/.cache/numba`` on Linux), and ``NUMBA_CACHE_DIR`` moves it anywhere. Each kernel compiles once
-per argument types, never per value: sizes, strides and flags are plain integer arguments.
-
-Kernels are serial loops over a range handed to them; their parallelism is cvops's one pool of Python
-threads (``_core.parallel.run_parts``, torch's thread count), since the kernels release the GIL, and
-:func:`use_parallel` keeps small calls on the calling thread.
+Kernels compile on the calling thread the first time they meet an argument type, with numba's ``cache=True``
+(its disk cache; ``python -m cvops.precompile`` fills it ahead of time), so a result never depends on timing.
+Pure-IO kernels compile without fastmath (bit-exact); accumulating ones may reassociate and contract
+(:data:`REASSOCIATE`), in an order fixed at compile time. Kernels are serial loops over a range: their
+parallelism is ``_core.parallel.run_parts``. docs/ARCHITECTURE.md (numba, first calls) says why.
 """
 from __future__ import annotations
 

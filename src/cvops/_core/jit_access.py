@@ -45,31 +45,6 @@ def _float_to_half_bits(typingctx, value):
     return types.uint16(value), codegen
 
 
-@intrinsic
-def _bits_as_float(typingctx, bits):
-    """The low 32 bits of an integer reinterpreted as float32."""
-    if not isinstance(bits, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        low = args[0] if bits.bitwidth == 32 else builder.trunc(args[0], ir.IntType(32))
-        return builder.bitcast(low, ir.FloatType())
-
-    return types.float32(bits), codegen
-
-
-@intrinsic
-def _float_as_bits(typingctx, value):
-    """float32 reinterpreted as uint32 bits."""
-    if value != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.uint32(value), codegen
-
-
 def load(a, i):
     """``a[i]`` as a float: float16 storage is passed as uint16 and bfloat16 as int16 (their bits)."""
 
@@ -83,7 +58,7 @@ def _load_impl(a, i):
     if a.dtype == types.uint16:
         return lambda a, i: _half_bits_to_float(a[i])
     if a.dtype == types.int16:
-        return lambda a, i: _bits_as_float(np.uint64(np.uint16(a[i])) << np.uint64(16))
+        return lambda a, i: np.uint32(np.uint64(np.uint16(a[i])) << np.uint64(16)).view(np.float32)
     return lambda a, i: a[i]
 
 
@@ -95,7 +70,7 @@ def _store_impl(a, i, v):
         return store_half
     if a.dtype == types.int16:
         def store_bfloat(a, i, v):
-            u = np.int64(_float_as_bits(np.float32(v)))
+            u = np.int64(np.float32(v).view(np.uint32))
             a[i] = 0x7FC0 if v != v else (u + 0x7FFF + ((u >> 16) & 1)) >> 16
         return store_bfloat
     def store(a, i, v):

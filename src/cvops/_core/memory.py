@@ -1,10 +1,6 @@
-"""Output allocation for the CPU backends.
-
-Every output is a fresh torch tensor: cvops recycles no buffer, since whether one is free cannot be known
-through public APIs (a storage's use count is private and does not see every holder). A new large tensor's
-4 KiB pages are faulted in and zeroed on first touch, a large part of the pure-IO operators' cost, so large
-buffers ask for transparent huge pages (``madvise(MADV_HUGEPAGE)`` on their 2 MiB-aligned interior): advice
-only, which changes no contents and may be refused.
+"""Output allocation for the CPU backends: every output is a fresh torch tensor (no buffer is recycled: whether
+one is free cannot be known through public APIs), and large ones get ``madvise(MADV_HUGEPAGE)`` on their 2 MiB-
+aligned interior, since faulting in fresh 4 KiB pages is a large part of the pure-IO ops' cost (advice only).
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""cvops's one CPU thread pool: compiled (numba) kernels that release the GIL run over ranges of their work
-on the calling thread and torch's thread count of pool workers (:func:`run_parts`); the torch paths use
-torch's own threads.
-
-A forked child has none of its parent's pool threads: it forgets the pools (and the lock, which another
-of the parent's threads may have held), and makes new ones on first use, so work it submits runs instead
-of waiting for threads that do not exist.
-"""
+"""cvops's one CPU thread pool (docs/ARCHITECTURE.md, ``_core``): compiled kernels that release the GIL run over
+ranges of their work on the calling thread and torch's thread count of pool workers (:func:`run_parts`). A
+forked child forgets its parent's pools and lock, and makes new ones on first use."""
 from __future__ import annotations
 
 import contextlib
@@ -79,13 +74,8 @@ def guided_parts(total: int, threads: int, smallest: int) -> list[tuple[int, int
 def run_parts(call: Callable[[int, int], None], parts: Sequence[tuple[int, int]]) -> None:
     """``call(lo, hi)`` for every range of ``parts``, claimed one by one by the calling thread and torch's
     thread count of pool workers, for compiled kernels that release the GIL and write disjoint outputs.
-
-    More parts than threads, claimed as threads come free: on a shared machine a descheduled thread then
-    holds up its current part, not a fixed share of the work. Python threads rather than numba's
-    ``prange``: numba's OpenMP pool is a second OpenMP runtime beside torch's, and its fork/join waits for
-    a descheduled or still-spinning thread of the other runtime cost milliseconds per call. One thread
-    or one part runs on the calling thread alone.
-    """
+    Parts are claimed as threads come free, so a descheduled thread holds up one part, not a fixed share.
+    One thread or one part runs on the calling thread alone."""
     threads = torch.get_num_threads()
     if threads < 2 or len(parts) < 2:
         for lo, hi in parts:

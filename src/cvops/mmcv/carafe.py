@@ -18,9 +18,6 @@ def carafe(features: Tensor, masks: Tensor, kernel_size: int, group_size: int, s
     return _carafe(features, masks, kernel_size, group_size, scale_factor)
 
 
-def carafe_naive(features: Tensor, masks: Tensor, kernel_size: int, group_size: int, scale_factor: int) -> Tensor:
-    """mmcv ``carafe_naive``: the same function as :func:`carafe` (mmcv's two kernels differ only in speed)."""
-    return _carafe(features, masks, kernel_size, group_size, scale_factor)
-
+carafe_naive = carafe  # mmcv's naive and optimised kernels compute the same function
 
 __all__ = ["CARAFE", "CARAFENaive", "CARAFEPack", "carafe", "carafe_naive"]

@@ -14,11 +14,10 @@ import torch
 from torch import Tensor, nn
 
 # absolute imports: the file also loads as mmcv.ops.<name> where cvops.mmcv stands in for mmcv.ops
-from cvops._core.validate import check_int, check_same_device, check_tensor, pair, require
+from cvops._core.validate import FLOAT_DTYPES, check_int, check_same_device, check_tensor, pair, require
 from cvops.mmcv._torchvision import torchvision_ops
 
 _OP = "deform_conv2d"
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 IntPair = Union[int, tuple]
 
 
@@ -82,7 +81,7 @@ def _sample(x: Tensor, offset: Tensor, kernel: tuple, stride: tuple, padding: tu
 
 def _check(input, offset, weight, stride, padding, dilation, groups, deform_groups):
     for name, t in (("input", input), ("offset", offset), ("weight", weight)):
-        check_tensor(_OP, name, t, dim=4, dtypes=_FLOATS)
+        check_tensor(_OP, name, t, dim=4, dtypes=FLOAT_DTYPES)
     check_same_device(_OP, input=input, offset=offset, weight=weight)
     stride = pair(_OP, "stride", stride, min_value=1)
     padding = pair(_OP, "padding", padding, min_value=0)

@@ -12,10 +12,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from cvops._core.validate import check_int, check_tensor, require, require_supported  # absolute: also mmcv.ops.<name>
+# absolute: the file also loads as mmcv.ops.<name>
+from cvops._core.validate import FLOAT_DTYPES, check_int, check_tensor, require, require_supported
 from cvops.mmcv._torchvision import torchvision_ops
-
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def nms(boxes, scores, iou_threshold: float, offset: int = 0, score_threshold: float = 0, max_num: int = -1):
@@ -26,8 +25,8 @@ def nms(boxes, scores, iou_threshold: float, offset: int = 0, score_threshold: f
     is_numpy = isinstance(boxes, np.ndarray)
     boxes = torch.from_numpy(boxes) if is_numpy else boxes
     scores = torch.from_numpy(scores) if isinstance(scores, np.ndarray) else scores
-    check_tensor("nms", "boxes", boxes, dim=2, dtypes=_FLOATS)
-    check_tensor("nms", "scores", scores, dim=1, dtypes=_FLOATS)
+    check_tensor("nms", "boxes", boxes, dim=2, dtypes=FLOAT_DTYPES)
+    check_tensor("nms", "scores", scores, dim=1, dtypes=FLOAT_DTYPES)
     require(boxes.shape[1] == 4, "nms", f"boxes must be [N, 4], got {list(boxes.shape)}")
     require(scores.shape[0] == boxes.shape[0], "nms",
             f"scores ({scores.shape[0]}) and boxes ({boxes.shape[0]}) must have one row per box")
@@ -76,7 +75,7 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, nms_cfg: Optional[d
     (``'nms'``), ``iou_threshold``, and optionally ``offset``, ``score_threshold``, ``max_num``; ``None`` sorts by
     score without suppression. Classes are kept apart as mmcv does: each class's boxes are shifted by
     ``class * (max coordinate + 1)``, so boxes of different classes never overlap."""
-    check_tensor("batched_nms", "boxes", boxes, dim=2, dtypes=_FLOATS)
+    check_tensor("batched_nms", "boxes", boxes, dim=2, dtypes=FLOAT_DTYPES)
     check_tensor("batched_nms", "idxs", idxs, dim=1)
     require(len(idxs) == len(boxes), "batched_nms",
             f"idxs ({len(idxs)}) and boxes ({len(boxes)}) must have one row per box")

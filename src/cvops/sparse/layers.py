@@ -1,9 +1,6 @@
 """The named convolution classes (``SparseConv3d``, ``SubMConv2d``, ``SparseConvTranspose3d``,
-``SparseInverseConv1d``, ...) with spconv 2.x's constructor signatures, built for one base class.
-
-:func:`conv_classes` makes them for :class:`~cvops.sparse.modules.SparseConvolution` (spconv weight layout:
-``cvops.sparse`` and ``cvops.spconv``) and for mmcv's layout (``cvops.mmcv``), so both namespaces share one
-implementation and differ only in the weight layout.
+``SparseInverseConv1d``, ...) with spconv 2.x's constructor signatures, made by :func:`conv_classes` for one
+base class: spconv's weight layout (``cvops.sparse``, ``cvops.spconv``) or mmcv's (``cvops.mmcv``).
 """
 from __future__ import annotations
 

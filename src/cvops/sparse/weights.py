@@ -1,10 +1,7 @@
-"""Weight layouts of sparse convolutions and conversion between them (docs/SPARSE.md).
-
-``cvops.sparse`` and ``cvops.spconv`` store spconv 2.x's ``[C_out, *k, C_in]`` (``"spconv"``, KRSC), so spconv
-2.x checkpoints load with a plain ``load_state_dict``; ``cvops.mmcv`` stores ``[*k, C_in, C_out]`` (``"mmcv"``,
-RSCK: mmcv, spconv 1.x, spconv 2.x Native with ``FILTER_HWIO``). ``"RSKC"`` ``[*k, C_out, C_in]`` is spconv 2.x
-Native without ``FILTER_HWIO`` and ``"torch"`` ``[C_out, C_in, *k]`` a dense ``Conv3d``'s. Kernel offsets are
-row-major over (kz, ky, kx) in all.
+"""Weight layouts of sparse convolutions and conversion between them (docs/SPARSE.md): ``"spconv"``
+``[C_out, *k, C_in]`` (KRSC: ``cvops.sparse``, ``cvops.spconv``), ``"mmcv"`` ``[*k, C_in, C_out]`` (RSCK: mmcv,
+spconv 1.x, spconv 2.x Native with ``FILTER_HWIO``; ``cvops.mmcv``), ``"RSKC"`` ``[*k, C_out, C_in]`` (spconv 2.x
+Native without it) and ``"torch"`` ``[C_out, C_in, *k]``; kernel offsets are row-major over (kz, ky, kx) in all.
 """
 from __future__ import annotations
 
