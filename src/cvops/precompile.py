@@ -122,7 +122,7 @@ def _compiled_signatures() -> int:
     from numba.extending import is_jitted
 
     return sum(len(v.signatures) for module in list(sys.modules.values())
-               if getattr(module, "__name__", "").startswith("cvops.") and module.__name__.endswith("cpu_numba")
+               if getattr(module, "__name__", "").startswith("cvops.") and module.__name__.endswith("_numba")
                for v in vars(module).values() if is_jitted(v))
 
 
