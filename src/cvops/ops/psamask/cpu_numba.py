@@ -424,12 +424,10 @@ def _launch(kernel, tile, out: torch.Tensor, src: torch.Tensor, strides, h, w, h
 
 
 def _split(kernel, args, tail, blocks: int, elements: int) -> None:
-    """``kernel(*args, lo, hi, *tail)`` over the blocks ``[0, blocks)``, split over the thread pool."""
-    if torch.get_num_threads() < 2 or blocks < 2 or elements < _PARALLEL_ELEMENTS:
-        kernel(*args, 0, blocks, *tail)
-        return
-    parts = even_parts(blocks, torch.get_num_threads() * CHUNKS_PER_THREAD)
-    run_parts(lambda lo, hi: kernel(*args, lo, hi, *tail), parts)
+    """``kernel(*args, lo, hi, *tail)`` over the blocks ``[0, blocks)``, split over the thread pool (one part below
+    ``_PARALLEL_ELEMENTS``; ``run_parts`` runs one part, or any on one thread, on the calling thread)."""
+    chunks = torch.get_num_threads() * CHUNKS_PER_THREAD if elements >= _PARALLEL_ELEMENTS else 1
+    run_parts(lambda lo, hi: kernel(*args, lo, hi, *tail), even_parts(blocks, chunks))
 
 
 _FLOAT_OF_WIDTH = {4: np.float32, 8: np.float64}  # transpose8's element types, used as raw-bit carriers
@@ -465,10 +463,8 @@ def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: st
         return out
     sn, sc, sh, sw = x.stride()
     q_major = (psa_type == COLLECT) == (layout == "NCHW")  # storage [n, q, p] rather than [n, p, q]
-    if q_major:
-        kernel, tile = _forward_q_major, w
-    else:
-        kernel, tile = _forward_p_major, CONTIGUOUS_TILE if sc == 1 else w
+    kernel = _forward_q_major if q_major else _forward_p_major
+    tile = CONTIGUOUS_TILE if sc == 1 and not q_major else w
     _launch(kernel, tile, out, x, (sn, w_mask * sc, sc, sh, sw), h, w, h_mask, w_mask, n * h)
     return out
 
@@ -481,10 +477,8 @@ def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: 
         _launch_sheared(dx, dy, False, psa_type == COLLECT, h, w, h_mask, w_mask, n * h_mask)
         return dx
     sn, sc, sh, sw = dy.stride()
-    if psa_type == COLLECT:   # channel holds q, spatial holds p
-        strides = (sn, w * sc, sc, sh, sw)
-    else:                     # channel holds p, spatial holds q
-        strides = (sn, sh, sw, w * sc, sc)
+    # COLLECT: the channel holds q, the spatial axes p; DISTRIBUTE the other way round
+    strides = (sn, w * sc, sc, sh, sw) if psa_type == COLLECT else (sn, sh, sw, w * sc, sc)
     if layout == "NCHW":
         _launch(_backward_d_major, BACKWARD_TILE, dx, dy, strides, h, w, h_mask, w_mask, n * h_mask)
     else:

@@ -437,12 +437,9 @@ def _band_scratch(size: int, dtype) -> np.ndarray:
 
 
 def _split(kernel, args, parts, scratch: int, acc) -> None:
-    """``kernel(*args, lo, hi, band_scratch)`` for each ``(lo, hi)`` of ``parts`` (``_core.parallel.run_parts``
-    for several), each thread with its own band scratch; the parts write disjoint outputs."""
-    if len(parts) == 1:
-        kernel(*args, *parts[0], _band_scratch(scratch, acc))
-    else:
-        run_parts(lambda lo, hi: kernel(*args, lo, hi, _band_scratch(scratch, acc)), parts)
+    """``kernel(*args, lo, hi, band_scratch)`` for each ``(lo, hi)`` of ``parts`` (``_core.parallel.run_parts``),
+    each thread with its own band scratch; the parts write disjoint outputs."""
+    run_parts(lambda lo, hi: kernel(*args, lo, hi, _band_scratch(scratch, acc)), parts)
 
 
 @functools.lru_cache(maxsize=16)

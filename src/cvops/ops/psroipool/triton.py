@@ -117,10 +117,9 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
     if input.numel() == 0 or rois.shape[0] == 0:  # nothing to pool: the torch code writes the mapping and zeros
         return cpu.forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout, convention)
     n, c, h, w = input.shape
-    r = rois.shape[0]
-    output = empty_nchw((r, output_dim, pooled_height, pooled_width), out_layout, like=input)
-    mapping = empty_nchw((r, output_dim, pooled_height, pooled_width), out_layout,
-                         like=input.new_empty(0, dtype=torch.int32))
+    r, shape = rois.shape[0], (rois.shape[0], output_dim, pooled_height, pooled_width)
+    output = empty_nchw(shape, out_layout, like=input)
+    mapping = empty_nchw(shape, out_layout, like=input.new_empty(0, dtype=torch.int32))
     hs, he, ws, we, batch = _edges_int32(rois, pooled_height, pooled_width, spatial_scale, h, w, input.dtype,
                                          convention)
     block = _block(output_dim)
