@@ -1,9 +1,10 @@
 """psamask in plain torch (the ``torch`` backend): the doc's loop over positions, one window copy each.
 
-Position ``p = (ph, pw)`` sees the neighbours ``q = p + d - half`` (``half = (mask - 1) // 2`` per axis) of the
-mask offsets ``d`` that land inside the map: a rectangle. With ``x`` viewed as ``[N, h_mask, w_mask, H, W]`` and
-``out`` as ``[N, H, W, H, W]``, COLLECT copies ``out[:, q, p] = x[:, d, p]`` and DISTRIBUTE ``out[:, p, q]``,
-one slice copy per position; the rest is 0. Backward copies the same rectangles back into a zero ``dx``.
+Position ``p = (ph, pw)`` sees the neighbours ``q = p + d - half`` (``half = (mask - 1) // 2`` per axis) of
+the mask offsets ``d`` that land inside the map: a rectangle. With ``x`` viewed as
+``[N, h_mask, w_mask, H, W]`` and ``out`` as ``[N, H, W, H, W]``, COLLECT copies ``out[:, q, p] = x[:, d, p]``
+and DISTRIBUTE ``out[:, p, q]``, one slice copy per position; the rest is 0. Backward copies the rectangles
+back into zeros.
 """
 from __future__ import annotations
 

@@ -424,8 +424,8 @@ def _launch(kernel, tile, out: torch.Tensor, src: torch.Tensor, strides, h, w, h
 
 
 def _split(kernel, args, tail, blocks: int, elements: int) -> None:
-    """``kernel(*args, lo, hi, *tail)`` over the blocks ``[0, blocks)``, split over the thread pool (one part below
-    ``_PARALLEL_ELEMENTS``; ``run_parts`` runs one part, or any on one thread, on the calling thread)."""
+    """``kernel(*args, lo, hi, *tail)`` over the blocks ``[0, blocks)``, split over the thread pool (one part
+    below ``_PARALLEL_ELEMENTS``; ``run_parts`` runs one part, or any on one thread, on the calling thread)."""
     chunks = torch.get_num_threads() * CHUNKS_PER_THREAD if elements >= _PARALLEL_ELEMENTS else 1
     run_parts(lambda lo, hi: kernel(*args, lo, hi, *tail), even_parts(blocks, chunks))
 

@@ -16,10 +16,6 @@ from ..._core.layout import empty_nchw
 from . import checks
 
 
-def _acc_dtype(dtype: torch.dtype):
-    return np.float64 if dtype == torch.float64 else np.float32
-
-
 def round_half_away(v):
     """C ``round()``: halves go away from zero (torch.round goes to even)."""
     t = np.trunc(v)
@@ -56,9 +52,9 @@ def bin_edges(roi, pooled_height: int, pooled_width: int, spatial_scale: float, 
                 size = (round_half_away(c2) + acc(1)) * scale - start
                 size = max(size, acc(0.1)) if not math.isnan(size) else size
                 shift, offset = start, acc(0)
-            bin_size = size / acc(bins)
-            edges.append([to_index(np.floor(acc(p) * bin_size + shift) + offset, limit) for p in range(bins)])
-            edges.append([to_index(np.ceil(acc(p + 1) * bin_size + shift) + offset, limit) for p in range(bins)])
+            step = size / acc(bins)
+            edges.append([to_index(np.floor(acc(p) * step + shift) + offset, limit) for p in range(bins)])
+            edges.append([to_index(np.ceil(acc(p + 1) * step + shift) + offset, limit) for p in range(bins)])
     return edges
 
 
@@ -71,8 +67,8 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
     ph_n, pw_n = pooled_height, pooled_width
     output = empty_nchw((r, output_dim, ph_n, pw_n), out_layout, like=input, zero=True)
     mapping = empty_nchw((r, output_dim, ph_n, pw_n), out_layout, like=input.new_empty(0, dtype=torch.int32))
-    acc = _acc_dtype(input.dtype)
-    x = input.detach().cpu().to(torch.float64 if acc is np.float64 else torch.float32).numpy()
+    x = input.detach().cpu().to(torch.float64 if input.dtype == torch.float64 else torch.float32).numpy()
+    acc = x.dtype.type  # R-FCN's Dtype: float32 (float64 for float64 input)
     rois_np = rois.detach().cpu().double().numpy()
     out_np = np.zeros((r, output_dim, ph_n, pw_n), dtype=acc)
     map_np = np.zeros((r, output_dim, ph_n, pw_n), dtype=np.int32)
@@ -110,8 +106,8 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
     if top_grad.numel() == 0 or bottom.numel() == 0:
         return bottom
     checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
-    acc = _acc_dtype(top_grad.dtype)
-    g = top_grad.detach().cpu().to(torch.float64 if acc is np.float64 else torch.float32).numpy()
+    g = top_grad.detach().cpu().to(torch.float64 if top_grad.dtype == torch.float64 else torch.float32).numpy()
+    acc = g.dtype.type
     maps = mapping_channel.detach().cpu().numpy()
     rois_np = rois.detach().cpu().double().numpy()
     grad_np = np.zeros((n, c, h, w), dtype=acc)

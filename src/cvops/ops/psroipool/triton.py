@@ -115,7 +115,8 @@ def _block(n: int) -> int:
 def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
             spatial_scale: float, output_dim: int, out_layout: str = "NCHW", convention: str = "rfcn"):
     if input.numel() == 0 or rois.shape[0] == 0:  # nothing to pool: the torch code writes the mapping and zeros
-        return cpu.forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout, convention)
+        return cpu.forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout,
+                           convention)
     n, c, h, w = input.shape
     r, shape = rois.shape[0], (rois.shape[0], output_dim, pooled_height, pooled_width)
     output = empty_nchw(shape, out_layout, like=input)
