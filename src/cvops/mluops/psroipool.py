@@ -78,10 +78,8 @@ def psroipool_forward(handle, pooled_height, pooled_width, spatial_scale, group_
              "mapping_channel_desc": mapping_channel_desc}
     ph, pw, od = _check(op, descs, "output_desc", "input_desc", pooled_height, pooled_width, spatial_scale,
                         output_dim)
-    require(isinstance(group_size, int) and not isinstance(group_size, bool), op,
-            f"group_size must be an int, got {group_size!r}")
+    group_size = check_int(op, "group_size", group_size, min_value=1)
     require(group_size == ph, op, f"group_size ({group_size}) must equal pooled_height ({ph})")
-    require(group_size >= 1, op, f"group_size must be >= 1, got {group_size}")
     if input_desc.numel == 0:
         return
     require(rois_desc.numel > 0, op, "rois must not be a zero-element tensor")

@@ -1,15 +1,10 @@
-"""psamask on the CPU in plain torch: the doc's loop over positions, one window copy each.
+"""psamask in plain torch (the ``torch`` backend): the doc's loop over positions, one window copy each.
 
 Position ``p = (ph, pw)`` sees the neighbours ``q = p + d - half`` (``half = (mask - 1) // 2`` per axis) of
-the mask offsets ``d`` that land inside the map: a rectangle of mask rows and columns, and the same
-rectangle of map rows and columns shifted by ``p - half``. With ``x`` viewed as ``[N, h_mask, w_mask, H, W]``
-and ``out`` as ``[N, H, W, H, W]``, COLLECT copies ``out[:, q, p] = x[:, d, p]`` and DISTRIBUTE
-``out[:, p, q] = x[:, d, p]`` over that rectangle, one slice copy per position (every image at once); the
-rest of ``out`` is 0. Backward copies the same rectangles back into a zero ``dx``. Elements are copied,
-never computed, so every bit (NaN payloads too) survives, and a call needs no memory beside its output.
-
-This is the ``torch`` backend; ``cpu_numba`` (the ``numba`` backend, the CPU default where numba is
-installed) does the same job as compiled loops, faster at PSANet scale.
+the mask offsets ``d`` that land inside the map: a rectangle. With ``x`` viewed as
+``[N, h_mask, w_mask, H, W]`` and ``out`` as ``[N, H, W, H, W]``, COLLECT copies ``out[:, q, p] = x[:, d, p]``
+and DISTRIBUTE ``out[:, p, q]``, one slice copy per position; the rest is 0. Backward copies the rectangles
+back into zeros.
 """
 from __future__ import annotations
 

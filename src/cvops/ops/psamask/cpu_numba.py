@@ -1,34 +1,18 @@
 """psamask as compiled loops: the ``numba`` backend (see ``_core/dispatch.py``).
 
-Why: the strided copies of ``cpu.py`` pay per element for the shear ``q = p + d - half``, which gives one
-side of every copy a non-unit inner stride, and its backward streams most of ``dx`` through memory
-twice. Here the output is written block by block, a tile of planes at a time, into a per-thread staging
-buffer that stays in cache; each finished tile streams out in storage order, whole cache lines at a
-time with non-temporal stores (``jit_intrinsics.stream_line``), so the output (mostly zeros) is written
-once and never read into the cache:
+The output is written block by block, a tile of planes at a time, into a per-thread staging buffer that
+stays in cache; each finished tile streams out whole cache lines at a time (``jit_intrinsics.stream_line``),
+so the output (mostly zeros) is written once and never read into the cache. Forward blocks are ``(n, qh)``
+of an ``[n, q, p]`` output or ``(n, ph)`` of ``[n, p, q]``; backward blocks ``(n, dh)`` of ``dx [n, d, p]``
+(NCHW) or ``(n, ph)`` of ``[n, p, d]`` (NHWC). Each row of a block fixes the mask row ``dh``, so its sources
+are one small sheared slab; they are prefetched a row ahead (strided sources into L2 only: the hardware
+prefetchers do not follow ~100 strided streams), and the copies stay scalar (``scalar_load``: LLVM's gathers
+are slower). Contiguous NCHW maps whose mask does not cover the whole width take the sheared-tile kernels
+(``_shear_blocks``): there the row kernels' strided side maps every row to the same cache sets.
 
-* forward, output ``[n, q, p]`` (COLLECT NCHW, DISTRIBUTE NHWC) or ``[n, p, q]`` (DISTRIBUTE NCHW,
-  COLLECT NHWC): one block per ``(n, qh)`` or ``(n, ph)``, walked row by row (``ph`` or ``qh``); each
-  row fixes the mask row ``dh``, so its sources are one small sheared slab of ``x``.
-* backward, ``dx [n, d, p]`` (NCHW) or ``[n, p, d]`` (NHWC): one block per ``(n, dh)`` or ``(n, ph)``;
-  the stage is zeroed once and its written rows zeroed again after each tile.
-
-What makes it fast:
-* the sources of the next row are prefetched (``jit_intrinsics.prefetch``): with a strided source each
-  element sits on its own cache line, and the hardware prefetchers do not follow ~100 such streams;
-  strided sources go into L2 only (``prefetch_l2``), where they do not evict the lines in use;
-* the copy loops stay scalar (``jit_intrinsics.scalar_load``): LLVM's loop vectoriser turns these strided
-  loops into AVX-512 gathers, slower than scalar loads;
-* array indices are unsigned (no negative-index wrap test per access).
-
-Contiguous NCHW maps whose mask does not cover the whole width (PSANet's whole-image test map) take the
-sheared-tile kernels instead (``_shear_blocks``, described above them): there the row kernels' strided
-side maps every row to the same cache sets.
-
-Tensors reach the kernels as flat integer views of their storage (raw bits: every dtype is copied
-exactly, NaN payloads included) plus element strides of the logical ``[n, mask/position axes]`` view,
-so each kernel compiles once per element width whatever the layout or strides. Blocks are independent
-and each output element has one writer, so the result does not depend on the number of threads.
+Tensors reach the kernels as flat integer views of their storage (raw bits: NaN payloads survive) plus
+element strides, so each kernel compiles once per element width. Each output element has one writer, so
+the result does not depend on the number of threads.
 """
 from __future__ import annotations
 
@@ -46,13 +30,8 @@ from .checks import COLLECT
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _PARALLEL_ELEMENTS = 1 << 18  # below this (~1 MB) a thread hand-off costs more than it saves
 CHUNKS_PER_THREAD = 4
-# Planes written together (see the kernels). Rows whose source is contiguous too (the copy is a memcpy)
-# want a small tile; strided sources want whole blocks, so one prefetch pass covers each row (but see
-# BACKWARD_TILE).
-CONTIGUOUS_TILE = 8
-# planes per tile of the NCHW backward (d-major): the staging buffer and the dy slabs it reuses stay in the
-# core's cache (the NHWC one with a strided source wants whole blocks, like the forwards)
-BACKWARD_TILE = 16
+CONTIGUOUS_TILE = 8  # planes per tile where the source is contiguous too; strided sources take whole blocks
+BACKWARD_TILE = 16  # planes per tile of the NCHW backward: the stage and the dy slabs it reuses stay in cache
 
 
 def supports(t: torch.Tensor) -> bool:
@@ -133,72 +112,50 @@ def _stage_buffer(out, elements, line):
 
 
 @njit
-def _forward_q_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, tile, line):
-    """``out[n, qh, qw, ph, pw]`` (dense) ``= x[n, qh-ph+hh, qw-pw+hw, ph, pw]``, 0 outside the mask.
-
-    Blocks ``b = n*h + qh`` in ``[lo, hi)``; in each, ``tile`` planes ``qw`` at a time, row ``ph`` by
-    row (one mask row ``dh`` per row), prefetching the next row's sources, into a staging buffer
-    (zero-filled first when the tile has cells outside the mask) that then streams out."""
+def _forward_tiles(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, tile, line, q_major):
+    """``out`` (dense) ``[n, qh, qw, ph, pw]`` (``q_major``) or ``[n, ph, pw, qh, qw]`` ``= x[n, qh-ph+hh,
+    qw-pw+hw, ph, pw]``, 0 outside the mask: blocks ``b = n*h + o`` in ``[lo, hi)`` (o = qh, or ph), ``tile``
+    planes t (qw, or pw) at a time, row r (ph, or qh) by row, each row's sources prefetched a row ahead, into
+    a stage (zero-filled first where the tile has cells outside the mask) that then streams out. Row r and
+    inner index u are inside the mask for ``o + r0 <= r < o + r0 + hm`` and ``t + u0 <= u < t + u0 + wm``."""
     hh, hw, hwsz = (hm - 1) // 2, (wm - 1) // 2, h * w
-    step = spw - sdw
+    sg, r0, u0 = (-1, hh - hm + 1, hw - wm + 1) if q_major else (1, -hh, -hw)  # dh = sg*(r - o) + hh
+    step = spw - sdw if q_major else sdw  # along u
     stage, lead = _stage_buffer(out, tile * hwsz, line)
     for b in range(lo, hi):
-        n, qh = b // h, b % h
-        pa, pb = max(0, qh + hh - hm + 1), min(h, qh + hh + 1)  # rows ph whose dh = qh - ph + hh is inside
-        for qw0 in range(0, w, tile):
-            qw1 = min(w, qw0 + tile)
-            start, stop = (b * w + qw0) * hwsz, (b * w + qw1) * hwsz
+        n, o = b // h, b % h
+        ra, rb = max(0, o + r0), min(h, o + r0 + hm)
+        for t0 in range(0, w, tile):
+            t1 = min(w, t0 + tile)
+            start, stop = (b * w + t0) * hwsz, (b * w + t1) * hwsz
             base = start - (start + lead) % line  # stage[0] holds out[base], both on line boundaries
-            # columns pw whose dw = qw - pw + hw is inside: [max(0, qw+hw-wm+1), min(w, qw+hw+1))
-            if pa > 0 or pb < h or qw1 + hw - wm > 0 or qw0 + hw + 1 < w:
+            if ra > 0 or rb < h or t1 - 1 + u0 > 0 or t0 + u0 + wm < w:
                 _fill_zero(stage, start - base, stop - base)
-            for ph in range(pa, pb):
-                src_row = xo + n * sn + (qh - ph + hh) * sdh + ph * sph
-                if ph + 1 < pb:  # pairs (dw, pw) with qw = dw + pw - hw in the tile
-                    _prefetch_row(x, src_row + sph - sdh, sdw, wm, spw, 0, w, 1, -hw - qw0, qw1 - qw0, line, True)
-                for qw in range(qw0, qw1):
-                    a, e = max(0, qw + hw - wm + 1), min(w, qw + hw + 1)
-                    o = (b * w + qw) * hwsz + ph * w - base
-                    s = src_row + (qw + hw) * sdw + a * step
-                    for pw in range(a, e):
-                        stage[np.uint64(o + pw)] = scalar_load(x, np.uint64(s))
+            for r in range(ra, rb):
+                src_row = xo + n * sn + (sg * (r - o) + hh) * sdh + (r if q_major else o) * sph
+                if r + 1 < rb and q_major:  # pairs (dw, pw) with qw = dw + pw - hw in the tile
+                    _prefetch_row(x, src_row + sph - sdh, sdw, wm, spw, 0, w, 1, -hw - t0, t1 - t0, line, True)
+                elif r + 1 < rb:  # pairs (dw, pw), pw in the tile, with qw = dw + pw - hw inside
+                    _prefetch_row(x, src_row + sdh, sdw, wm, spw, t0, t1, 1, -hw, w, line, sdw != 1)
+                for t in range(t0, t1):
+                    a, e = max(0, t + u0), min(w, t + u0 + wm)
+                    at = (b * w + t) * hwsz + r * w - base
+                    s = src_row + (sg * (a - t) + hw) * sdw + (a if q_major else t) * spw
+                    for u in range(a, e):
+                        stage[np.uint64(at + u)] = scalar_load(x, np.uint64(s))
                         s += step
             _stream_out(out, start, stop, stage, base, lead, line)
     store_fence()
 
 
 @njit
-def _forward_p_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, tile, line):
-    """``out[n, ph, pw, qh, qw]`` (dense) ``= x[n, qh-ph+hh, qw-pw+hw, ph, pw]``, 0 outside the mask.
+def _forward_q_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, tile, line):
+    _forward_tiles(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, tile, line, True)
 
-    Blocks ``b = n*h + ph`` in ``[lo, hi)``; in each, ``tile`` planes ``pw`` at a time, row ``qh`` by
-    row (one mask row ``dh`` per row), prefetching the next row's sources, staged and streamed out as
-    in :func:`_forward_q_major`."""
-    hh, hw, hwsz = (hm - 1) // 2, (wm - 1) // 2, h * w
-    stage, lead = _stage_buffer(out, tile * hwsz, line)
-    for b in range(lo, hi):
-        n, ph = b // h, b % h
-        qa, qb = max(0, ph - hh), min(h, ph - hh + hm)  # rows qh whose dh = qh - ph + hh is inside
-        for pw0 in range(0, w, tile):
-            pw1 = min(w, pw0 + tile)
-            start, stop = (b * w + pw0) * hwsz, (b * w + pw1) * hwsz
-            base = start - (start + lead) % line
-            # columns qw whose dw = qw - pw + hw is inside: [max(0, pw-hw), min(w, pw-hw+wm))
-            if qa > 0 or qb < h or pw1 - 1 - hw > 0 or pw0 - hw + wm < w:
-                _fill_zero(stage, start - base, stop - base)
-            for qh in range(qa, qb):
-                src_row = xo + n * sn + (qh - ph + hh) * sdh + ph * sph
-                if qh + 1 < qb:  # pairs (dw, pw), pw in the tile, with qw = dw + pw - hw inside
-                    _prefetch_row(x, src_row + sdh, sdw, wm, spw, pw0, pw1, 1, -hw, w, line, sdw != 1)
-                for pw in range(pw0, pw1):
-                    a, e = max(0, pw - hw), min(w, pw - hw + wm)
-                    o = (b * w + pw) * hwsz + qh * w - base
-                    s = src_row + pw * spw + (a - pw + hw) * sdw
-                    for qw in range(a, e):
-                        stage[np.uint64(o + qw)] = scalar_load(x, np.uint64(s))
-                        s += sdw
-            _stream_out(out, start, stop, stage, base, lead, line)
-    store_fence()
+
+@njit
+def _forward_p_major(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, tile, line):
+    _forward_tiles(out, x, xo, sn, sdh, sdw, sph, spw, h, w, hm, wm, lo, hi, tile, line, False)
 
 
 @njit
@@ -213,11 +170,9 @@ def _prefetch_slab(a, base, s_q, s_p, w, line):
 
 @njit
 def _d_major_rows(out, shift, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, dw0, dw1, line, clear):
-    """The valid rows of dx planes ``dw0 <= dw < dw1`` of block ``b = n*hm + dh`` (see
-    :func:`_backward_d_major`), row ``ph`` by row, into ``out[i - shift]`` (``i``: the dx index); zeros
-    instead of dy's values when ``clear``. Each row reads one ``[qw, pw]`` slab of dy, whose lines lie
-    about a plane apart; the first tile of a block prefetches the slab two rows ahead into L2, where
-    the later tiles find it too."""
+    """The valid rows of dx planes ``dw0 <= dw < dw1`` of block ``b = n*hm + dh``, row ``ph`` by row, into
+    ``out[i - shift]`` (``i``: the dx index); zeros instead when ``clear``. The first tile of a block prefetches
+    the dy slab two rows ahead into L2, where the later tiles find it too."""
     hh, hw, hwsz = (hm - 1) // 2, (wm - 1) // 2, h * w
     step = spw + sqw
     n, dh = b // hm, b % hm
@@ -241,10 +196,9 @@ def _d_major_rows(out, shift, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, d
 
 @njit
 def _backward_d_major(dx, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, lo, hi, tile, line):
-    """``dx[n, dh, dw, ph, pw]`` (dense) ``= dy[n, ph+dh-hh, pw+dw-hw, ph, pw]``, 0 where that is outside
-    the feature. Blocks ``b = n*hm + dh`` in ``[lo, hi)``, ``tile`` planes ``dw`` at a time: the valid
-    rows go into a zeroed staging buffer that stays in cache, which then streams out to dx whole lines
-    at a time (dx is never read), and the buffer's written rows are zeroed again for the next tile."""
+    """``dx[n, dh, dw, ph, pw]`` (dense) ``= dy[n, ph+dh-hh, pw+dw-hw, ph, pw]``, 0 outside the feature: blocks
+    ``b = n*hm + dh``, ``tile`` planes ``dw`` at a time into a zeroed stage, streamed out, whose written rows are
+    then zeroed again."""
     hwsz = h * w
     stage, lead = _stage_buffer(dx, tile * hwsz, line)
     for b in range(lo, hi):
@@ -260,9 +214,8 @@ def _backward_d_major(dx, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, lo, hi, 
 
 @njit
 def _p_major_rows(out, shift, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, pw0, pw1, line, clear):
-    """The valid rows of dx planes ``pw0 <= pw < pw1`` of block ``b = n*h + ph`` (see
-    :func:`_backward_p_major`), row ``dh`` by row, into ``out[i - shift]`` (``i``: the dx index); zeros
-    instead of dy's values when ``clear``. Copies prefetch the next row's sources."""
+    """The valid rows of dx planes ``pw0 <= pw < pw1`` of block ``b = n*h + ph``, row ``dh`` by row, as in
+    :func:`_d_major_rows`; copies prefetch the next row's sources."""
     hh, hw, msz = (hm - 1) // 2, (wm - 1) // 2, hm * wm
     n, ph = b // h, b % h
     da, db = max(0, hh - ph), min(hm, h + hh - ph)  # rows dh whose qh = ph + dh - hh is inside
@@ -285,9 +238,8 @@ def _p_major_rows(out, shift, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, b, p
 
 @njit
 def _backward_p_major(dx, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, lo, hi, tile, line):
-    """``dx[n, ph, pw, dh, dw]`` (dense) ``= dy[n, ph+dh-hh, pw+dw-hw, ph, pw]``, 0 where that is outside
-    the feature. Blocks ``b = n*h + ph`` in ``[lo, hi)``, ``tile`` planes ``pw`` at a time, staged and
-    streamed out as in :func:`_backward_d_major`."""
+    """``dx[n, ph, pw, dh, dw]`` (dense) ``= dy[n, ph+dh-hh, pw+dw-hw, ph, pw]``: blocks ``b = n*h + ph``,
+    ``tile`` planes ``pw`` at a time, as in :func:`_backward_d_major`."""
     msz = hm * wm
     stage, lead = _stage_buffer(dx, tile * msz, line)
     for b in range(lo, hi):
@@ -302,16 +254,12 @@ def _backward_p_major(dx, dy, yo, sn, sqh, sqw, sph, spw, h, w, hm, wm, lo, hi, 
 
 
 # ------------------------------------------------------------------------------- sheared tiles (NCHW)
-# Along W every (mask row, position row) pair is a 2-D shear between the mask-indexed slab M[dw, pw] (in x
-# or dx) and the position-indexed slab Q[qw, pw] (in out or dy): Q[qw, pw] = M[qw - pw + hw, pw]. In NCHW
-# the rows of both slabs lie a whole plane (H*W elements) apart, a power of two at network shapes, so
-# every row maps to the same few cache sets: a slab walked element by element along the shear keeps
-# evicting its own lines. Here each slab passes once through a per-thread buffer ``buf[b, j]`` (b = pw)
-# that holds one slab column per row, zero-padded, so that every row of the far side is a plain shifted
-# run of a buffer row: ``far[c, b] = buf[b, c + k0 + sgn*b]``. A side stored with pw innermost is moved
-# by 8 x 8 register transposes (``transpose8``) reading or writing 8 whole rows at a time, a side stored
-# with pw outermost by row copies; the padding supplies the zeros outside the window, so every output
-# element is written once and every input line read once.
+# Along W every (mask row, position row) pair is a shear between the slab M[dw, pw] (x or dx) and Q[qw, pw]
+# (out or dy): Q[qw, pw] = M[qw - pw + hw, pw]. In NCHW the rows of both lie a plane apart, a power of two at
+# network shapes, so a slab walked along the shear keeps evicting its own lines. Here each slab passes once
+# through a zero-padded per-thread buffer ``buf[b, j]`` (b = pw), so that every far row is a shifted run of a
+# buffer row: ``far[c, b] = buf[b, c + k0 + sgn*b]``. Sides stored with pw innermost move by 8 x 8 register
+# transposes (``transpose8``), the others by row copies.
 
 
 @njit
@@ -327,13 +275,10 @@ def _shear_slab(dst, dbase, dstride, dst_rows_c, src, sbase, sstride, src_rows_a
                 buf, stream, pitch, w, b0, b1, na, nc, off, k0, sgn):
     """One chunk ``b0 <= b < b1`` of one slab: ``buf[b - b0, off + a] = near[a, b]`` (``a < na``) from ``src``,
     then ``far[c, b] = buf[b - b0, c + k0 + sgn*b]`` (``c < nc``) to ``dst``. ``src_rows_a``: near rows are
-    ``a`` (stride ``sstride``, b innermost) rather than ``b``; ``dst_rows_c`` likewise. Each side's next
-    rows are prefetched while the current ones move: they lie a whole plane apart, where the hardware
-    prefetchers do not follow; the next 8 near rows of a transpose go into L2 only, as with a power-of-two
-    plane they share the L1 sets of the 8 rows being read. Near blocks or row parts holding no element the
-    far side reads (outside the band ``k0 - off <= a - sgn*b < k0 - off + nc``) are neither read nor
-    prefetched. ``stream``: far rows are whole cache lines, so row copies use whole-line streaming stores,
-    which skip reading the destination lines first."""
+    ``a`` (stride ``sstride``, b innermost) rather than ``b``; ``dst_rows_c`` likewise. Each side's next rows
+    are prefetched (a plane apart: the hardware does not follow; near rows of a transpose into L2 only, as they
+    share the L1 sets of the rows being read). Near parts outside the band the far side reads are skipped.
+    ``stream``: far rows are whole cache lines, so row copies stream."""
     nb = b1 - b0
     line = 64 // dst.itemsize
     nb8, na8, nc8 = nb - nb % 8, na - na % 8, nc - nc % 8
@@ -455,17 +400,11 @@ def _shear_block(out, src, forward, collect, stream, h, w, hm, wm, blk, buf, sta
 
 @njit
 def _shear_blocks(dst, src, forward, collect, stream, h, w, hm, wm, lo, hi):
-    """Blocks ``[lo, hi)`` of psamask on contiguous NCHW tensors (float views of the raw bits).
-
-    forward: block ``n*h + qh`` (COLLECT, out ``[q, p]``) or ``n*h + ph`` (DISTRIBUTE, out ``[p, q]``),
-    one slab per other row; backward: block ``n*hm + dh`` of dx, one slab per ``ph``. Slabs whose mask
-    row lies outside the window are zero-filled. Every block covers one contiguous range of the output.
-
-    With ``stream`` (output rows are whole cache lines) the output is never read into the cache: far
-    sides moved by transposes go into a per-thread stage that stays in cache, then out row by row with
-    whole-line streaming stores (transposes storing 8 partial lines at a time cannot stream), and row
-    copies and zero slabs stream directly. Blocks are independent and each output element has one
-    writer, so the split over threads does not change the result."""
+    """Blocks ``[lo, hi)`` of psamask on contiguous NCHW tensors (float views of the raw bits): forward block
+    ``n*h + qh`` (COLLECT) or ``n*h + ph`` (DISTRIBUTE), one slab per other row; backward block ``n*hm + dh``
+    of dx, one slab per ``ph``; slabs whose mask row is outside the window are zero-filled. With ``stream``
+    (output rows are whole cache lines) transposed far sides go through a cached stage and then stream out
+    row by row (8 partial lines at a time cannot stream); row copies and zero slabs stream directly."""
     pitch = max(2 * w, wm + w) + 8  # at least either direction's buffer pitch (see _shear_block)
     buf = np.zeros(w * pitch + 16, dtype=dst.dtype)
     line = 64 // dst.itemsize
@@ -485,22 +424,19 @@ def _launch(kernel, tile, out: torch.Tensor, src: torch.Tensor, strides, h, w, h
 
 
 def _split(kernel, args, tail, blocks: int, elements: int) -> None:
-    """``kernel(*args, lo, hi, *tail)`` over the blocks ``[0, blocks)``, split over the thread pool."""
-    if torch.get_num_threads() < 2 or blocks < 2 or elements < _PARALLEL_ELEMENTS:
-        kernel(*args, 0, blocks, *tail)
-        return
-    parts = even_parts(blocks, torch.get_num_threads() * CHUNKS_PER_THREAD)
-    run_parts(lambda lo, hi: kernel(*args, lo, hi, *tail), parts)
+    """``kernel(*args, lo, hi, *tail)`` over the blocks ``[0, blocks)``, split over the thread pool (one part
+    below ``_PARALLEL_ELEMENTS``; ``run_parts`` runs one part, or any on one thread, on the calling thread)."""
+    chunks = torch.get_num_threads() * CHUNKS_PER_THREAD if elements >= _PARALLEL_ELEMENTS else 1
+    run_parts(lambda lo, hi: kernel(*args, lo, hi, *tail), even_parts(blocks, chunks))
 
 
 _FLOAT_OF_WIDTH = {4: np.float32, 8: np.float64}  # transpose8's element types, used as raw-bit carriers
 
 
 def _sheared(t: torch.Tensor, layout: str, w: int, w_mask: int) -> bool:
-    """Whether the sheared-tile kernel takes this call: contiguous NCHW, 4- or 8-byte elements, W >= 8
-    and a mask that does not cover the whole width from every position. (When it does, as at PSANet's
-    training shapes, the row kernels, with their sources prefetched into L2, are faster both ways; when
-    it does not, the row kernels' strided rows share a few cache sets at power-of-two planes.)"""
+    """Whether the sheared-tile kernel takes this call: contiguous NCHW, 4- or 8-byte elements, W >= 8 and a
+    mask that does not cover the whole width from every position (where it does, as at PSANet's training
+    shapes, the row kernels are faster both ways)."""
     hw = (w_mask - 1) // 2
     covers = hw >= w - 1 and w_mask - 1 - hw >= w - 1
     return (layout == "NCHW" and t.is_contiguous() and t.element_size() in _FLOAT_OF_WIDTH and w >= 8
@@ -527,10 +463,8 @@ def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: st
         return out
     sn, sc, sh, sw = x.stride()
     q_major = (psa_type == COLLECT) == (layout == "NCHW")  # storage [n, q, p] rather than [n, p, q]
-    if q_major:
-        kernel, tile = _forward_q_major, w
-    else:
-        kernel, tile = _forward_p_major, CONTIGUOUS_TILE if sc == 1 else w
+    kernel = _forward_q_major if q_major else _forward_p_major
+    tile = CONTIGUOUS_TILE if sc == 1 and not q_major else w
     _launch(kernel, tile, out, x, (sn, w_mask * sc, sc, sh, sw), h, w, h_mask, w_mask, n * h)
     return out
 
@@ -543,10 +477,8 @@ def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: 
         _launch_sheared(dx, dy, False, psa_type == COLLECT, h, w, h_mask, w_mask, n * h_mask)
         return dx
     sn, sc, sh, sw = dy.stride()
-    if psa_type == COLLECT:   # channel holds q, spatial holds p
-        strides = (sn, w * sc, sc, sh, sw)
-    else:                     # channel holds p, spatial holds q
-        strides = (sn, sh, sw, w * sc, sc)
+    # COLLECT: the channel holds q, the spatial axes p; DISTRIBUTE the other way round
+    strides = (sn, w * sc, sc, sh, sw) if psa_type == COLLECT else (sn, sh, sw, w * sc, sc)
     if layout == "NCHW":
         _launch(_backward_d_major, BACKWARD_TILE, dx, dy, strides, h, w, h_mask, w_mask, n * h_mask)
     else:

@@ -1,11 +1,7 @@
-"""psamask Triton kernels: one program per block of destination elements, walked in the
-destination's memory order (coalesced stores), each element loading its source or writing 0.
-Strides are arguments, so one kernel serves NCHW and NHWC.
-
-Index arithmetic is int32 whenever every offset fits (``_core.indexing``), int64 otherwise (a second
-compiled variant). A 4-warp program moves ``BLOCK`` = 512 elements, 4 per thread (256 in the int64
-variant): few enough registers (the compile check holds them under 64) that an SM keeps at least half
-its warps resident to hide the latency of the gathered loads.
+"""psamask Triton kernels: one program per block of destination elements in the destination's memory order
+(coalesced stores), each loading its source or writing 0; strides are arguments (NCHW and NHWC alike).
+Index arithmetic is int32 where every offset fits (``_core.indexing``), else int64. A 4-warp program moves
+``BLOCK`` elements: few enough registers that an SM keeps half its warps resident to hide the gathers.
 """
 from __future__ import annotations
 

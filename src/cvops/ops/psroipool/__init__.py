@@ -78,17 +78,13 @@ def _backward_fake(top_grad, rois, mapping_channel, spatial_scale, output_dim, i
 
 def _backward_grad(s, grad_bottom):
     """The backward is linear in top_grad; its adjoint is the forward pooling (for the forward's mapping)."""
-    if not s.trusted_mapping and not _forward_mapping(s.mapping_channel, s.layout):
+    from .cpu import _is_canonical
+    if not s.trusted_mapping and not _is_canonical(as_nchw(s.mapping_channel, s.layout)):
         raise NotSupportedError(checks.OP_BACKWARD, "double backward needs the forward's mapping_channel")
     _, _, ph, pw = nchw_shape(s.top_grad, s.layout)
     grad_top, _ = _forward_op(grad_bottom, s.rois, ph, pw, s.spatial_scale, s.output_dim, s.layout, s.backend,
                               s.convention)
     return grad_top
-
-
-def _forward_mapping(mapping: torch.Tensor, layout: str) -> bool:
-    from .cpu import _is_canonical
-    return _is_canonical(as_nchw(mapping, layout))
 
 
 _forward_op = custom_op("psroi_pool_forward", _forward, _forward_fake, backward=_forward_grad, save=("rois",),

@@ -125,27 +125,21 @@ def _roi_values_ok(rois: torch.Tensor, batch: int) -> torch.Tensor:
 
 
 def _check_roi_values_on_host(op: str, rois: torch.Tensor, batch: int) -> None:
-    """CPU rois are read through numpy (a few microseconds for any R); other host-readable devices through torch."""
+    """CPU rois are checked through numpy (a few microseconds for any R); a failure, and other host-readable
+    devices, through torch."""
     if rois.is_cpu:
         r = rois.detach()
         r = numpy_alias(r if r.dtype in (torch.float32, torch.float64) else r.float())
-        b = r[:, 0]
-        if b.min() > -1 and b.max() < batch and np.isfinite(r[:, 1:5]).all():  # a NaN fails the comparisons
+        if r[:, 0].min() > -1 and r[:, 0].max() < batch and np.isfinite(r[:, 1:5]).all():  # NaN fails compares
             return
-        bad_batch = ~((b > -1) & (b < batch))  # NaN fails both comparisons
-        bad_coord = ~np.isfinite(r[:, 1:5])
-        any_batch, any_coord = bool(bad_batch.any()), bool(bad_coord.any())
-    else:
-        b = rois[:, 0]
-        bad_batch = ~((b > -1) & (b < batch))
-        bad_coord = ~torch.isfinite(rois[:, 1:5])
-        any_batch, any_coord = bool(bad_batch.any()), bool(bad_coord.any())
-    if any_batch:
-        i = int(np.flatnonzero(np.asarray(bad_batch.tolist()))[0])
+    bad_batch = ~((rois[:, 0] > -1) & (rois[:, 0] < batch)).cpu()  # NaN fails both comparisons
+    bad_coord = ~torch.isfinite(rois[:, 1:5]).cpu()
+    if bad_batch.any():
+        i = int(bad_batch.nonzero()[0, 0])
         where = f"[0, {batch - 1}]" if batch > 0 else "[] (the input has no images, N = 0)"
         raise_bad(op, f"rois[{i}, 0] = {float(rois[i, 0])} is not a batch index in {where} (N = {batch})")
-    if any_coord:
-        i, j = (int(v) for v in np.argwhere(np.asarray(bad_coord.tolist()))[0])
+    if bad_coord.any():
+        i, j = (int(v) for v in bad_coord.nonzero()[0])
         raise_bad(op, f"rois[{i}, {j + 1}] = {float(rois[i, j + 1])} is not a finite coordinate "
                       "(x1, y1, x2, y2 must be finite)")
 

@@ -1,20 +1,14 @@
-"""psroipool in plain torch: the pixels of every bin as rows of index tensors, summed by ``embedding_bag``.
+"""psroipool in plain torch (the ``torch`` backend): the pixels of every bin as rows of index tensors.
 
 The input is viewed as a table ``[N*H*W*K, od]`` (K = PH*PW channel groups: row ``(pixel, k)`` holds the od
-channels ``ctop*K + k`` of that pixel), copied a few columns at a time. A bin (RoI, ph, pw) of group
-``k = ph*PW + pw`` is a bag of its pixels' rows in row-major order, so one ``embedding_bag`` (mode ``"sum"``)
-gives every bin's od sums, in the reference's order of summation; they are divided by the bin's area (empty
-bins give 0). The backward is the adjoint: each bin's ``top_grad / area`` row added to its pixels' rows of a
-zeroed table with ``index_add_`` (serial on the CPU: deterministic). A mapping_channel other than the forward's
-sends every value to its own channel instead: one ``index_add_`` of single elements into a buffer of a few
-input channels.
+channels ``ctop*K + k`` of that pixel), copied a few columns at a time. A bin of group ``k = ph*PW + pw`` is a
+bag of its pixels' rows in row-major order, so one ``embedding_bag`` (mode ``"sum"``) gives every bin's sums in
+the reference's order; they are divided by the bin's area (empty bins give 0). The backward is the adjoint:
+``index_add_`` of each bin's ``top_grad / area`` row into its pixels' rows (serial on the CPU: deterministic),
+or, for another mapping_channel than the forward's, of single elements into a few input channels at a time.
 
-Memory: a column chunk of the table holds at most ``TABLE_BYTES`` (16 MiB, at least one column), and the index
-tensors of a chunk of bins as much (at least one bin). Besides the inputs and outputs, a call holds per-bin
-tensors of the output's size (the sums, or the values and channels of the backward).
-
-This is the ``torch`` backend; ``cpu_numba`` (the ``numba`` backend, the CPU default where numba is
-installed) computes the same results, within the accumulation tolerance, as tuned compiled loops.
+Memory: a column chunk of the table holds at most ``TABLE_BYTES`` (at least one column), and the index tensors
+of a chunk of bins as much (at least one bin); besides, per-bin tensors of the output's size.
 """
 from __future__ import annotations
 
@@ -79,8 +73,8 @@ def _bins(rois, ph_n, pw_n, spatial_scale, height, width, dtype, convention):
 
 def _ragged(counts: torch.Tensor):
     """(owner, rank) of each of the ``sum(counts)`` items that ``counts`` hands out in order: the index of the
-    count it belongs to and its place there. A cumulative sum of marks, as ``repeat_interleave`` would be, but
-    serial: repeat_interleave forks threads even for a few items, which on a busy machine costs milliseconds."""
+    count it belongs to and its place there. A cumulative sum of marks rather than ``repeat_interleave``, which
+    forks threads even for a few items."""
     starts = counts.cumsum(0) - counts
     total = int(counts.sum())
     marks = torch.zeros(total + 1, dtype=torch.int64, device=counts.device)
@@ -146,11 +140,12 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
     return output, mapping
 
 
-def _is_canonical(mapping_channel: torch.Tensor) -> bool:
-    """Whether ``mapping_channel`` is the forward's (channel ``(ctop*PH + ph)*PW + pw`` in every RoI)."""
+def _is_canonical(mapping_channel: torch.Tensor) -> torch.Tensor:
+    """Whether ``mapping_channel`` is the forward's (channel ``(ctop*PH + ph)*PW + pw`` in every RoI), as a bool
+    tensor on its device (Triton's check needs no host sync)."""
     r, od, ph_n, pw_n = mapping_channel.shape
     chan = torch.arange(od * ph_n * pw_n, device=mapping_channel.device, dtype=mapping_channel.dtype)
-    return bool((mapping_channel == chan.view(1, od, ph_n, pw_n)).all())
+    return (mapping_channel == chan.view(1, od, ph_n, pw_n)).all()
 
 
 def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.Tensor, spatial_scale: float,

@@ -1,38 +1,24 @@
 """psroipool as compiled loops: the ``numba`` backend (see ``_core/dispatch.py``).
 
-One method per direction, whose cost follows the RoIs' work:
+* forward: each image is walked in bands of the rows (and columns) its RoIs' bins cover. A band is regrouped by
+  8 x 8 register transposes (``_core.jit_access.transpose``) into a scratch ``[k, y, x, 0:od]``, so that the od
+  channels a bin reads (input channel ``ctop*K + k``, K = PH*PW) are one run; each bin adds its pixels' runs,
+  rows then columns, into 24 lanes held in registers (three chains of additions side by side), and the last
+  pass divides by the bin area. That is the reference's order of summation: the same bits, NaN/inf included.
+  From NCHW storage only the box around each group's bins is regrouped (a plane holds one group).
+* backward: the adjoint, band by band over every row of the used images: each bin adds ``top_grad / area`` to
+  its pixels' runs RoI by RoI (the reference's order, no atomics), and the box around the band's bins is
+  written out by the inverse transposes, zeros elsewhere. Another mapping_channel than the forward's sends each
+  value to the run of its own channel.
 
-* forward: each image is walked in bands of rows that its RoIs' bins cover (and only over the columns they
-  cover). A band is regrouped into a small scratch ``[k, y, x, 0:od]`` so that the ``od`` channels one bin
-  reads (input channel ``ctop*K + k``, K = PH*PW) sit side by side as one run and the bin's pixels close
-  together; every bin then adds its pixels' runs, rows then columns, into its accumulators (24 lanes held in
-  registers, three chains of additions side by side), and the last pass divides by the bin area. The
-  regrouping is made of 8 x 8 register transposes (``_core.jit_access.transpose``) of each pixel's channels
-  (NHWC) or of each plane's rows (NCHW; there only the box around each group's bins is read, as a plane holds one
-  group, and a few RoIs' bins of a group cover little of the box around all of them).
-  That is the reference's summation order, so the output has the reference's bits, NaN/inf included.
-  mapping_channel, the same for every RoI, is one RoI's pattern copied R times.
-* backward: the adjoint, band by band over every row of the used images: each bin adds ``top_grad / area``
-  to its pixels' runs in the band scratch, RoI by RoI (the reference's order: the same bits, deterministic,
-  no atomics), and the box around the band's bins (NCHW: around each group's bins) is written out in the
-  input's channel order by the inverse transposes, zeros everywhere else. A mapping_channel other than the
-  forward's sends each value to the run of its own channel instead.
+Threads: the forward splits the bins by the row they start on, the backward the rows of the gradient; every
+output element has one writer, so the bits do not depend on the thread count. Bin edges come from
+:func:`_edges` (both conventions) in the accumulation dtype (float32; float64 for float64 input).
 
-Threads: calls with enough work are split over torch's thread count (the shared pool of ``_core.parallel``).
-The forward splits the bins by the row they start on (each bin is summed by one thread, which regroups the
-rows its bins reach), the backward splits the rows of the gradient (each pixel is written by one thread, its
-bins still added RoI by RoI) and its look at mapping_channel the RoIs: no atomics, the same bits on any thread
-count.
-
-Bin edges come from :func:`_edges`, the one place that knows the two conventions (R-FCN, torchvision), in the
-accumulation dtype (float32; float64 for float64 input).
-
-Memory: besides the inputs and outputs, a call holds a band scratch per thread (at most ``BAND_BYTES`` = 1 MiB,
-or one row of the image when a row is larger: ``W * PH*PW * S`` accumulation-dtype elements, S = od rounded up
-to 8; plus one pixel's C channels in the backward), the forward's accumulators (``R * PH*PW * S`` elements, the
-size of the output in float32/float64 plus the padding to S) or the backward's ``top_grad / area`` (the same
-size), and the bin edges (``16 * R * max(PH, PW)`` bytes). float16/bfloat16 tensors are read and written in
-place through their bits (no widened copy).
+Memory besides inputs and outputs: a band scratch per thread (``BAND_BYTES``, or one image row when larger:
+``W * K * S`` elements, S = od rounded up to 8), the forward's sums or the backward's ``top_grad / area``
+(``R * K * S`` elements) and the edges (``16 * R * max(PH, PW)`` bytes). 16-bit floats are read and written
+in place through their bits.
 """
 from __future__ import annotations
 
@@ -94,14 +80,9 @@ def _round_half_away(v, dt):
 
 @njit(error_model="numpy")
 def _axis_edges(c1, c2, scale, bins, limit, torchvision, edges, i, row, dt):
-    """Bin edges along one axis of RoI i: ``edges[i, row, p]`` = start, ``edges[i, row + 1, p]`` = end of bin p.
-
-    R-FCN: corners rounded half away from zero, then scaled; the end inclusive (+1); size at least 0.1;
-    ``floor(p*bin + start)`` / ``ceil((p+1)*bin + start)`` clamped to [0, limit].
-    torchvision: the scaled corners rounded; size ``max(end - start, 1)``; ``floor(p*bin) + start`` /
-    ``ceil((p+1)*bin) + start`` clamped to [0, limit - 1], as torchvision's forward clamps.
-    One rounding per operation in the dtype of ``c1`` (no fused multiply-add); a NaN edge (a scaled corner
-    that overflowed) gives 0."""
+    """Bin edges along one axis of RoI i: ``edges[i, row, p]`` = start, ``edges[i, row + 1, p]`` = end of bin p,
+    in either convention (the package docstring), one rounding per operation in ``dt`` (no fused multiply-add);
+    a NaN edge (a scaled corner that overflowed) gives 0."""
     if torchvision:
         start = _round_half_away(c1 * scale, dt)
         size = _round_half_away(c2 * scale, dt) - start
@@ -157,10 +138,8 @@ def _run_length(od: int) -> int:
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _spread_window(src, s, dst, first, row_step, rows, cols, col_step, length):
-    """The adjoint of :func:`_sum_window`: ``dst[first + y*row_step + x*col_step + j] += src[s + j]`` over the window:
-    for each 8-lane block of the run (held in registers), one loop over the window's pixels (the step to the next
-    row taken without a branch), so a window costs one loop exit per block however its rows and columns fall;
-    unsigned indices. Each destination gets one addition, so the order of the loops changes no bits."""
+    """The adjoint of :func:`_sum_window`: ``dst[first + y*row_step + x*col_step + j] += src[s + j]``; per 8-lane
+    block one flat loop over the window's pixels (the next row's step taken without a branch)."""
     wrap = row_step - np.uint64(cols - 1) * col_step
     for b in range(0, length, _LANES):
         u = np.uint64(b)
@@ -191,10 +170,8 @@ def _sum3(src, first, row_step, rows, cols, col_step, dst, d, u0, u1, u2, fresh)
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length, fresh):
     """``dst[d + j] += sum of src[first + y*row_step + x*col_step + j]`` over y < rows, x < cols (rows then
-    columns, the reference's order), for j < length (whole 8-lane blocks): 24 lanes (:func:`_sum3`), then the
-    blocks left 8 at a time, held in registers while the window's pixels are added (``_core.jit_intrinsics.load8``
-    and friends: one vector register per block; one chain of additions per block is bound by the adder's latency, so three
-    run side by side); unsigned indices."""
+    columns, the reference's order), for j < length: 24 lanes at a time (:func:`_sum3`: one chain of additions
+    is bound by the adder's latency, so three run side by side), then the blocks left 8 at a time."""
     b = 0
     while length - b >= 3 * _LANES:
         _sum3(src, first, row_step, rows, cols, col_step, dst, d, np.uint64(b), np.uint64(b + _LANES),
@@ -213,11 +190,8 @@ def _sum_window(src, first, row_step, rows, cols, col_step, dst, d, length, fres
 @njit(error_model="numpy")
 def _regroup(x, xs, b, y0, y1, x0, x1, groups, od, run, plane, g, boxes):
     """Rows [y0, y1) x columns [x0, x1) of image b into ``g`` as ``[k, y, x, 0:od]`` runs of ``run`` entries (input
-    channel ``ctop*K + k`` at ``k*plane + pixel*run + ctop``), so that a bin's pixels lie close together: 8 x 8
-    register transposes of each pixel's ``[ctop, k]`` channels (NHWC storage) or of each plane's ``[ctop, x]``
-    rows (NCHW storage). From NCHW storage only the box ``boxes[k]`` (y0, y1, x0, x1) around the bins of group k
-    is read: a plane holds one group's channels, and a few RoIs' bins of one group cover a small part of the box
-    around all of them."""
+    channel ``ctop*K + k`` at ``k*plane + pixel*run + ctop``) by transposes of each pixel's ``[ctop, k]`` channels
+    (NHWC) or of each plane's ``[ctop, x]`` rows (NCHW: only the box ``boxes[k]`` around group k's bins)."""
     wc = x1 - x0
     for y in range(y0, y1):
         row, at = (y - y0) * wc * run, b * xs[0] + y * xs[2]
@@ -379,11 +353,8 @@ def _scaled_top(top, ts, edges, ph_n, pw_n, od, run, diffs, i0, i1, _unused):
 def _backward(diffs, rois, edges, dest, canonical, ph_n, pw_n, od, run, n, height, width, band_rows, bottom, bs,
               y_lo, y_hi, acc):
     """The backward of rows [y_lo, y_hi) of every image (see the module docstring). ``diffs``: top_grad / area
-    of every bin (:func:`_scaled_top`); ``acc``: the band scratch (accumulation dtype); ``canonical``:
-    mapping_channel is the forward's, else value ``ctop`` of bin ``(i, k)`` goes to entry
-    ``dest[(i*K + k)*od + ctop]`` of a pixel's runs (its own channel's). Only the box around a band's bins goes
-    through the scratch (from NCHW storage with the forward's mapping: the box around each group's bins); the rest of
-    the band is zero-filled."""
+    of every bin (:func:`_scaled_top`); ``acc``: the band scratch; unless ``canonical`` (the forward's mapping),
+    value ``ctop`` of bin ``(i, k)`` goes to entry ``dest[(i*K + k)*od + ctop]`` of a pixel's runs."""
     r = rois.shape[0]
     groups = ph_n * pw_n
     u_run = np.uint64(run)
@@ -436,10 +407,9 @@ def _tile(pattern, mapping, i0, i1, _unused):
 
 @njit(error_model="numpy")
 def _mapping_kind(mapping, pattern, limit, kinds, i0, i1):
-    """``kinds[i0]`` for RoIs [i0, i1): 0 where ``mapping`` (flat storage) is the forward's, ``pattern`` (one RoI's
-    channels in the same storage order) for every RoI; 1 for another mapping with every entry in [0, channels);
-    -1 for some entry outside that range. ``limit``: ``[channels]`` in the unsigned type of ``mapping``'s width,
-    so that one unsigned compare finds negative entries too."""
+    """``kinds[i0]`` for RoIs [i0, i1): 0 where ``mapping`` (flat storage) repeats ``pattern`` (the forward's), 1
+    for another mapping in [0, channels), -1 for an entry outside (``limit``: ``[channels]`` unsigned, so one
+    compare finds negative entries too)."""
     size = pattern.shape[0]
     unsigned, channels = limit.dtype.type, limit[0]
     bad, other = 0, 0  # integer OR reductions: vector code (boolean ones are not)
@@ -467,14 +437,9 @@ def _band_scratch(size: int, dtype) -> np.ndarray:
 
 
 def _split(kernel, args, parts, scratch: int, acc) -> None:
-    """``kernel(*args, lo, hi, band_scratch)`` for each ``(lo, hi)`` of ``parts``: one part on the calling thread,
-    several claimed one by one by the calling thread and the pool workers (``_core.parallel.run_parts``), each
-    thread with its own band scratch. The parts write disjoint outputs, so the result does not depend on who runs
-    them."""
-    if len(parts) == 1:
-        kernel(*args, *parts[0], _band_scratch(scratch, acc))
-    else:
-        run_parts(lambda lo, hi: kernel(*args, lo, hi, _band_scratch(scratch, acc)), parts)
+    """``kernel(*args, lo, hi, band_scratch)`` for each ``(lo, hi)`` of ``parts`` (``_core.parallel.run_parts``),
+    each thread with its own band scratch; the parts write disjoint outputs."""
+    run_parts(lambda lo, hi: kernel(*args, lo, hi, _band_scratch(scratch, acc)), parts)
 
 
 @functools.lru_cache(maxsize=16)
@@ -528,10 +493,8 @@ def _mapping_is_canonical(mapping_channel, channels: int) -> bool:
     """Whether mapping_channel is the forward's (every RoI's channels ``(ctop*PH + ph)*PW + pw``); raises naming
     the value where an entry is outside [0, channels)."""
     r, od, ph_n, pw_n = mapping_channel.shape
-    m = mapping_channel.detach()
-    m = m if m.is_contiguous() or m.is_contiguous(memory_format=torch.channels_last) else m.contiguous()
-    pattern = _pattern(od, ph_n, pw_n, "NCHW" if m.is_contiguous() else "NHWC")  # _dense's storage order
-    flat = _dense(m)[0]
+    flat, strides = _dense(mapping_channel)
+    pattern = _pattern(od, ph_n, pw_n, "NCHW" if strides[3] == 1 else "NHWC")  # od == 1: either order is one
     kinds = np.zeros(max(r, 1), np.int64)
     limit = np.array([channels], np.uint32 if flat.itemsize == 4 else np.uint64)
     run_parts(lambda lo, hi: _mapping_kind(flat, pattern, limit, kinds, lo, hi),

@@ -16,10 +16,6 @@ from ..._core.layout import empty_nchw
 from . import checks
 
 
-def _acc_dtype(dtype: torch.dtype):
-    return np.float64 if dtype == torch.float64 else np.float32
-
-
 def round_half_away(v):
     """C ``round()``: halves go away from zero (torch.round goes to even)."""
     t = np.trunc(v)
@@ -37,46 +33,29 @@ def to_index(v, limit: int) -> int:
 
 def bin_edges(roi, pooled_height: int, pooled_width: int, spatial_scale: float, height: int, width: int, acc,
               convention: str = "rfcn"):
-    """Per roi: hs[PH], he[PH], ws[PW], we[PW] as Python ints (arithmetic in ``acc``)."""
-    with np.errstate(invalid="ignore", over="ignore"):  # a scaled corner may overflow
-        if convention == "torchvision":
-            return _torchvision_bin_edges(roi, pooled_height, pooled_width, spatial_scale, height, width, acc)
-        return _bin_edges(roi, pooled_height, pooled_width, spatial_scale, height, width, acc)
+    """Per roi: hs[PH], he[PH], ws[PW], we[PW] as Python ints (arithmetic in ``acc``).
 
-
-def _torchvision_bin_edges(roi, pooled_height, pooled_width, spatial_scale, height, width, acc):
-    """torchvision's ``ps_roi_pool`` forward: start = round(x1*s), end = round(x2*s) (half away from zero), size
-    max(end - start, 1), bin = size / pooled, edges floor(p*bin) + start and ceil((p+1)*bin) + start clamped to
-    [0, H - 1] / [0, W - 1] (its forward's clamp)."""
-    scale = acc(spatial_scale)
-    x1, y1, x2, y2 = (acc(v) for v in roi[1:5])
-    start_w, start_h = round_half_away(x1 * scale), round_half_away(y1 * scale)
-    size_w = max(round_half_away(x2 * scale) - start_w, acc(1))
-    size_h = max(round_half_away(y2 * scale) - start_h, acc(1))
-    bin_h, bin_w = size_h / acc(pooled_height), size_w / acc(pooled_width)
-    hs = [to_index(np.floor(acc(p) * bin_h) + start_h, height - 1) for p in range(pooled_height)]
-    he = [to_index(np.ceil(acc(p + 1) * bin_h) + start_h, height - 1) for p in range(pooled_height)]
-    ws = [to_index(np.floor(acc(p) * bin_w) + start_w, width - 1) for p in range(pooled_width)]
-    we = [to_index(np.ceil(acc(p + 1) * bin_w) + start_w, width - 1) for p in range(pooled_width)]
-    return hs, he, ws, we
-
-
-def _bin_edges(roi, pooled_height, pooled_width, spatial_scale, height, width, acc):
-    scale = acc(spatial_scale)
-    x1, y1, x2, y2 = (acc(v) for v in roi[1:5])
-    start_w = round_half_away(x1) * scale
-    start_h = round_half_away(y1) * scale
-    end_w = (round_half_away(x2) + acc(1)) * scale
-    end_h = (round_half_away(y2) + acc(1)) * scale
-    roi_w = max(end_w - start_w, acc(0.1)) if not math.isnan(end_w - start_w) else end_w - start_w
-    roi_h = max(end_h - start_h, acc(0.1)) if not math.isnan(end_h - start_h) else end_h - start_h
-    bin_h = roi_h / acc(pooled_height)
-    bin_w = roi_w / acc(pooled_width)
-    hs = [to_index(np.floor(acc(p) * bin_h + start_h), height) for p in range(pooled_height)]
-    he = [to_index(np.ceil(acc(p + 1) * bin_h + start_h), height) for p in range(pooled_height)]
-    ws = [to_index(np.floor(acc(p) * bin_w + start_w), width) for p in range(pooled_width)]
-    we = [to_index(np.ceil(acc(p + 1) * bin_w + start_w), width) for p in range(pooled_width)]
-    return hs, he, ws, we
+    R-FCN: start = round(x1)*s, size max((round(x2) + 1)*s - start, 0.1), edges floor(p*bin + start) and
+    ceil((p+1)*bin + start) clamped to [0, H] / [0, W]. torchvision's forward: start = round(x1*s), size
+    max(round(x2*s) - start, 1), edges floor(p*bin) + start and ceil((p+1)*bin) + start clamped to [0, H - 1] /
+    [0, W - 1]. ``round`` goes half away from zero, ``bin = size / pooled``."""
+    scale, edges = acc(spatial_scale), []
+    for c1, c2, bins, limit in ((roi[2], roi[4], pooled_height, height), (roi[1], roi[3], pooled_width, width)):
+        with np.errstate(invalid="ignore", over="ignore"):  # a corner may overflow the dtype, or once scaled
+            c1, c2 = acc(c1), acc(c2)
+            if convention == "torchvision":
+                start = round_half_away(c1 * scale)
+                size = max(round_half_away(c2 * scale) - start, acc(1))
+                shift, offset, limit = acc(0), start, limit - 1
+            else:
+                start = round_half_away(c1) * scale
+                size = (round_half_away(c2) + acc(1)) * scale - start
+                size = max(size, acc(0.1)) if not math.isnan(size) else size
+                shift, offset = start, acc(0)
+            step = size / acc(bins)
+            edges.append([to_index(np.floor(acc(p) * step + shift) + offset, limit) for p in range(bins)])
+            edges.append([to_index(np.ceil(acc(p + 1) * step + shift) + offset, limit) for p in range(bins)])
+    return edges
 
 
 @np.errstate(invalid="ignore", over="ignore")  # NaN/inf inputs are legal: their sums are the answer
@@ -88,8 +67,8 @@ def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_
     ph_n, pw_n = pooled_height, pooled_width
     output = empty_nchw((r, output_dim, ph_n, pw_n), out_layout, like=input, zero=True)
     mapping = empty_nchw((r, output_dim, ph_n, pw_n), out_layout, like=input.new_empty(0, dtype=torch.int32))
-    acc = _acc_dtype(input.dtype)
-    x = input.detach().cpu().to(torch.float64 if acc is np.float64 else torch.float32).numpy()
+    x = input.detach().cpu().to(torch.float64 if input.dtype == torch.float64 else torch.float32).numpy()
+    acc = x.dtype.type  # R-FCN's Dtype: float32 (float64 for float64 input)
     rois_np = rois.detach().cpu().double().numpy()
     out_np = np.zeros((r, output_dim, ph_n, pw_n), dtype=acc)
     map_np = np.zeros((r, output_dim, ph_n, pw_n), dtype=np.int32)
@@ -127,8 +106,8 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
     if top_grad.numel() == 0 or bottom.numel() == 0:
         return bottom
     checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, c)
-    acc = _acc_dtype(top_grad.dtype)
-    g = top_grad.detach().cpu().to(torch.float64 if acc is np.float64 else torch.float32).numpy()
+    g = top_grad.detach().cpu().to(torch.float64 if top_grad.dtype == torch.float64 else torch.float32).numpy()
+    acc = g.dtype.type
     maps = mapping_channel.detach().cpu().numpy()
     rois_np = rois.detach().cpu().double().numpy()
     grad_np = np.zeros((n, c, h, w), dtype=acc)

@@ -1,15 +1,10 @@
-"""psroipool Triton kernels.
+"""psroipool Triton kernels, on the bin edges of ``cpu.bin_edges`` (the same pixels as every backend).
 
-Bin edges are computed once per RoI on the device with the torch code of ``cpu.bin_edges`` (one rounding
-per operation, no fused multiply-add), so every backend samples exactly the same pixels.
-
-forward: one program per (RoI, bin) and block of ``output_dim`` channels; it walks the bin's pixels and
-accumulates in fp32 (fp64 for float64). backward: a gather, so no atomics and a fixed summation order:
-one program per input pixel and block of channels loops over the RoIs in order and adds
-``grad / area`` of the one bin of each RoI that owns that channel and covers the pixel. The gather relies
-on ``mapping_channel`` being the forward's (channel ``(ctop*PH + ph)*PW + pw``); any other mapping is
-rejected on this backend. Offsets are int32 whenever every tensor's span fits (``_core.indexing``), int64
-otherwise (an ``INDEX_64`` variant).
+forward: one program per (RoI, bin) and block of ``output_dim`` channels walks the bin's pixels, accumulating
+in fp32 (fp64 for float64). backward: a gather (no atomics, a fixed order): one program per input pixel and
+block of channels adds, RoI by RoI, ``grad / area`` of the bin that owns the channel and covers the pixel, so
+it needs the forward's ``mapping_channel`` (any other is rejected here). Offsets are int32 where every span
+fits (``_core.indexing``), else int64 (an ``INDEX_64`` variant).
 """
 from __future__ import annotations
 
@@ -21,7 +16,7 @@ from ..._core.errors import NotSupportedError
 from ..._core.indexing import needs_int64
 from ..._core.sync import check_values
 from ..._core.layout import empty_nchw
-from . import checks
+from . import checks, cpu
 from .cpu import _is_canonical, bin_edges, compute_dtype
 
 
@@ -102,12 +97,6 @@ _NOT_CANONICAL = ("the triton backend needs the forward's mapping_channel (chann
                   "use backend='torch' or 'numba' for any other mapping")
 
 
-def _canonical(mapping_channel: torch.Tensor) -> torch.Tensor:
-    r, od, ph, pw = mapping_channel.shape
-    chan = torch.arange(od * ph * pw, device=mapping_channel.device, dtype=mapping_channel.dtype)
-    return (mapping_channel == chan.view(1, od, ph, pw)).all()
-
-
 def _check_canonical(mapping_channel: torch.Tensor, channels: int) -> None:
     checks.check_mapping_values(checks.OP_BACKWARD, mapping_channel, channels)
     if not _is_canonical(mapping_channel):
@@ -125,18 +114,13 @@ def _block(n: int) -> int:
 
 def forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
             spatial_scale: float, output_dim: int, out_layout: str = "NCHW", convention: str = "rfcn"):
+    if input.numel() == 0 or rois.shape[0] == 0:  # nothing to pool: the torch code writes the mapping and zeros
+        return cpu.forward(input, rois, pooled_height, pooled_width, spatial_scale, output_dim, out_layout,
+                           convention)
     n, c, h, w = input.shape
-    r = rois.shape[0]
-    output = empty_nchw((r, output_dim, pooled_height, pooled_width), out_layout, like=input)
-    mapping = empty_nchw((r, output_dim, pooled_height, pooled_width), out_layout,
-                         like=input.new_empty(0, dtype=torch.int32))
-    if r == 0:
-        return output, mapping
-    if input.numel() == 0:  # nothing to read: zeros, and the channel map as always
-        output.zero_()
-        chan = torch.arange(output_dim * pooled_height * pooled_width, dtype=torch.int32, device=input.device)
-        mapping.copy_(chan.view(1, output_dim, pooled_height, pooled_width).expand_as(mapping))
-        return output, mapping
+    r, shape = rois.shape[0], (rois.shape[0], output_dim, pooled_height, pooled_width)
+    output = empty_nchw(shape, out_layout, like=input)
+    mapping = empty_nchw(shape, out_layout, like=input.new_empty(0, dtype=torch.int32))
     hs, he, ws, we, batch = _edges_int32(rois, pooled_height, pooled_width, spatial_scale, h, w, input.dtype,
                                          convention)
     block = _block(output_dim)
@@ -158,7 +142,7 @@ def backward(top_grad: torch.Tensor, rois: torch.Tensor, mapping_channel: torch.
         return bottom.zero_()
     if not trusted_mapping:
         check_values(mapping_channel, lambda: _check_canonical(mapping_channel, c),
-                     lambda: _canonical(mapping_channel), f"{checks.OP_BACKWARD}: {_NOT_CANONICAL}")
+                     lambda: _is_canonical(mapping_channel), f"{checks.OP_BACKWARD}: {_NOT_CANONICAL}")
     hs, he, ws, we, batch = _edges_int32(rois, ph, pw, spatial_scale, h, w, top_grad.dtype, convention)
     block = _block(c)
     grid = (n * h * w, triton.cdiv(c, block))
