@@ -20,27 +20,23 @@ from .checks import OP, Geometry, check_index_values, check_params
 __all__ = ["get_indice_pairs", "get_conv_output_size", "get_deconv_output_size"]
 
 
+def _sizes(input_size, *params):
+    """The input sizes as ints and ``(kernel_size, stride, padding, dilation, ...)`` as one int per dimension."""
+    n = len(input_size)
+    names, lows = ("kernel_size", "stride", "padding", "dilation", "output_padding"), (None, 1, 0, 1, 0)
+    return [int(s) for s in input_size], *(checks.pair(OP, name, value, n, min_value=low)
+                                           for name, low, value in zip(names, lows, params))
+
+
 def get_conv_output_size(input_size: Sequence[int], kernel_size, stride, padding, dilation) -> list[int]:
     """Output spatial shape of a sparse conv: ``(in + 2p - d(k-1) - 1) // s + 1`` (k == -1: 1)."""
-    n = len(input_size)
-    kernel = checks.pair(OP, "kernel_size", kernel_size, n)
-    stride = checks.pair(OP, "stride", stride, n, min_value=1)
-    padding = checks.pair(OP, "padding", padding, n, min_value=0)
-    dilation = checks.pair(OP, "dilation", dilation, n, min_value=1)
-    return checks.conv_output_size([int(s) for s in input_size], kernel, stride, padding, dilation)
+    return checks.conv_output_size(*_sizes(input_size, kernel_size, stride, padding, dilation))
 
 
 def get_deconv_output_size(input_size: Sequence[int], kernel_size, stride, padding, dilation,
                            output_padding=0) -> list[int]:
     """Output spatial shape of a transposed sparse conv: ``(in - 1) s - 2p + k + output_padding``."""
-    n = len(input_size)
-    kernel = checks.pair(OP, "kernel_size", kernel_size, n)
-    stride = checks.pair(OP, "stride", stride, n, min_value=1)
-    padding = checks.pair(OP, "padding", padding, n, min_value=0)
-    dilation = checks.pair(OP, "dilation", dilation, n, min_value=1)
-    out_padding = checks.pair(OP, "output_padding", output_padding, n, min_value=0)
-    return checks.deconv_output_size([int(s) for s in input_size], kernel, stride, padding, dilation,
-                                     out_padding)
+    return checks.deconv_output_size(*_sizes(input_size, kernel_size, stride, padding, dilation, output_padding))
 
 
 def _run(indices: torch.Tensor, geo: Geometry, backend: Optional[str]):

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -41,14 +42,13 @@ class Geometry:
 
     @property
     def kernel_volume(self) -> int:
-        return _prod(self.kernel_size)
+        return math.prod(self.kernel_size)
 
 
-def _prod(values: Sequence[int]) -> int:
-    n = 1
-    for v in values:
-        n *= int(v)
-    return n
+def leading_ones(values: Sequence[int], fill: int = 1) -> list[int]:
+    """``values`` with ``fill`` in front up to ``MAX_NDIM`` entries: leading size-1 dimensions (one tap
+    each, adding nothing to an offset or a key), so that one loop or kernel serves every rank."""
+    return [fill] * (MAX_NDIM - len(values)) + list(values)
 
 
 def _shape(name: str, value, ndim: int, min_value: int) -> tuple[int, ...]:
@@ -121,9 +121,6 @@ def check_params(indices, batch_size, spatial_shape, kernel_size, stride, paddin
     else:
         out = tuple(deconv_output_size(spatial, kernel, stride, padding, dilation, out_padding) if transpose
                     else conv_output_size(spatial, kernel, stride, padding, dilation))
-        require(all(o >= 1 for o in out), OP,
-                f"output spatial shape {out} must be positive (spatial_shape {spatial}, kernel_size {kernel}, "
-                f"stride {stride}, padding {padding}, dilation {dilation})")
     # coordinates and batch indices are written to int32 outputs: every value must fit (no silent wrap)
     require(batch_size <= INT32_LIMIT, OP,
             f"batch_size ({batch_size}) must be <= 2**31: batch indices must fit the int32 outputs")
@@ -131,7 +128,7 @@ def check_params(indices, batch_size, spatial_shape, kernel_size, stride, paddin
         for d, size in enumerate(shape):
             require(size <= INT32_LIMIT, OP,
                     f"{name}[{d}] ({size}) must be <= 2**31: coordinates must fit the int32 outputs")
-    require(batch_size * _prod(out) < INVALID_KEY and batch_size * _prod(spatial) < INVALID_KEY, OP,
+    require(batch_size * math.prod(out) < INVALID_KEY and batch_size * math.prod(spatial) < INVALID_KEY, OP,
             "batch_size * prod(spatial shape) must be below 2^60")
     return Geometry(batch_size, spatial, tuple(out), kernel, stride, padding, dilation, subm, transpose)
 

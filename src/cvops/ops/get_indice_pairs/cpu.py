@@ -15,6 +15,8 @@ sorting:
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..._core.memory import new_empty
@@ -150,9 +152,7 @@ def _subm_matches(indices: torch.Tensor, sorted_keys: torch.Tensor, order: torch
     lead = [tap_positions(coords[:, d + 1], d, geo) for d in range(last)]
     base_b = coords[:, 0] * volume
     lead_kernel = geo.kernel_size[:last]
-    n_groups = 1
-    for k in lead_kernel:
-        n_groups *= k
+    n_groups = math.prod(lead_kernel)
     # a sentinel tail above every real key lets the window run past the end without clamping
     padded_keys = torch.cat([sorted_keys, sorted_keys.new_full((window,), INVALID_KEY)])
     empty = torch.empty(0, dtype=torch.int64, device=indices.device)
@@ -198,10 +198,8 @@ def _subm_matches(indices: torch.Tensor, sorted_keys: torch.Tensor, order: torch
 def get_indice_pairs(indices: torch.Tensor, geo: Geometry):
     """``(out_indices, indice_pairs, indice_num)``; ``indices`` is non-empty and already checked.
 
-    On CPU the torch code runs on one intra-op thread: it is a chain of a few hundred sub-millisecond ops,
-    where OpenMP fork/join costs more than it saves, and a loaded machine (another process on the
-    second core) turns every parallel region into a scheduler wait, an order of magnitude slower or worse.
-    The numba backend's subm map shares its offsets among cvops's workers instead.
+    On CPU it runs on one intra-op thread: a chain of short ops, where OpenMP fork/join costs more than
+    it saves (a scheduler wait per parallel region on a loaded machine).
     """
     if indices.device.type != "cpu":
         return (_subm_pairs if geo.subm else _conv_pairs)(indices, geo)

@@ -24,11 +24,10 @@ import triton
 import triton.language as tl
 
 from ..._core.memory import new_empty
-from .checks import Geometry, check_no_duplicates
+from .checks import Geometry, check_no_duplicates, leading_ones
 from .cpu import grid_strides, site_keys, unravel
 
 BLOCK = 256
-MAX_DIMS = 4
 
 
 @triton.jit
@@ -142,11 +141,6 @@ def _pack_pairs_kernel(rows_ptr, pos_ptr, pairs_ptr, L, BLOCK: tl.constexpr):
     tl.store(dst + L, row.to(tl.int32), mask=hit)
 
 
-def _padded(values, fill):
-    values = list(values)
-    return [fill] * (MAX_DIMS - len(values)) + values
-
-
 def _pack(out_rows: torch.Tensor, K: int, L: int):
     valid = out_rows >= 0
     indice_num = valid.sum(1, dtype=torch.int32)
@@ -162,8 +156,8 @@ def get_indice_pairs(indices: torch.Tensor, geo: Geometry):
     """``(out_indices, indice_pairs, indice_num)``; ``indices`` is non-empty and already checked."""
     L, K, ndim = indices.shape[0], geo.kernel_volume, geo.ndim
     idx = indices.contiguous()
-    ks, pads, dils = _padded(geo.kernel_size, 1), _padded(geo.padding, 0), _padded(geo.dilation, 1)
-    sizes = _padded(geo.out_spatial_shape, 1)
+    ks, pads, dils = leading_ones(geo.kernel_size), leading_ones(geo.padding, 0), leading_ones(geo.dilation)
+    sizes = leading_ones(geo.out_spatial_shape)
     _, volume = grid_strides(geo.out_spatial_shape)
     grid = (triton.cdiv(L, BLOCK) * K,)   # one axis: (offset, row block) flattened
     if geo.subm:
@@ -176,8 +170,7 @@ def get_indice_pairs(indices: torch.Tensor, geo: Geometry):
         pairs, indice_num = _pack(out_rows, K, L)
         return idx.to(torch.int32).clone(), pairs, indice_num
     keys = torch.empty((K, L), dtype=torch.int64, device=idx.device)
-    strides = _padded(geo.stride, 1)
-    _slot_keys_kernel[grid](idx, keys, L, ndim + 1, *ks, *strides, *pads, *dils, *sizes, volume,
+    _slot_keys_kernel[grid](idx, keys, L, ndim + 1, *ks, *leading_ones(geo.stride), *pads, *dils, *sizes, volume,
                             NDIM=ndim, TRANSPOSE=geo.transpose, BLOCK=BLOCK)
     valid = keys >= 0
     sites, rows = torch.unique(keys[valid], sorted=True, return_inverse=True)
