@@ -263,14 +263,11 @@ def _dots_4x5(out, src, s0, s1, s2, s3, x, x_at, x_step, t0, t1, count):
     out[16], out[17], out[18], out[19] = r40, r41, r42, r43
 
 
-def _forward(x, m, out, n_img, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx, nchw, lo, hi):
-    """Output rows of the input rows ``[lo, hi)`` (``n*H + y``). ``x`` is the feature flat NHWC
-    (``x_nhwc``) or contiguous NCHW (its rows regrouped channels-last into a ring of ``k`` rows as
-    the window moves down), ``m`` the mask's storage from ``mask[0, 0, 0, 0]`` (element strides
-    ``m_s*``), ``out`` flat NCHW (``nchw``) or NHWC. The ``s`` output rows of an input row accumulate
-    in ``buf [s, sW, C]`` and are stored in the output's layout (padded phases, weighted by phase 0's
-    mask, accumulate in a scratch tail that is never read); an NHWC output whose phases fill whole
-    quads holds exactly that block, so they accumulate there."""
+def _forward(x, m, out, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx, nchw, lo, hi):
+    """Output rows of the input rows ``[lo, hi)`` (``n*H + y``). ``x``: the features flat NHWC (``x_nhwc``)
+    or contiguous NCHW (regrouped into the ring), ``m``: the mask's storage from ``mask[0, 0, 0, 0]``
+    (element strides ``m_s*``), ``out``: flat NCHW (``nchw``) or NHWC. Padded phases (weighted by phase 0's
+    mask) accumulate in a scratch tail of ``buf`` that is never read."""
     u = np.uint64
     r = (k - 1) // 2
     cg = c // g
@@ -313,18 +310,13 @@ def _forward(x, m, out, n_img, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx,
             _store_rows(buf, s * sw, c, out, out_at, s * h * sw, nchw)
 
 
-def _backward(gy, x, m, gx, gm, n_img, h, w, c, k, g, s, gy_nhwc, x_nhwc, m_sn, m_sc, m_sy, m_sx,
+def _backward(gy, x, m, gx, gm, h, w, c, k, g, s, gy_nhwc, x_nhwc, m_sn, m_sc, m_sy, m_sx,
               g_sn, g_sc, g_sy, g_sx, gx_nchw, lo, hi):
-    """Both gradients of the input rows ``[lo, hi)`` (``n*H + y``) and of the blocks of those rows.
-
-    ``gy`` is grad_output flat NHWC (``gy_nhwc``) or contiguous NCHW, ``x`` as in :func:`_forward`,
-    ``m`` the mask's storage from ``mask[0, 0, 0, 0]`` (element strides ``m_s*``), ``gm`` grad_mask
-    written through ``g_s*``, ``gx`` flat NCHW (``gx_nchw``) or NHWC. Each block row ``by`` within
-    ``r`` rows of the span is read once, in place (NHWC, whole quads of phases) or regrouped into
-    ``blk [s, sW, C]`` (channels-last, zero tail for padded phases); the blocks of the span's own
-    rows get their grad_mask dot products, and every block adds ``mask * grad_output`` of its phases
-    to the taps that land on the span's rows (``acc``). Every sum has a fixed order and one owner,
-    so no two threads write one element."""
+    """Both gradients of the input rows ``[lo, hi)`` (``n*H + y``) and of their blocks. ``gy``: grad_output
+    flat NHWC (``gy_nhwc``) or contiguous NCHW, ``x`` and ``m`` as in :func:`_forward`, ``gm``: grad_mask
+    through its strides ``g_s*``, ``gx``: flat NCHW (``gx_nchw``) or NHWC. Each block row within ``r`` rows
+    of the span is read once, in place (NHWC, whole quads) or regrouped into ``blk`` (a zero tail for padded
+    phases)."""
     u = np.uint64
     r = (k - 1) // 2
     cg = c // g
@@ -457,7 +449,7 @@ def forward(features, masks, kernel_size, group_size, scale_factor, layout="NCHW
     m, (m_sn, m_sc, m_sy, m_sx) = _strided(masks, acc)
     nchw = layout != "NHWC"
     out, out_flat = _new((n, c, h * s, w * s), layout, acc)
-    _split(_forward, (x, m, out_flat, n, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx, nchw),
+    _split(_forward, (x, m, out_flat, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx, nchw),
            n * h, n * c * h * w * s * s * k * k, min_rows=_FORWARD_ROWS, guided=True,
            threshold=_PARALLEL_WORK_NCHW_FORWARD if nchw else _PARALLEL_WORK)
     return out.to(features.dtype)
@@ -473,7 +465,7 @@ def backward(grad_output, features, masks, kernel_size, group_size, scale_factor
     m, (m_sn, m_sc, m_sy, m_sx) = _strided(masks, acc)
     gx, gx_flat = _new((n, c, h, w), layout, acc)
     gm, gm_flat = _new((n, g * k * k, h * s, w * s), layout, acc)
-    args = (gy, x, m, gx_flat, gm_flat, n, h, w, c, k, g, s, gy_nhwc, x_nhwc, m_sn, m_sc, m_sy, m_sx, *gm.stride(),
+    args = (gy, x, m, gx_flat, gm_flat, h, w, c, k, g, s, gy_nhwc, x_nhwc, m_sn, m_sc, m_sy, m_sx, *gm.stride(),
             layout != "NHWC")
     _split(_backward, args, n * h, 2 * n * c * h * w * s * s * k * k, min_rows=_BACKWARD_ROWS)
     return gx.to(features.dtype), gm.to(masks.dtype)

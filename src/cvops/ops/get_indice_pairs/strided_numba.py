@@ -76,29 +76,6 @@ def _tap_tables(geo, in_shape, transpose, table_count, table_offset, table_key):
 
 
 @njit
-def _mark(coords, row_base, volume, table_count, table_offset, table_key, bits, chunk_counts, chunk_rows):
-    chunk_counts[:] = 0
-    c, chunk_end = 0, chunk_rows
-    for i in range(coords.shape[0]):
-        if i == chunk_end:
-            c += 1
-            chunk_end += chunk_rows
-        r0, r1 = row_base[0] + coords[i, 1], row_base[1] + coords[i, 2]
-        r2, r3 = row_base[2] + coords[i, 3], row_base[3] + coords[i, 4]
-        batch_key = coords[i, 0] * volume  # the batch term
-        for a in range(table_count[r0]):
-            k0, key0 = table_offset[r0, a], batch_key + table_key[r0, a]
-            for b in range(table_count[r1]):
-                k1, key1 = k0 + table_offset[r1, b], key0 + table_key[r1, b]
-                for e in range(table_count[r2]):
-                    k2, key2 = k1 + table_offset[r2, e], key1 + table_key[r2, e]
-                    for f in range(table_count[r3]):
-                        k, key = k2 + table_offset[r3, f], key2 + table_key[r3, f]
-                        bits[key >> 6] |= np.int64(1) << (key & 63)
-                        chunk_counts[c, k] += 1
-
-
-@njit
 def _rank(bits, prefix):
     count = 0
     for w in range(bits.shape[0]):
@@ -108,10 +85,14 @@ def _rank(bits, prefix):
 
 
 @njit
-def _chunk_pairs(coords, row_base, volume, table_count, table_offset, table_key, bits, prefix, chunk_starts,
-                 chunk_rows, pairs, c_lo, c_hi):
+def _slots(coords, row_base, volume, table_count, table_offset, table_key, bits, prefix, chunk_rows, cursors, pairs,
+           c_lo, c_hi):
+    """Every (row, offset) slot of the rows of chunks ``[c_lo, c_hi)``, rows ascending. Without ``pairs``
+    (None: numba compiles that branch away) each slot sets its bit and counts its offset k in ``cursors[c, k]``
+    (zeros on entry); with them it writes its pair at ``cursors[c, k]`` (where chunk c's pairs of offset k
+    start) and moves it on."""
     for c in range(c_lo, c_hi):
-        cursor = chunk_starts[c].copy()
+        cursor = cursors[c]
         for i in range(c * chunk_rows, min(coords.shape[0], (c + 1) * chunk_rows)):
             r0, r1 = row_base[0] + coords[i, 1], row_base[1] + coords[i, 2]
             r2, r3 = row_base[2] + coords[i, 3], row_base[3] + coords[i, 4]
@@ -125,8 +106,11 @@ def _chunk_pairs(coords, row_base, volume, table_count, table_offset, table_key,
                         for f in range(table_count[r3]):
                             k, key = k2 + table_offset[r3, f], key2 + table_key[r3, f]
                             w = key >> 6
-                            pairs[k, 0, cursor[k]] = i
-                            pairs[k, 1, cursor[k]] = prefix[w] + _popcount(bits[w] & ~(np.int64(-1) << (key & 63)))
+                            if pairs is not None:
+                                pairs[k, 0, cursor[k]] = i
+                                pairs[k, 1, cursor[k]] = prefix[w] + _popcount(bits[w] & ~(np.int64(-1) << (key & 63)))
+                            else:
+                                bits[w] |= np.int64(1) << (key & 63)
                             cursor[k] += 1
 
 
@@ -227,16 +211,16 @@ def strided_pairs(indices: torch.Tensor, geo, sizes: Optional[tuple[int, int, in
     chunk_rows = -(-L // chunks)
 
     bits, prefix = np.zeros(words, dtype=np.int64), np.empty(words, dtype=np.int32)
-    chunk_counts = np.empty((chunks, K), dtype=np.int64)
-    _mark(coords, row_base, volume, *tables, bits, chunk_counts, chunk_rows)
+    chunk_counts = np.zeros((chunks, K), dtype=np.int64)
+    pairs = new_empty((K, 2, L), torch.int32)
+    pairs_np = numpy_alias(pairs)
+    args = (coords, row_base, volume, *tables, bits, prefix, chunk_rows)
+    _slots(*args, chunk_counts, None, 0, chunks)  # serial: rows of different chunks share words
     num_out = _rank(bits, prefix)
 
     counts = chunk_counts.sum(0)
     chunk_starts = np.cumsum(chunk_counts, 0) - chunk_counts  # where each chunk's pairs of an offset begin
-    pairs = new_empty((K, 2, L), torch.int32)
-    pairs_np = numpy_alias(pairs)
-    args = (coords, row_base, volume, *tables, bits, prefix, chunk_starts, chunk_rows, pairs_np)
-    run_parts(lambda lo, hi: _chunk_pairs(*args, lo, hi), [(c, c + 1) for c in range(chunks)])
+    run_parts(lambda lo, hi: _slots(*args, chunk_starts, pairs_np, lo, hi), [(c, c + 1) for c in range(chunks)])
     run_parts(lambda lo, hi: _tails(pairs_np, counts, lo, hi), even_parts(K, threads))
 
     out = new_empty((num_out, nd + 1), torch.int32)

@@ -1,21 +1,13 @@
 """Triton backend of get_indice_pairs (CUDA tensors; tests run it under TRITON_INTERPRET=1).
 
-Kernels do the per-slot work, torch does the sorts (a sort-based join, no dense grid):
+Kernels do the per-slot work, torch the sorts (a sort-based join, no dense grid): ``_slot_keys_kernel``
+writes each (offset, row) slot's int64 output key (-1 off the grid), ``_subm_probe_kernel`` binary-searches
+the sorted input keys for it, and ``_pack_pairs_kernel`` scatters the hits to their packed positions
+(ascending input row). Geometry is padded to 4-D (``checks.leading_ones``); offsets are int64, as keys
+span B * prod(spatial shape).
 
-* ``_slot_keys_kernel``: one program per (kernel offset, block of input rows) writes the int64 linear
-  output index of every (offset, row) slot, or -1 when the tap misses the output grid;
-* ``_subm_probe_kernel``: the same position computation for subm, then a branch-free binary search
-  of the sorted input keys; writes the output row (the input row of the site hit) or -1;
-* ``_pack_pairs_kernel``: scatters every hit slot to its packed position (an inclusive cumsum along
-  the rows gives the position), so pairs stay in ascending input row within each offset.
-
-Geometry is padded to 4 dimensions (missing leading dimensions have size 1 and kernel 1) so one
-kernel serves 1-D to 4-D. All offsets are int64 (linear site keys span B * prod(spatial shape)).
-
-Host synchronisation is inherent here: the number of output sites (``torch.unique``) sets the shape of
-``out_indices``, and subm's duplicate-site check reads a flag back, so each call waits for the GPU once
-or twice. It cannot run inside a CUDA graph; build kernel maps outside the captured region (the sparse
-layers cache them per ``indice_key``).
+The output count (``torch.unique``) and subm's duplicate check are read back to the host, so a call
+cannot run inside a CUDA graph; the sparse layers cache their maps per ``indice_key``.
 """
 from __future__ import annotations
 
