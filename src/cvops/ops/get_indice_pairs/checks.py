@@ -57,9 +57,8 @@ def _shape(name: str, value, ndim: int, min_value: int) -> tuple[int, ...]:
 
 def conv_output_size(spatial_shape, kernel_size, stride, padding, dilation) -> list[int]:
     """``(in + 2p - d(k-1) - 1) // s + 1`` per dimension; a kernel size of -1 means global (out 1)."""
-    out = []
-    for i, k, s, p, d in zip(spatial_shape, kernel_size, stride, padding, dilation):
-        out.append(1 if k == -1 else (i + 2 * p - d * (k - 1) - 1) // s + 1)
+    out = [1 if k == -1 else (i + 2 * p - d * (k - 1) - 1) // s + 1
+           for i, k, s, p, d in zip(spatial_shape, kernel_size, stride, padding, dilation)]
     _check_positive(out, spatial_shape, kernel_size, stride, padding, dilation)
     return out
 
@@ -72,10 +71,9 @@ def _check_positive(out, spatial, kernel, stride, padding, dilation) -> None:
 
 def deconv_output_size(spatial_shape, kernel_size, stride, padding, dilation, out_padding) -> list[int]:
     """``(in - 1) s - 2p + k + out_padding`` per dimension (spconv/mmcv; dilation not applied)."""
-    out = []
-    for i, k, s, p, op in zip(spatial_shape, kernel_size, stride, padding, out_padding):
-        require(k != -1, OP, "kernel_size -1 (global) is not defined for a transposed convolution")
-        out.append((i - 1) * s - 2 * p + k + op)
+    require(-1 not in kernel_size, OP, "kernel_size -1 (global) is not defined for a transposed convolution")
+    out = [(i - 1) * s - 2 * p + k + op
+           for i, k, s, p, op in zip(spatial_shape, kernel_size, stride, padding, out_padding)]
     _check_positive(out, spatial_shape, kernel_size, stride, padding, dilation)
     return out
 
@@ -87,8 +85,7 @@ def check_params(indices, batch_size, spatial_shape, kernel_size, stride, paddin
     if (isinstance(spatial_shape, torch.Tensor) or type(spatial_shape).__module__ == "numpy") and \
             getattr(spatial_shape, "ndim", 0) == 1:
         spatial_shape = spatial_shape.tolist()  # a tensor or numpy array of sizes (spconv passes numpy)
-    require(isinstance(spatial_shape, (list, tuple, torch.Size)) or
-            (isinstance(spatial_shape, torch.Tensor) and spatial_shape.dim() == 1), OP,
+    require(isinstance(spatial_shape, (list, tuple, torch.Size)), OP,
             f"spatial_shape must be a sequence of ints, got {spatial_shape!r}")
     ndim = len(spatial_shape)
     require(1 <= ndim <= MAX_NDIM, OP, f"spatial_shape must have 1 to {MAX_NDIM} dimensions, got {ndim}")

@@ -1,17 +1,13 @@
 """The ``torch`` backend of get_indice_pairs (device-agnostic torch code).
 
-No dense grid of B * prod(spatial) is ever allocated; sites are joined on int64 linear indices by
-sorting:
+Sites are joined on int64 linear indices by sorting, never through a dense grid of B * prod(spatial):
 
-* regular / transposed conv: the (offset, input row) slots that land on the output grid are listed in
-  (offset, row) order -- already the packed order of ``indice_pairs`` -- and ``unique`` over their
-  linear output indices gives the sorted ``out_indices`` and each pair's output row;
-* subm: the input sites are sorted by linear index. For each offset of the leading dimensions (z, y
-  for 3-D) one ``searchsorted`` finds where the window of the last dimension (x) starts in the sorted
-  keys; the at most ``(kx - 1) * dil + 1`` consecutive keys from there are the only candidates, so the
-  join costs ``kz * ky`` binary searches per site instead of ``K``. ``cpu_numba`` (the ``numba``
-  backend, the CPU default where numba is installed) builds the same map by one merge of the sorted keys
-  per offset.
+* regular / transposed conv: the (offset, input row) slots on the output grid, listed in (offset, row)
+  order (the packed order of ``indice_pairs``); ``unique`` over their output keys gives the sorted
+  ``out_indices`` and each pair's output row;
+* subm: per offset of the leading dimensions (z, y for 3-D), one ``searchsorted`` of the sorted site
+  keys finds where the window of the last dimension starts; the at most ``(kx - 1) * dil + 1`` keys
+  from there are the only candidates, so a site costs ``kz * ky`` binary searches instead of ``K``.
 """
 from __future__ import annotations
 
