@@ -39,23 +39,18 @@ def get_deconv_output_size(input_size: Sequence[int], kernel_size, stride, paddi
     return checks.deconv_output_size(*_sizes(input_size, kernel_size, stride, padding, dilation, output_padding))
 
 
-def _run(indices: torch.Tensor, geo: Geometry, backend: Optional[str]):
+def _get_indice_pairs(indices: torch.Tensor, batch_size: int, spatial_shape: list[int], out_spatial_shape: list[int],
+                      kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int], subm: bool,
+                      transpose: bool, backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    geo = Geometry(batch_size, tuple(spatial_shape), tuple(out_spatial_shape), tuple(kernel_size),
+                   tuple(stride), tuple(padding), tuple(dilation), subm, transpose)
     check_index_values(indices, geo.batch_size, geo.spatial_shape)
     L, K = indices.shape[0], geo.kernel_volume
     if L == 0:  # zero elements: empty outputs of the right shapes
         return (torch.empty((0, geo.ndim + 1), dtype=torch.int32, device=indices.device),
                 torch.full((K, 2, 0), -1, dtype=torch.int32, device=indices.device),
                 torch.zeros(K, dtype=torch.int32, device=indices.device))
-    impl = backend_module(__package__, OP, backend, indices.device, indices)
-    return impl.get_indice_pairs(indices, geo)
-
-
-def _get_indice_pairs(indices: torch.Tensor, batch_size: int, spatial_shape: list[int], out_spatial_shape: list[int],
-                      kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int], subm: bool,
-                      transpose: bool, backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    geo = Geometry(batch_size, tuple(spatial_shape), tuple(out_spatial_shape), tuple(kernel_size),
-                   tuple(stride), tuple(padding), tuple(dilation), subm, transpose)
-    return _run(indices, geo, backend)
+    return backend_module(__package__, OP, backend, indices.device, indices).get_indice_pairs(indices, geo)
 
 
 def _fake(indices, batch_size, spatial_shape, out_spatial_shape, kernel_size, stride, padding, dilation, subm,
