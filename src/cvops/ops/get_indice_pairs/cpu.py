@@ -22,11 +22,7 @@ from .checks import INVALID_KEY, Geometry, check_no_duplicates
 
 def grid_strides(shape) -> tuple[list[int], int]:
     """Row-major strides of ``shape`` and its volume (the batch stride of a linear index)."""
-    strides, acc = [], 1
-    for size in reversed(shape):
-        strides.append(acc)
-        acc *= size
-    return strides[::-1], acc
+    return [math.prod(shape[d + 1:]) for d in range(len(shape))], math.prod(shape)
 
 
 def tap_positions(coord: torch.Tensor, d: int, geo: Geometry):
