@@ -80,11 +80,6 @@ _backward_op = custom_op("carafe_backward", _backward, _backward_fake, backward=
                          save=("grad_output", "features", "masks"))
 
 
-def _nchw_view(t, layout: str):
-    """The logical NCHW view of a 4-D tensor for the checks; None for anything else (the checks name it)."""
-    return as_nchw(t, layout) if isinstance(t, torch.Tensor) and t.dim() == 4 else None
-
-
 def carafe_forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int, group_size: int,
                    scale_factor: int, layout: str = "NCHW", backend: str | None = None) -> torch.Tensor:
     """CARAFE upsampling (differentiable; :func:`carafe` is the same function).
@@ -104,8 +99,7 @@ def carafe_forward(features: torch.Tensor, masks: torch.Tensor, kernel_size: int
     """
     layout = parse_layout("carafe", layout)
     features, masks = mixed_to_float32(features, masks)
-    k, g, s = checks.check_forward(features, masks, kernel_size, group_size, scale_factor,
-                                   _nchw_view(features, layout), _nchw_view(masks, layout))
+    k, g, s = checks.check_forward(features, masks, kernel_size, group_size, scale_factor, layout)
     check_backend(__package__, checks.OP, backend, features.device, features, masks)
     return _forward_op(features, masks, k, g, s, layout, backend)
 
@@ -124,8 +118,6 @@ def carafe_backward(grad_output: torch.Tensor, features: torch.Tensor, masks: to
     """
     layout = parse_layout("carafe", layout)
     grad_output, features, masks = mixed_to_float32(grad_output, features, masks)
-    k, g, s = checks.check_backward(grad_output, features, masks, kernel_size, group_size, scale_factor,
-                                    _nchw_view(grad_output, layout), _nchw_view(features, layout),
-                                    _nchw_view(masks, layout))
+    k, g, s = checks.check_backward(grad_output, features, masks, kernel_size, group_size, scale_factor, layout)
     check_backend(__package__, checks.OP, backend, features.device, grad_output, features, masks)
     return _backward_op(grad_output, features, masks, k, g, s, layout, backend)

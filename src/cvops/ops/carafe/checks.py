@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from cvops._core.layout import nchw_shape
 from cvops._core.validate import FLOAT_DTYPES, check_int, check_same_device, check_tensor, require
 
 OP = "carafe"
@@ -33,35 +34,29 @@ def check_shapes(op: str, features_shape, masks_shape, k: int, g: int, s: int) -
             f"masks spatial size ({mh}, {mw}) must equal features size * scale_factor ({h * s}, {w * s})")
 
 
-def check_forward(features, masks, kernel_size, group_size, scale_factor, features_nchw=None,
-                  masks_nchw=None, op: str = OP) -> tuple[int, int, int]:
-    """Checks of the forward; ``*_nchw`` are the logical NCHW views (default: the tensors)."""
+def check_forward(features, masks, kernel_size, group_size, scale_factor, layout: str = "NCHW",
+                  op: str = OP) -> tuple[int, int, int]:
+    """Checks of the forward on tensors stored in ``layout``; returns ``(k, G, s)`` as ints."""
     check_tensor(op, "features", features, dim=4, dtypes=FLOAT_DTYPES)
     check_tensor(op, "masks", masks, dim=4, dtypes=FLOAT_DTYPES)
     require(masks.dtype == features.dtype, op,
             f"masks dtype ({masks.dtype}) must equal features dtype ({features.dtype})")
     check_same_device(op, features=features, masks=masks)
     k, g, s = check_params(kernel_size, group_size, scale_factor, op)
-    f = features if features_nchw is None else features_nchw
-    m = masks if masks_nchw is None else masks_nchw
-    check_shapes(op, tuple(f.shape), tuple(m.shape), k, g, s)
+    check_shapes(op, nchw_shape(features.shape, layout), nchw_shape(masks.shape, layout), k, g, s)
     return k, g, s
 
 
-def check_backward(grad_output, features, masks, kernel_size, group_size, scale_factor,
-                   grad_output_nchw=None, features_nchw=None, masks_nchw=None, op: str = OP):
-    k, g, s = check_forward(features, masks, kernel_size, group_size, scale_factor, features_nchw,
-                            masks_nchw, op)
+def check_backward(grad_output, features, masks, kernel_size, group_size, scale_factor, layout: str = "NCHW",
+                   op: str = OP) -> tuple[int, int, int]:
+    k, g, s = check_forward(features, masks, kernel_size, group_size, scale_factor, layout, op)
     check_tensor(op, "grad_output", grad_output, dim=4, dtypes=FLOAT_DTYPES)
     require(grad_output.dtype == features.dtype, op,
             f"grad_output dtype ({grad_output.dtype}) must equal features dtype ({features.dtype})")
     check_same_device(op, features=features, grad_output=grad_output)
-    f = features if features_nchw is None else features_nchw
-    go = grad_output if grad_output_nchw is None else grad_output_nchw
-    n, c, h, w = f.shape
-    expected = (n, c, h * s, w * s)
-    require(tuple(go.shape) == expected, op,
-            f"grad_output shape {tuple(go.shape)} (as NCHW) must be {expected} (features batch, channels, size * scale)")
+    shape, expected = nchw_shape(grad_output.shape, layout), output_shape(nchw_shape(features.shape, layout), s)
+    require(shape == expected, op,
+            f"grad_output shape {shape} (as NCHW) must be {expected} (features batch, channels, size * scale)")
     return k, g, s
 
 

@@ -1,33 +1,14 @@
-"""CARAFE on CPU in plain torch: the formula one kernel tap at a time, a few rows of the map at a time.
+"""CARAFE on CPU in plain torch (the ``torch`` backend): the formula one kernel tap at a time.
 
-With ``r = (k - 1) // 2``, block ``(y, x)`` of the output (its ``s x s`` sub-pixels ``(a, b)``) reads
-through tap ``(ky, kx)`` the input pixel ``(y + ky - r, x + kx - r)``, zero outside the map:
+With ``r = (k - 1) // 2``, output block ``(y, x)`` (its ``s x s`` sub-pixels) reads through tap
+``(ky, kx)`` the input pixel ``(y + ky - r, x + kx - r)``, zero outside the map. The forward adds, per
+tap, the shifted features times that tap's mask; the backward reads the same products the other way,
+grad_input gathering from the blocks ``(y - ky + r, x - kx + r)`` that read a pixel (no scatter). Sums
+run in a fixed order (taps, then sub-pixels), so the bits do not depend on the thread count. Taps
+outside the map have their mask zeroed (an inf there must not meet the padding) and grad_mask 0.
 
-    out[y*s+a, x*s+b, c] = sum over taps of x[y+ky-r, x+kx-r, c] * mask[g(c), ky, kx, y*s+a, x*s+b]
-
-so the forward adds, per tap, the shifted features (repeated over the sub-pixels by broadcasting)
-times that tap's mask. The backward is the same products read the other way:
-
-    grad_mask[g, ky, kx, y*s+a, x*s+b] = sum over c in group g of x[y+ky-r, x+kx-r, c] * gy[y*s+a, x*s+b, c]
-    grad_input[y, x, c] = sum over taps and (a, b) of mask[g(c), ky, kx, y'*s+a, x'*s+b] * gy[y'*s+a, x'*s+b, c]
-
-with ``(y', x') = (y - ky + r, x - kx + r)`` the block that reads ``(y, x)`` through the tap: grad_input
-gathers (no scatter), and every sum runs in a fixed order (taps, then sub-pixels; the channel sums by
-torch's reduction, which splits over its outputs only), so the bits do not depend on the thread count.
-Taps outside the map are skipped as the reference skips them: their mask is zeroed (an inf there must
-not meet the zero padding) and their grad_mask is 0. Taps that reach no pixel of the map
-(``|ky - r| >= H`` or ``|kx - r| >= W``) are not run.
-
-Work goes in chunks of ``R`` rows of blocks of one image, one chunk after another (each torch op on
-torch's own threads), channels-last in the accumulating dtype (float32; float64 for float64 inputs). A
-backward chunk holds the features with a zero halo of ``r`` rows and columns, its grad_output, and per
-kernel row the grad_output and masks of the blocks that read its pixels through that row: about
-``R * (W + 2r) * ((3s² + 1) * C + 2s² * G*k*k)`` elements (a forward chunk less). ``R`` keeps that near
-``_CHUNK``, at least one row, so beside its outputs a call holds about that much: for CARAFE-FPN (C 256,
-k 5, G 1, s 2) at W 168 (one row a chunk) about 3 MB, whatever the batch and the height.
-
-This is the ``torch`` backend; ``cpu_numba`` (the ``numba`` backend, the CPU default where numba is
-installed) computes both directions as compiled loops with the channel loop innermost.
+Work goes in chunks of rows of one image, channels-last in float32 (float64 for float64), so that a
+call holds about ``_CHUNK`` elements besides its outputs, whatever the batch and the height.
 """
 from __future__ import annotations
 
@@ -38,7 +19,7 @@ from ..._core.layout import empty_nchw
 _CHUNK = 1 << 20  # elements a chunk holds: 4 MiB of float32
 
 
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
@@ -85,7 +66,7 @@ def _zero_outside_taps(t: torch.Tensor, h: int, w: int, y0: int, r: int) -> None
 def _forward_rows(out, features, masks, k, g, s, chunk) -> None:
     """Output rows ``[y0*s, y1*s)`` of image ``i``, for ``chunk = (i, y0, y1)``."""
     (_, c, h, w), (i, y0, y1) = features.shape, chunk
-    rows, r, acc = y1 - y0, (k - 1) // 2, _acc_dtype(features.dtype)
+    rows, r, acc = y1 - y0, (k - 1) // 2, acc_dtype(features.dtype)
     x = _frame(features, i, y0 - r, y1 + r, 1, r, acc).view(rows + 2 * r, 1, w + 2 * r, 1, g, c // g)
     m = _frame(masks, i, y0, y1, s, 0, acc).view(rows, s, w, s, g, k, k)
     _zero_outside_taps(m, h, w, y0, r)
@@ -98,7 +79,7 @@ def _forward_rows(out, features, masks, k, g, s, chunk) -> None:
 def _backward_rows(grad_input, grad_mask, grad_output, features, masks, k, g, s, chunk) -> None:
     """grad_input rows ``[y0, y1)`` and grad_mask rows ``[y0*s, y1*s)`` of image ``i``, for ``chunk = (i, y0, y1)``."""
     (_, c, h, w), (i, y0, y1) = features.shape, chunk
-    rows, r, acc = y1 - y0, (k - 1) // 2, _acc_dtype(features.dtype)
+    rows, r, acc = y1 - y0, (k - 1) // 2, acc_dtype(features.dtype)
     x = _frame(features, i, y0 - r, y1 + r, 1, r, acc).view(rows + 2 * r, 1, w + 2 * r, 1, g, c // g)
     gy = _frame(grad_output, i, y0, y1, s, 0, acc).view(rows, s, w, s, g, c // g)
     gm = torch.zeros((rows, s, w, s, g, k, k), dtype=acc)

@@ -1,36 +1,23 @@
 """CARAFE as compiled loops: the ``numba`` backend (see ``_core/dispatch.py``).
 
 Why: CARAFE is ``k*k`` multiply-adds per output element with a different weight matrix per output
-pixel, so it maps onto matrix products only as many tiny ones; their per-product overhead keeps the
-torch path (``cpu.py``) far below the machine's FLOP rate. Here the innermost loops run over
-channels, contiguous in channels-last rows, so LLVM vectorises them; mask values are scalars
-broadcast over them. A block is the ``s x s`` output pixels of one input pixel: its sub-pixel
-phases read the same ``k x k`` taps, so the loops take four phases at a time and load each tap
-vector once for all four.
+pixel, which torch (``cpu.py``) can only run as many tiny products, far below the machine's FLOP rate.
+Here the innermost loops run over channels, contiguous in channels-last rows, so LLVM vectorises
+them; a block's ``s x s`` sub-pixel phases read the same taps, so the loops take four phases at a time
+and load each tap vector once for all four.
 
-* forward (per input row): each block's four phases accumulate five taps a pass into a row buffer
-  ``[s, sW, C]``, which is stored in the output's layout (an NHWC output's ``s`` rows are that
-  buffer: they accumulate in place).
-* backward (per span of input rows, one kernel for both gradients): each block row of
-  ``grad_output`` that reaches the span is read once; the span's own blocks get their grad_mask dot
-  products (4 phases x 5 taps per pass, 0 for taps off the map), and every block spreads
-  ``mask * grad_output`` of its phases over its taps that land on the span's rows (taps inside the
-  map only, so a non-finite mask value on a tap outside the map never meets anything, as in the
-  reference). grad_input is thus gathered by the thread that owns each input row: no races.
+* forward (per input row): the ``s`` output rows accumulate in a row buffer ``[s, sW, C]`` (an NHWC
+  output's own rows where its phases fill whole quads), stored in the output's layout.
+* backward (per span of input rows, one kernel for both gradients): each block row of ``grad_output``
+  near the span is read once; the span's own blocks get their grad_mask dot products, and every block
+  spreads ``mask * grad_output`` over its taps on the span's rows (taps inside the map only, as in the
+  reference), so grad_input is gathered by the thread that owns each input row: no races.
 
-NCHW tensors are never copied whole: the kernels regroup NCHW feature rows into a ring of ``k``
-channels-last rows as the window moves down, and NCHW ``grad_output`` a block row at a time, with
-8 x 8 register transposes (``transpose8``), while the rows are in cache; NCHW outputs are
-transposed the same way on the way out. The small helpers are inlined into the two kernels
-(numba ``inline="always"``), so a cold cache compiles two functions. The kernels take a row range
-and run on the shared worker threads (:func:`_split`; small calls on the calling thread).
-
-Every output element has one writer and a sum order fixed at compile time (``REASSOCIATE`` lets
-LLVM vectorise the sums), so results do not depend on the thread count. Accumulation is in
-float32 (float64 for float64); float16/bfloat16 go through float32 copies.
+NCHW tensors are never copied whole: rows are regrouped channels-last (a ring of ``k`` feature rows)
+with 8 x 8 register transposes while they are in cache. Every output element has one writer and a sum
+order fixed at compile time, so results do not depend on the thread count.
 """
 from __future__ import annotations
-
 
 import numpy as np
 import torch
@@ -38,17 +25,16 @@ import torch
 from ..._core.bits import numpy_alias
 from ..._core.jit import REASSOCIATE, inline, njit
 from ..._core.jit_intrinsics import transpose8
+from ..._core.layout import as_nchw, stored_shape
 from ..._core.memory import new_empty
 from ..._core.parallel import even_parts, guided_parts, run_parts
+from .cpu import acc_dtype
 
 _LANES = 8  # transpose8's block
-# multiply-adds (about half a millisecond on one core: the 13x21 CARAFE-FPN forward) below which one thread
-# runs the call: a helper thread saves at most a third of such a call on an idle core, and costs more than
-# that where it has to share its core, e.g. with torch's OpenMP workers, which spin for milliseconds after
-# every parallel torch op (the convolutions before an upsampler, the inputs of a benchmark)
+# multiply-adds below which one thread runs the call: a helper thread saves little there, and costs more
+# where it shares its core (e.g. with torch's OpenMP workers, which spin for a while after a parallel op)
 _PARALLEL_WORK = 2e7
-# the NCHW forward also transposes every feature row in and every output row out, so splitting it pays
-# from half that many multiply-adds (the 13x21 upsampler's NCHW forward; its NHWC one stays serial)
+# the NCHW forward also transposes every row in and out, so splitting it pays from half that
 _PARALLEL_WORK_NCHW_FORWARD = 1e7
 _CHUNKS_PER_THREAD = 8
 # input rows per span at least: each span regroups the r rows beyond its ends again (NCHW features,
@@ -105,18 +91,11 @@ def _store_rows(buf, count, channels, out, out_at, plane, nchw):
 
 
 @inline
-def _rows_channels_last(src, src_at, plane, dst, dst_at, channels, count):
-    """``dst[dst_at + p*C + c] = src[src_at + c*plane + p]`` for ``p < count``, ``c < C``: positions of
-    an NCHW plane regrouped channels-last."""
-    _planes_transpose(src, src_at, plane, dst, dst_at, channels, count, False)
-
-
-@inline
 def _ring_rows(x, ring, n, c, h, w, k, iy0, iy1):
     """Feature rows ``[iy0, iy1)`` of image ``n`` (contiguous NCHW ``x``) regrouped channels-last into
     ``ring`` slot ``iy % k``: the ``k`` rows a window reads are always in distinct slots."""
     for iy in range(iy0, iy1):
-        _rows_channels_last(x, (n * c * h + iy) * w, h * w, ring, (iy % k) * w * c, c, w)
+        _planes_transpose(x, (n * c * h + iy) * w, h * w, ring, (iy % k) * w * c, c, w, False)
 
 
 @inline
@@ -284,14 +263,11 @@ def _dots_4x5(out, src, s0, s1, s2, s3, x, x_at, x_step, t0, t1, count):
     out[16], out[17], out[18], out[19] = r40, r41, r42, r43
 
 
-def _forward(x, m, out, n_img, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx, nchw, lo, hi):
-    """Output rows of the input rows ``[lo, hi)`` (``n*H + y``). ``x`` is the feature flat NHWC
-    (``x_nhwc``) or contiguous NCHW (its rows regrouped channels-last into a ring of ``k`` rows as
-    the window moves down), ``m`` the mask's storage from ``mask[0, 0, 0, 0]`` (element strides
-    ``m_s*``), ``out`` flat NCHW (``nchw``) or NHWC. The ``s`` output rows of an input row accumulate
-    in ``buf [s, sW, C]`` and are stored in the output's layout (padded phases, weighted by phase 0's
-    mask, accumulate in a scratch tail that is never read); an NHWC output whose phases fill whole
-    quads holds exactly that block, so they accumulate there."""
+def _forward(x, m, out, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx, nchw, lo, hi):
+    """Output rows of the input rows ``[lo, hi)`` (``n*H + y``). ``x``: the features flat NHWC (``x_nhwc``)
+    or contiguous NCHW (regrouped into the ring), ``m``: the mask's storage from ``mask[0, 0, 0, 0]``
+    (element strides ``m_s*``), ``out``: flat NCHW (``nchw``) or NHWC. Padded phases (weighted by phase 0's
+    mask) accumulate in a scratch tail of ``buf`` that is never read."""
     u = np.uint64
     r = (k - 1) // 2
     cg = c // g
@@ -334,18 +310,13 @@ def _forward(x, m, out, n_img, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx,
             _store_rows(buf, s * sw, c, out, out_at, s * h * sw, nchw)
 
 
-def _backward(gy, x, m, gx, gm, n_img, h, w, c, k, g, s, gy_nhwc, x_nhwc, m_sn, m_sc, m_sy, m_sx,
+def _backward(gy, x, m, gx, gm, h, w, c, k, g, s, gy_nhwc, x_nhwc, m_sn, m_sc, m_sy, m_sx,
               g_sn, g_sc, g_sy, g_sx, gx_nchw, lo, hi):
-    """Both gradients of the input rows ``[lo, hi)`` (``n*H + y``) and of the blocks of those rows.
-
-    ``gy`` is grad_output flat NHWC (``gy_nhwc``) or contiguous NCHW, ``x`` as in :func:`_forward`,
-    ``m`` the mask's storage from ``mask[0, 0, 0, 0]`` (element strides ``m_s*``), ``gm`` grad_mask
-    written through ``g_s*``, ``gx`` flat NCHW (``gx_nchw``) or NHWC. Each block row ``by`` within
-    ``r`` rows of the span is read once, in place (NHWC, whole quads of phases) or regrouped into
-    ``blk [s, sW, C]`` (channels-last, zero tail for padded phases); the blocks of the span's own
-    rows get their grad_mask dot products, and every block adds ``mask * grad_output`` of its phases
-    to the taps that land on the span's rows (``acc``). Every sum has a fixed order and one owner,
-    so no two threads write one element."""
+    """Both gradients of the input rows ``[lo, hi)`` (``n*H + y``) and of their blocks. ``gy``: grad_output
+    flat NHWC (``gy_nhwc``) or contiguous NCHW, ``x`` and ``m`` as in :func:`_forward`, ``gm``: grad_mask
+    through its strides ``g_s*``, ``gx``: flat NCHW (``gx_nchw``) or NHWC. Each block row within ``r`` rows
+    of the span is read once, in place (NHWC, whole quads) or regrouped into ``blk`` (a zero tail for padded
+    phases)."""
     u = np.uint64
     r = (k - 1) // 2
     cg = c // g
@@ -378,7 +349,7 @@ def _backward(gy, x, m, gx, gm, n_img, h, w, c, k, g, s, gy_nhwc, x_nhwc, m_sn, 
                 for i in range(u(s * sw * c)):
                     blk[i] = gy[u(src_at) + i]
             else:
-                _rows_channels_last(gy, n * c * sh * sw + by * s * sw, sh * sw, blk, 0, c, s * sw)
+                _planes_transpose(gy, n * c * sh * sw + by * s * sw, sh * sw, blk, 0, c, s * sw, False)
             src = gy if direct else blk
             own = by >= y0 and by < y1
             if own and not x_nhwc:
@@ -429,10 +400,6 @@ _backward = njit(_backward, fastmath=REASSOCIATE)
 
 
 # ------------------------------------------------------------------------------------------- entry
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _dense(t: torch.Tensor, acc: torch.dtype):
     """Logical-NCHW ``t`` in ``acc`` as a flat array of its channels-last storage (``True``) or of a
     contiguous NCHW copy or view (``False``): the kernels regroup NCHW rows themselves, in cache."""
@@ -445,11 +412,16 @@ def _dense(t: torch.Tensor, acc: torch.dtype):
 def _strided(t: torch.Tensor, acc: torch.dtype):
     """``t`` in ``acc`` as its storage from ``t[0, 0, 0, 0]`` and its element strides (no copy when
     ``t`` is already ``acc``)."""
-    if t.dtype != acc:
-        t = t.to(acc)
+    t = t.to(acc)
     span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
     flat = torch.as_strided(t, (span,), (1,), t.storage_offset())
     return numpy_alias(flat), t.stride()
+
+
+def _new(shape_nchw, layout: str, acc: torch.dtype):
+    """A new ``acc`` tensor stored contiguously in ``layout``: its logical NCHW view and its flat storage."""
+    t = new_empty(stored_shape(shape_nchw, layout), acc)
+    return as_nchw(t, layout), numpy_alias(t.view(-1))
 
 
 def _split(kernel, args, rows, work, min_rows=1, guided=False, threshold=_PARALLEL_WORK):
@@ -472,40 +444,28 @@ def forward(features, masks, kernel_size, group_size, scale_factor, layout="NCHW
     """Same contract as ``cpu.forward``."""
     n, c, h, w = features.shape
     k, g, s = kernel_size, group_size, scale_factor
-    acc = _acc_dtype(features.dtype)
+    acc = acc_dtype(features.dtype)
     x, x_nhwc = _dense(features, acc)
     m, (m_sn, m_sc, m_sy, m_sx) = _strided(masks, acc)
     nchw = layout != "NHWC"
-    shape = (n, c, h * s, w * s) if nchw else (n, h * s, w * s, c)
-    out = new_empty(shape, acc, features.device)
-    _split(_forward, (x, m, numpy_alias(out.view(-1)), n, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx, nchw),
+    out, out_flat = _new((n, c, h * s, w * s), layout, acc)
+    _split(_forward, (x, m, out_flat, h, w, c, k, g, s, x_nhwc, m_sn, m_sc, m_sy, m_sx, nchw),
            n * h, n * c * h * w * s * s * k * k, min_rows=_FORWARD_ROWS, guided=True,
            threshold=_PARALLEL_WORK_NCHW_FORWARD if nchw else _PARALLEL_WORK)
-    out = out.to(features.dtype)
-    return out if nchw else out.permute(0, 3, 1, 2)
+    return out.to(features.dtype)
 
 
 def backward(grad_output, features, masks, kernel_size, group_size, scale_factor, layout="NCHW"):
     """Same contract as ``cpu.backward``."""
     n, c, h, w = features.shape
     k, g, s = kernel_size, group_size, scale_factor
-    acc = _acc_dtype(features.dtype)
+    acc = acc_dtype(features.dtype)
     x, x_nhwc = _dense(features, acc)
     gy, gy_nhwc = _dense(grad_output, acc)
     m, (m_sn, m_sc, m_sy, m_sx) = _strided(masks, acc)
-    nchw = layout != "NHWC"
-    gk = g * k * k
-    if nchw:
-        gm = new_empty((n, gk, h * s, w * s), acc, features.device)
-        gm_flat = numpy_alias(gm.view(-1))
-        gx = new_empty((n, c, h, w), acc, features.device)
-    else:
-        gm_nhwc = new_empty((n, h * s, w * s, gk), acc, features.device)
-        gm_flat = numpy_alias(gm_nhwc.view(-1))
-        gm = gm_nhwc.permute(0, 3, 1, 2)
-        gx = new_empty((n, h, w, c), acc, features.device)
-    _split(_backward, (gy, x, m, numpy_alias(gx.view(-1)), gm_flat, n, h, w, c, k, g, s, gy_nhwc, x_nhwc,
-                       m_sn, m_sc, m_sy, m_sx, *gm.stride(), nchw), n * h, 2 * n * c * h * w * s * s * k * k,
-           min_rows=_BACKWARD_ROWS)
-    gi = gx if nchw else gx.permute(0, 3, 1, 2)
-    return gi.to(features.dtype), gm.to(masks.dtype)
+    gx, gx_flat = _new((n, c, h, w), layout, acc)
+    gm, gm_flat = _new((n, g * k * k, h * s, w * s), layout, acc)
+    args = (gy, x, m, gx_flat, gm_flat, h, w, c, k, g, s, gy_nhwc, x_nhwc, m_sn, m_sc, m_sy, m_sx, *gm.stride(),
+            layout != "NHWC")
+    _split(_backward, args, n * h, 2 * n * c * h * w * s * s * k * k, min_rows=_BACKWARD_ROWS)
+    return gx.to(features.dtype), gm.to(masks.dtype)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ..._core.layout import as_nchw, from_nchw
+
 
 def _taps(n_count, c, h, w, k, g_count, s):
     """The doc's loops: for each output pixel (oy, ox), group g and window tap (ky, kx) that lands inside
@@ -55,6 +57,4 @@ def backward(grad_output: torch.Tensor, features: torch.Tensor, masks: torch.Ten
 
 def _in_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
     """A logical NCHW tensor stored in ``layout`` (returned as its NCHW view)."""
-    if layout == "NHWC":
-        return t.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-    return t.contiguous()
+    return as_nchw(from_nchw(t, layout).contiguous(), layout)

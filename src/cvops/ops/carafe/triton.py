@@ -1,16 +1,12 @@
 """carafe Triton kernels. Strides are arguments, so one kernel serves NCHW and NHWC.
 
-- forward: one program per tile of (output pixels x channels); it walks the k*k taps and reads the
-  tap's input pixel and mask value, accumulating in float32 (float64 for float64).
-- grad_input: one program per tile of (input pixels x channels); it *gathers* from the output blocks
-  whose window covers the pixel (k*k taps x s*s sub-pixels), in a fixed order: deterministic, no atomics.
-- grad_mask: one program per (mask channel, tile of output pixels); it reduces gy * x over the
-  group's channels in fixed-size chunks.
+- forward: one program per tile of (output pixels x channels) walks the k*k taps;
+- grad_input: one program per tile of (input pixels x channels) *gathers* from the output blocks whose
+  window covers the pixel, in a fixed order: deterministic, no atomics;
+- grad_mask: one program per (mask channel, tile of output pixels) reduces gy * x over the group.
 
-Offsets are int32 whenever every tensor's span fits (``_core.indexing``), int64 otherwise (an
-``INDEX_64`` variant). Accumulating kernels hold a float32 (float64) accumulator per tile element, so
-their budget is 128 registers per thread (``REGISTER_BUDGET``, checked by the compile test). Tiles are
-16 pixels x 32 channels on 4 warps (4 elements per thread): 32 x 32 tiles took 140-255 registers.
+Offsets are int32 where every span fits (``_core.indexing``), else int64 (``INDEX_64``). Accumulators
+are float32 (float64 for float64); 16 x 32 tiles on 4 warps keep them within ``REGISTER_BUDGET``.
 """
 from __future__ import annotations
 
@@ -56,10 +52,7 @@ def _carafe_forward_kernel(x_ptr, m_ptr, out_ptr, C, H, W, OW, OHW, Cg, K, R, S,
     iy0 = oy // S
     ix0 = ox // S
     g = offs_c // Cg
-    if IS_F64:
-        acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float64)
-    else:
-        acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float64 if IS_F64 else tl.float32)
     x_base = x_ptr + n * xs_n + offs_c[None, :] * xs_c
     m_base = m_ptr + n * ms_n + oy[:, None] * ms_h + ox[:, None] * ms_w
     for ky in range(0, K):
@@ -89,10 +82,7 @@ def _carafe_grad_input_kernel(gy_ptr, m_ptr, gx_ptr, C, H, W, HW, Cg, K, R, S,
     iy = offs_p // W
     ix = offs_p % W
     g = offs_c // Cg
-    if IS_F64:
-        acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float64)
-    else:
-        acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float64 if IS_F64 else tl.float32)
     gy_base = gy_ptr + n * gs_n + offs_c[None, :] * gs_c
     m_base = m_ptr + n * ms_n
     # one flat loop over (ky, kx, py, px), in that nesting order: nested loops made ptxas keep (and spill)
@@ -131,10 +121,7 @@ def _carafe_grad_mask_kernel(gy_ptr, x_ptr, gm_ptr, H, W, OW, OHW, Cg, K, R, S,
     iy = oy // S + tap // K - R
     ix = ox // S + tap % K - R
     ok_p = live_p & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
-    if IS_F64:
-        acc = tl.zeros([BLOCK_P], dtype=tl.float64)
-    else:
-        acc = tl.zeros([BLOCK_P], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_P], dtype=tl.float64 if IS_F64 else tl.float32)
     lanes = tl.arange(0, BLOCK_C)
     for c0 in range(0, Cg, BLOCK_C):
         cc = g * Cg + c0 + lanes

@@ -20,38 +20,23 @@ from .checks import OP, Geometry, check_index_values, check_params
 __all__ = ["get_indice_pairs", "get_conv_output_size", "get_deconv_output_size"]
 
 
+def _sizes(input_size, *params):
+    """The input sizes as ints and ``(kernel_size, stride, padding, dilation, ...)`` as one int per dimension."""
+    n = len(input_size)
+    names, lows = ("kernel_size", "stride", "padding", "dilation", "output_padding"), (None, 1, 0, 1, 0)
+    return [int(s) for s in input_size], *(checks.pair(OP, name, value, n, min_value=low)
+                                           for name, low, value in zip(names, lows, params))
+
+
 def get_conv_output_size(input_size: Sequence[int], kernel_size, stride, padding, dilation) -> list[int]:
     """Output spatial shape of a sparse conv: ``(in + 2p - d(k-1) - 1) // s + 1`` (k == -1: 1)."""
-    n = len(input_size)
-    kernel = checks.pair(OP, "kernel_size", kernel_size, n)
-    stride = checks.pair(OP, "stride", stride, n, min_value=1)
-    padding = checks.pair(OP, "padding", padding, n, min_value=0)
-    dilation = checks.pair(OP, "dilation", dilation, n, min_value=1)
-    return checks.conv_output_size([int(s) for s in input_size], kernel, stride, padding, dilation)
+    return checks.conv_output_size(*_sizes(input_size, kernel_size, stride, padding, dilation))
 
 
 def get_deconv_output_size(input_size: Sequence[int], kernel_size, stride, padding, dilation,
                            output_padding=0) -> list[int]:
     """Output spatial shape of a transposed sparse conv: ``(in - 1) s - 2p + k + output_padding``."""
-    n = len(input_size)
-    kernel = checks.pair(OP, "kernel_size", kernel_size, n)
-    stride = checks.pair(OP, "stride", stride, n, min_value=1)
-    padding = checks.pair(OP, "padding", padding, n, min_value=0)
-    dilation = checks.pair(OP, "dilation", dilation, n, min_value=1)
-    out_padding = checks.pair(OP, "output_padding", output_padding, n, min_value=0)
-    return checks.deconv_output_size([int(s) for s in input_size], kernel, stride, padding, dilation,
-                                     out_padding)
-
-
-def _run(indices: torch.Tensor, geo: Geometry, backend: Optional[str]):
-    check_index_values(indices, geo.batch_size, geo.spatial_shape)
-    L, K = indices.shape[0], geo.kernel_volume
-    if L == 0:  # zero elements: empty outputs of the right shapes
-        return (torch.empty((0, geo.ndim + 1), dtype=torch.int32, device=indices.device),
-                torch.full((K, 2, 0), -1, dtype=torch.int32, device=indices.device),
-                torch.zeros(K, dtype=torch.int32, device=indices.device))
-    impl = backend_module(__package__, OP, backend, indices.device, indices)
-    return impl.get_indice_pairs(indices, geo)
+    return checks.deconv_output_size(*_sizes(input_size, kernel_size, stride, padding, dilation, output_padding))
 
 
 def _get_indice_pairs(indices: torch.Tensor, batch_size: int, spatial_shape: list[int], out_spatial_shape: list[int],
@@ -59,7 +44,13 @@ def _get_indice_pairs(indices: torch.Tensor, batch_size: int, spatial_shape: lis
                       transpose: bool, backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     geo = Geometry(batch_size, tuple(spatial_shape), tuple(out_spatial_shape), tuple(kernel_size),
                    tuple(stride), tuple(padding), tuple(dilation), subm, transpose)
-    return _run(indices, geo, backend)
+    check_index_values(indices, geo.batch_size, geo.spatial_shape)
+    L, K = indices.shape[0], geo.kernel_volume
+    if L == 0:  # zero elements: empty outputs of the right shapes
+        return (torch.empty((0, geo.ndim + 1), dtype=torch.int32, device=indices.device),
+                torch.full((K, 2, 0), -1, dtype=torch.int32, device=indices.device),
+                torch.zeros(K, dtype=torch.int32, device=indices.device))
+    return backend_module(__package__, OP, backend, indices.device, indices).get_indice_pairs(indices, geo)
 
 
 def _fake(indices, batch_size, spatial_shape, out_spatial_shape, kernel_size, stride, padding, dilation, subm,

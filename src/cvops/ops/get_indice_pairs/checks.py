@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -41,14 +42,13 @@ class Geometry:
 
     @property
     def kernel_volume(self) -> int:
-        return _prod(self.kernel_size)
+        return math.prod(self.kernel_size)
 
 
-def _prod(values: Sequence[int]) -> int:
-    n = 1
-    for v in values:
-        n *= int(v)
-    return n
+def leading_ones(values: Sequence[int], fill: int = 1) -> list[int]:
+    """``values`` with ``fill`` in front up to ``MAX_NDIM`` entries: leading size-1 dimensions (one tap
+    each, adding nothing to an offset or a key), so that one loop or kernel serves every rank."""
+    return [fill] * (MAX_NDIM - len(values)) + list(values)
 
 
 def _shape(name: str, value, ndim: int, min_value: int) -> tuple[int, ...]:
@@ -57,9 +57,8 @@ def _shape(name: str, value, ndim: int, min_value: int) -> tuple[int, ...]:
 
 def conv_output_size(spatial_shape, kernel_size, stride, padding, dilation) -> list[int]:
     """``(in + 2p - d(k-1) - 1) // s + 1`` per dimension; a kernel size of -1 means global (out 1)."""
-    out = []
-    for i, k, s, p, d in zip(spatial_shape, kernel_size, stride, padding, dilation):
-        out.append(1 if k == -1 else (i + 2 * p - d * (k - 1) - 1) // s + 1)
+    out = [1 if k == -1 else (i + 2 * p - d * (k - 1) - 1) // s + 1
+           for i, k, s, p, d in zip(spatial_shape, kernel_size, stride, padding, dilation)]
     _check_positive(out, spatial_shape, kernel_size, stride, padding, dilation)
     return out
 
@@ -72,10 +71,9 @@ def _check_positive(out, spatial, kernel, stride, padding, dilation) -> None:
 
 def deconv_output_size(spatial_shape, kernel_size, stride, padding, dilation, out_padding) -> list[int]:
     """``(in - 1) s - 2p + k + out_padding`` per dimension (spconv/mmcv; dilation not applied)."""
-    out = []
-    for i, k, s, p, op in zip(spatial_shape, kernel_size, stride, padding, out_padding):
-        require(k != -1, OP, "kernel_size -1 (global) is not defined for a transposed convolution")
-        out.append((i - 1) * s - 2 * p + k + op)
+    require(-1 not in kernel_size, OP, "kernel_size -1 (global) is not defined for a transposed convolution")
+    out = [(i - 1) * s - 2 * p + k + op
+           for i, k, s, p, op in zip(spatial_shape, kernel_size, stride, padding, out_padding)]
     _check_positive(out, spatial_shape, kernel_size, stride, padding, dilation)
     return out
 
@@ -87,8 +85,7 @@ def check_params(indices, batch_size, spatial_shape, kernel_size, stride, paddin
     if (isinstance(spatial_shape, torch.Tensor) or type(spatial_shape).__module__ == "numpy") and \
             getattr(spatial_shape, "ndim", 0) == 1:
         spatial_shape = spatial_shape.tolist()  # a tensor or numpy array of sizes (spconv passes numpy)
-    require(isinstance(spatial_shape, (list, tuple, torch.Size)) or
-            (isinstance(spatial_shape, torch.Tensor) and spatial_shape.dim() == 1), OP,
+    require(isinstance(spatial_shape, (list, tuple, torch.Size)), OP,
             f"spatial_shape must be a sequence of ints, got {spatial_shape!r}")
     ndim = len(spatial_shape)
     require(1 <= ndim <= MAX_NDIM, OP, f"spatial_shape must have 1 to {MAX_NDIM} dimensions, got {ndim}")
@@ -121,9 +118,6 @@ def check_params(indices, batch_size, spatial_shape, kernel_size, stride, paddin
     else:
         out = tuple(deconv_output_size(spatial, kernel, stride, padding, dilation, out_padding) if transpose
                     else conv_output_size(spatial, kernel, stride, padding, dilation))
-        require(all(o >= 1 for o in out), OP,
-                f"output spatial shape {out} must be positive (spatial_shape {spatial}, kernel_size {kernel}, "
-                f"stride {stride}, padding {padding}, dilation {dilation})")
     # coordinates and batch indices are written to int32 outputs: every value must fit (no silent wrap)
     require(batch_size <= INT32_LIMIT, OP,
             f"batch_size ({batch_size}) must be <= 2**31: batch indices must fit the int32 outputs")
@@ -131,7 +125,7 @@ def check_params(indices, batch_size, spatial_shape, kernel_size, stride, paddin
         for d, size in enumerate(shape):
             require(size <= INT32_LIMIT, OP,
                     f"{name}[{d}] ({size}) must be <= 2**31: coordinates must fit the int32 outputs")
-    require(batch_size * _prod(out) < INVALID_KEY and batch_size * _prod(spatial) < INVALID_KEY, OP,
+    require(batch_size * math.prod(out) < INVALID_KEY and batch_size * math.prod(spatial) < INVALID_KEY, OP,
             "batch_size * prod(spatial shape) must be below 2^60")
     return Geometry(batch_size, spatial, tuple(out), kernel, stride, padding, dilation, subm, transpose)
 

@@ -1,19 +1,17 @@
 """The ``torch`` backend of get_indice_pairs (device-agnostic torch code).
 
-No dense grid of B * prod(spatial) is ever allocated; sites are joined on int64 linear indices by
-sorting:
+Sites are joined on int64 linear indices by sorting, never through a dense grid of B * prod(spatial):
 
-* regular / transposed conv: the (offset, input row) slots that land on the output grid are listed in
-  (offset, row) order -- already the packed order of ``indice_pairs`` -- and ``unique`` over their
-  linear output indices gives the sorted ``out_indices`` and each pair's output row;
-* subm: the input sites are sorted by linear index. For each offset of the leading dimensions (z, y
-  for 3-D) one ``searchsorted`` finds where the window of the last dimension (x) starts in the sorted
-  keys; the at most ``(kx - 1) * dil + 1`` consecutive keys from there are the only candidates, so the
-  join costs ``kz * ky`` binary searches per site instead of ``K``. ``cpu_numba`` (the ``numba``
-  backend, the CPU default where numba is installed) builds the same map by one merge of the sorted keys
-  per offset.
+* regular / transposed conv: the (offset, input row) slots on the output grid, listed in (offset, row)
+  order (the packed order of ``indice_pairs``); ``unique`` over their output keys gives the sorted
+  ``out_indices`` and each pair's output row;
+* subm: per offset of the leading dimensions (z, y for 3-D), one ``searchsorted`` of the sorted site
+  keys finds where the window of the last dimension starts; the at most ``(kx - 1) * dil + 1`` keys
+  from there are the only candidates, so a site costs ``kz * ky`` binary searches instead of ``K``.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -24,11 +22,7 @@ from .checks import INVALID_KEY, Geometry, check_no_duplicates
 
 def grid_strides(shape) -> tuple[list[int], int]:
     """Row-major strides of ``shape`` and its volume (the batch stride of a linear index)."""
-    strides, acc = [], 1
-    for size in reversed(shape):
-        strides.append(acc)
-        acc *= size
-    return strides[::-1], acc
+    return [math.prod(shape[d + 1:]) for d in range(len(shape))], math.prod(shape)
 
 
 def tap_positions(coord: torch.Tensor, d: int, geo: Geometry):
@@ -150,9 +144,7 @@ def _subm_matches(indices: torch.Tensor, sorted_keys: torch.Tensor, order: torch
     lead = [tap_positions(coords[:, d + 1], d, geo) for d in range(last)]
     base_b = coords[:, 0] * volume
     lead_kernel = geo.kernel_size[:last]
-    n_groups = 1
-    for k in lead_kernel:
-        n_groups *= k
+    n_groups = math.prod(lead_kernel)
     # a sentinel tail above every real key lets the window run past the end without clamping
     padded_keys = torch.cat([sorted_keys, sorted_keys.new_full((window,), INVALID_KEY)])
     empty = torch.empty(0, dtype=torch.int64, device=indices.device)
@@ -198,10 +190,8 @@ def _subm_matches(indices: torch.Tensor, sorted_keys: torch.Tensor, order: torch
 def get_indice_pairs(indices: torch.Tensor, geo: Geometry):
     """``(out_indices, indice_pairs, indice_num)``; ``indices`` is non-empty and already checked.
 
-    On CPU the torch code runs on one intra-op thread: it is a chain of a few hundred sub-millisecond ops,
-    where OpenMP fork/join costs more than it saves, and a loaded machine (another process on the
-    second core) turns every parallel region into a scheduler wait, an order of magnitude slower or worse.
-    The numba backend's subm map shares its offsets among cvops's workers instead.
+    On CPU it runs on one intra-op thread: a chain of short ops, where OpenMP fork/join costs more than
+    it saves (a scheduler wait per parallel region on a loaded machine).
     """
     if indices.device.type != "cpu":
         return (_subm_pairs if geo.subm else _conv_pairs)(indices, geo)

@@ -1,19 +1,12 @@
 """The subm kernel map as a numba loop: the ``numba`` backend (see ``_core/dispatch.py``); regular and
-transposed maps run ``strided_numba``'s bitmap passes where the bitmap fits their memory rule, else the torch
-code of ``cpu.py``.
+transposed maps run ``strided_numba``'s bitmap passes where the bitmap fits their memory rule, else ``cpu.py``.
 
-On a grid with row-major linear keys ``key(b, o) = b * V + sum_d o_d * S_d``, every kernel offset moves a
-site by a constant key shift: ``o = p + pad - t * dil`` gives ``key(o) = key(p) + sum_d (pad_d - t_d dil_d) S_d``.
-With the sites sorted by key, the shifted keys of one offset are sorted too, so one forward merge of the
-two sorted lists finds every pair of that offset in ``O(L)`` steps, no search and sequential reads. A key
-match counts only when every coordinate of ``o`` lies inside the grid (a shift can wrap a coordinate into
-the next row). The pairs of each offset are then listed in input-row order, as ``cpu.py``'s torch join
-lists them: the result is the same map, bit for bit.
-
-A centred kernel (``2 * pad == dil * (k - 1)`` in every dimension, as in every subm layer of the detection
-backbones) needs only half the merges: offset ``K - 1 - k`` holds the pairs of offset ``k`` swapped, so one
-pass inverts them. Offsets (or mirrored pairs of offsets) are shared out among the calling thread and
-cvops's workers (``_core.parallel.run_parts``); each writes its own slices.
+With row-major linear keys, every kernel offset moves a site by a constant key shift
+(``sum_d (pad_d - t_d dil_d) S_d``), so with the sites sorted by key one forward merge per offset finds
+its pairs in ``O(L)`` sequential steps. A match counts only when every coordinate lies inside the grid
+(a shift can wrap a coordinate into the next row). Pairs are listed in input-row order, as the torch
+join lists them: the same map, bit for bit. A centred kernel needs only half the merges: offset
+``K - 1 - k`` holds the pairs of ``k`` swapped. Offsets are shared out among cvops's workers.
 """
 from __future__ import annotations
 

@@ -43,9 +43,7 @@ def get_indice_pairs(indices: torch.Tensor, geo: Geometry):
                 pairs_of_offset[k].append((i, (row[0],) + o))
 
     if geo.subm:
-        row_of_site = {}
-        for j, row in enumerate(rows):
-            row_of_site[row] = j
+        row_of_site = {row: j for j, row in enumerate(rows)}
         require(len(row_of_site) == L, OP, DUPLICATE_ROWS)
         out_indices = indices.to(torch.int32).clone()
         pairs_of_offset = [[(i, row_of_site[site]) for i, site in lst if site in row_of_site]

@@ -1,27 +1,19 @@
 """The regular and transposed (strided) kernel map as numba loops over an occupancy bitmap of the output grid.
 
-Output cells have row-major linear keys ``key(b, o) = b * V + sum_d o_d * S_d`` over ``(batches, *out_shape)``.
-Instead of sorting the candidate keys (``cpu.py``'s ``unique``), the passes below visit only the (row, offset)
-slots that land on the grid. A table per dimension lists, for every input coordinate p, its valid taps as
-shares of the offset index and of the output key (``cpu.tap_positions``' rules: with stride s > 1 the
-dilation is 1, so the taps t with ``p + pad - t`` divisible by s are every s-th from ``(p + pad) mod s``;
-transposed positions are ``p * s - pad + t * dil``): one division per coordinate, none per row. A row's
-slots are the product of its coordinates' taps, walked by one 4-deep loop nest (lower ranks get leading
-size-1 dimensions).
+Output cells have row-major linear keys ``key(b, o) = b * V + sum_d o_d * S_d``. Instead of sorting the
+candidate keys (``cpu.py``'s ``unique``), the passes visit only the (row, offset) slots that land on the
+grid, from a table per dimension that lists each input coordinate's valid taps as shares of the offset
+index and of the output key (``cpu.tap_positions``' rules; one division per coordinate, none per row):
 
-1. mark: every slot sets the bit of its output cell, and counts its offset within its chunk of rows.
-   Serial: slots of different rows share bitmap words, and a parallel mark would race on them;
-2. rank: ``prefix[w]``, the set bits in the words before word w, so the output row of a marked cell is
-   ``prefix[w] + popcount(word & bits below)``: rows ascend with the key, which is ``unique``'s order;
-3. pairs, in parallel over chunks of rows (``_core.parallel.run_parts``): each chunk knows from the counts
-   where its pairs of every offset start, and lists its rows ascending, as ``pack_pairs`` does; then the
-   -1 tails, per offset;
-4. ``out_indices``: the set bits in order, unravelled to ``(b, *coords)``, in parallel over ranges of words.
+1. mark (serial: rows share bitmap words): every slot sets its cell's bit and counts its offset per chunk;
+2. rank: ``prefix[w]``, the set bits before word w, so a cell's output row is ``prefix[w]`` + the set bits
+   below it in its word: rows ascend with the key, ``unique``'s order;
+3. pairs, in parallel over chunks of rows: each chunk knows from the counts where its pairs of every
+   offset start and lists its rows ascending, as ``pack_pairs`` does; then the -1 tails;
+4. ``out_indices``: the set bits in order, unravelled, in parallel over ranges of words.
 
-The result is the torch code's, bit for bit. The bitmap costs ``cells / 8`` bytes, the prefix 4 bytes a word
-and the tap tables ``8 * (1 + 2 * max(kernel))`` bytes per coordinate of the input shape; :func:`fits` takes
-the bitmap only where that is at most the sort's ``8 * L * K`` bytes of keys. The batch count is the largest
-batch index + 1, so a generous ``batch_size`` costs nothing.
+The result is the torch code's, bit for bit. :func:`bitmap_sizes` takes the bitmap only where it and the
+tables take no more memory than the sort's ``8 * L * K`` bytes of keys.
 """
 from __future__ import annotations
 
@@ -35,7 +27,7 @@ from ..._core.jit import inline, njit, use_parallel
 from ..._core.memory import new_empty
 from ..._core.parallel import even_parts, run_parts
 from . import cpu
-from .checks import INT32_LIMIT, MAX_NDIM  # output rows are int32, and so is the prefix count
+from .checks import INT32_LIMIT, MAX_NDIM, leading_ones  # output rows are int32, and so is the prefix count
 
 WORD_BITS = 64
 # rows of the geometry table handed to the kernels (one column per spatial dimension)
@@ -84,29 +76,6 @@ def _tap_tables(geo, in_shape, transpose, table_count, table_offset, table_key):
 
 
 @njit
-def _mark(coords, row_base, volume, table_count, table_offset, table_key, bits, chunk_counts, chunk_rows):
-    chunk_counts[:] = 0
-    c, chunk_end = 0, chunk_rows
-    for i in range(coords.shape[0]):
-        if i == chunk_end:
-            c += 1
-            chunk_end += chunk_rows
-        r0, r1 = row_base[0] + coords[i, 1], row_base[1] + coords[i, 2]
-        r2, r3 = row_base[2] + coords[i, 3], row_base[3] + coords[i, 4]
-        batch_key = coords[i, 0] * volume  # the batch term
-        for a in range(table_count[r0]):
-            k0, key0 = table_offset[r0, a], batch_key + table_key[r0, a]
-            for b in range(table_count[r1]):
-                k1, key1 = k0 + table_offset[r1, b], key0 + table_key[r1, b]
-                for e in range(table_count[r2]):
-                    k2, key2 = k1 + table_offset[r2, e], key1 + table_key[r2, e]
-                    for f in range(table_count[r3]):
-                        k, key = k2 + table_offset[r3, f], key2 + table_key[r3, f]
-                        bits[key >> 6] |= np.int64(1) << (key & 63)
-                        chunk_counts[c, k] += 1
-
-
-@njit
 def _rank(bits, prefix):
     count = 0
     for w in range(bits.shape[0]):
@@ -116,10 +85,14 @@ def _rank(bits, prefix):
 
 
 @njit
-def _chunk_pairs(coords, row_base, volume, table_count, table_offset, table_key, bits, prefix, chunk_starts,
-                 chunk_rows, pairs, c_lo, c_hi):
+def _slots(coords, row_base, volume, table_count, table_offset, table_key, bits, prefix, chunk_rows, cursors, pairs,
+           c_lo, c_hi):
+    """Every (row, offset) slot of the rows of chunks ``[c_lo, c_hi)``, rows ascending. Without ``pairs``
+    (None: numba compiles that branch away) each slot sets its bit and counts its offset k in ``cursors[c, k]``
+    (zeros on entry); with them it writes its pair at ``cursors[c, k]`` (where chunk c's pairs of offset k
+    start) and moves it on."""
     for c in range(c_lo, c_hi):
-        cursor = chunk_starts[c].copy()
+        cursor = cursors[c]
         for i in range(c * chunk_rows, min(coords.shape[0], (c + 1) * chunk_rows)):
             r0, r1 = row_base[0] + coords[i, 1], row_base[1] + coords[i, 2]
             r2, r3 = row_base[2] + coords[i, 3], row_base[3] + coords[i, 4]
@@ -133,8 +106,11 @@ def _chunk_pairs(coords, row_base, volume, table_count, table_offset, table_key,
                         for f in range(table_count[r3]):
                             k, key = k2 + table_offset[r3, f], key2 + table_key[r3, f]
                             w = key >> 6
-                            pairs[k, 0, cursor[k]] = i
-                            pairs[k, 1, cursor[k]] = prefix[w] + _popcount(bits[w] & ~(np.int64(-1) << (key & 63)))
+                            if pairs is not None:
+                                pairs[k, 0, cursor[k]] = i
+                                pairs[k, 1, cursor[k]] = prefix[w] + _popcount(bits[w] & ~(np.int64(-1) << (key & 63)))
+                            else:
+                                bits[w] |= np.int64(1) << (key & 63)
                             cursor[k] += 1
 
 
@@ -187,39 +163,30 @@ def _sites(bits, prefix, out_shape, out, w_lo, w_hi):
             word ^= lowest
 
 
-def batch_count(indices: torch.Tensor) -> int:
-    """The largest batch index + 1 (``indices`` non-empty; numpy, so no OpenMP region)."""
-    return int(numpy_alias(indices)[:, 0].max()) + 1
-
-
-def _table_shape(geo) -> tuple[int, int]:
-    """Rows of the tap tables (the padded input shape's coordinates) and taps per row."""
-    return sum(geo.spatial_shape) + MAX_NDIM - geo.ndim, max(geo.kernel_size)
+def _bitmap_shape(indices: torch.Tensor, geo) -> tuple[int, int, int]:
+    """Words of the bitmap (over batches up to the largest batch index), rows of the tap tables (the padded
+    input shape's coordinates) and taps per row. The batch scan is numpy's, so no OpenMP region."""
+    cells = (int(numpy_alias(indices)[:, 0].max()) + 1) * cpu.grid_strides(geo.out_spatial_shape)[1]
+    return -(-cells // WORD_BITS), sum(geo.spatial_shape) + MAX_NDIM - geo.ndim, max(geo.kernel_size)
 
 
 def bitmap_sizes(indices: torch.Tensor, geo) -> Optional[tuple[int, int, int]]:
-    """Words of the bitmap, rows of the tap tables and their taps per row; None where these (bitmap, prefix
-    and tables) take more than the sort's ``8 * L * K`` bytes of keys, or an output row could pass int32."""
+    """:func:`_bitmap_shape`, or None where its arrays (bitmap, prefix and tables) take more than the sort's
+    ``8 * L * K`` bytes of keys, or an output row could pass int32."""
     L, K = indices.shape[0], geo.kernel_volume
-    cells = batch_count(indices) * cpu.grid_strides(geo.out_spatial_shape)[1]
-    words, table_rows, taps = -(-cells // WORD_BITS), *_table_shape(geo)
+    words, table_rows, taps = sizes = _bitmap_shape(indices, geo)
     if L * K >= INT32_LIMIT or words * (8 + 4) + table_rows * (1 + 2 * taps) * 8 > 8 * L * K:
         return None
-    return words, table_rows, taps
+    return sizes
 
 
 def _padded(geo) -> tuple[np.ndarray, np.ndarray]:
-    """The geometry table and input shape of ``geo`` with leading size-1 dimensions up to 4-D (one tap
-    each, adding nothing to an offset or a key), so that one loop nest serves every rank."""
-    lead = MAX_NDIM - geo.ndim
-
-    def pad(values, fill):
-        return [fill] * lead + list(values)
-
-    out_shape, kernel = pad(geo.out_spatial_shape, 1), pad(geo.kernel_size, 1)
-    table = np.array([out_shape, cpu.grid_strides(out_shape)[0], kernel, pad(geo.stride, 1), pad(geo.padding, 0),
-                      pad(geo.dilation, 1), cpu.grid_strides(kernel)[0]], dtype=np.int64)
-    return table, np.asarray(pad(geo.spatial_shape, 1), dtype=np.int64)
+    """The geometry table and input shape of ``geo`` padded to 4-D (:func:`checks.leading_ones`)."""
+    out_shape, kernel = leading_ones(geo.out_spatial_shape), leading_ones(geo.kernel_size)
+    table = np.array([out_shape, cpu.grid_strides(out_shape)[0], kernel, leading_ones(geo.stride),
+                      leading_ones(geo.padding, 0), leading_ones(geo.dilation), cpu.grid_strides(kernel)[0]],
+                     dtype=np.int64)
+    return table, np.asarray(leading_ones(geo.spatial_shape), dtype=np.int64)
 
 
 def strided_pairs(indices: torch.Tensor, geo, sizes: Optional[tuple[int, int, int]] = None):
@@ -233,10 +200,7 @@ def strided_pairs(indices: torch.Tensor, geo, sizes: Optional[tuple[int, int, in
     coords[:, 0] = rows[:, 0]
     coords[:, MAX_NDIM + 1 - nd:] = rows[:, 1:]
     volume = cpu.grid_strides(geo.out_spatial_shape)[1]
-    if sizes is None:
-        cells = batch_count(indices) * volume
-        sizes = -(-cells // WORD_BITS), *_table_shape(geo)
-    words, table_rows, taps = sizes
+    words, table_rows, taps = sizes or _bitmap_shape(indices, geo)
     tables = (np.empty(table_rows, dtype=np.int64), np.empty((table_rows, taps), dtype=np.int64),
               np.empty((table_rows, taps), dtype=np.int64))
     table, in_shape = _padded(geo)
@@ -247,16 +211,16 @@ def strided_pairs(indices: torch.Tensor, geo, sizes: Optional[tuple[int, int, in
     chunk_rows = -(-L // chunks)
 
     bits, prefix = np.zeros(words, dtype=np.int64), np.empty(words, dtype=np.int32)
-    chunk_counts = np.empty((chunks, K), dtype=np.int64)
-    _mark(coords, row_base, volume, *tables, bits, chunk_counts, chunk_rows)
+    chunk_counts = np.zeros((chunks, K), dtype=np.int64)
+    pairs = new_empty((K, 2, L), torch.int32)
+    pairs_np = numpy_alias(pairs)
+    args = (coords, row_base, volume, *tables, bits, prefix, chunk_rows)
+    _slots(*args, chunk_counts, None, 0, chunks)  # serial: rows of different chunks share words
     num_out = _rank(bits, prefix)
 
     counts = chunk_counts.sum(0)
     chunk_starts = np.cumsum(chunk_counts, 0) - chunk_counts  # where each chunk's pairs of an offset begin
-    pairs = new_empty((K, 2, L), torch.int32)
-    pairs_np = numpy_alias(pairs)
-    args = (coords, row_base, volume, *tables, bits, prefix, chunk_starts, chunk_rows, pairs_np)
-    run_parts(lambda lo, hi: _chunk_pairs(*args, lo, hi), [(c, c + 1) for c in range(chunks)])
+    run_parts(lambda lo, hi: _slots(*args, chunk_starts, pairs_np, lo, hi), [(c, c + 1) for c in range(chunks)])
     run_parts(lambda lo, hi: _tails(pairs_np, counts, lo, hi), even_parts(K, threads))
 
     out = new_empty((num_out, nd + 1), torch.int32)

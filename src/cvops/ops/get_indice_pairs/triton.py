@@ -1,21 +1,13 @@
 """Triton backend of get_indice_pairs (CUDA tensors; tests run it under TRITON_INTERPRET=1).
 
-Kernels do the per-slot work, torch does the sorts (a sort-based join, no dense grid):
+Kernels do the per-slot work, torch the sorts (a sort-based join, no dense grid): ``_slot_keys_kernel``
+writes each (offset, row) slot's int64 output key (-1 off the grid), ``_subm_probe_kernel`` binary-searches
+the sorted input keys for it, and ``_pack_pairs_kernel`` scatters the hits to their packed positions
+(ascending input row). Geometry is padded to 4-D (``checks.leading_ones``); offsets are int64, as keys
+span B * prod(spatial shape).
 
-* ``_slot_keys_kernel``: one program per (kernel offset, block of input rows) writes the int64 linear
-  output index of every (offset, row) slot, or -1 when the tap misses the output grid;
-* ``_subm_probe_kernel``: the same position computation for subm, then a branch-free binary search
-  of the sorted input keys; writes the output row (the input row of the site hit) or -1;
-* ``_pack_pairs_kernel``: scatters every hit slot to its packed position (an inclusive cumsum along
-  the rows gives the position), so pairs stay in ascending input row within each offset.
-
-Geometry is padded to 4 dimensions (missing leading dimensions have size 1 and kernel 1) so one
-kernel serves 1-D to 4-D. All offsets are int64 (linear site keys span B * prod(spatial shape)).
-
-Host synchronisation is inherent here: the number of output sites (``torch.unique``) sets the shape of
-``out_indices``, and subm's duplicate-site check reads a flag back, so each call waits for the GPU once
-or twice. It cannot run inside a CUDA graph; build kernel maps outside the captured region (the sparse
-layers cache them per ``indice_key``).
+The output count (``torch.unique``) and subm's duplicate check are read back to the host, so a call
+cannot run inside a CUDA graph; the sparse layers cache their maps per ``indice_key``.
 """
 from __future__ import annotations
 
@@ -24,11 +16,10 @@ import triton
 import triton.language as tl
 
 from ..._core.memory import new_empty
-from .checks import Geometry, check_no_duplicates
+from .checks import Geometry, check_no_duplicates, leading_ones
 from .cpu import grid_strides, site_keys, unravel
 
 BLOCK = 256
-MAX_DIMS = 4
 
 
 @triton.jit
@@ -142,11 +133,6 @@ def _pack_pairs_kernel(rows_ptr, pos_ptr, pairs_ptr, L, BLOCK: tl.constexpr):
     tl.store(dst + L, row.to(tl.int32), mask=hit)
 
 
-def _padded(values, fill):
-    values = list(values)
-    return [fill] * (MAX_DIMS - len(values)) + values
-
-
 def _pack(out_rows: torch.Tensor, K: int, L: int):
     valid = out_rows >= 0
     indice_num = valid.sum(1, dtype=torch.int32)
@@ -162,8 +148,8 @@ def get_indice_pairs(indices: torch.Tensor, geo: Geometry):
     """``(out_indices, indice_pairs, indice_num)``; ``indices`` is non-empty and already checked."""
     L, K, ndim = indices.shape[0], geo.kernel_volume, geo.ndim
     idx = indices.contiguous()
-    ks, pads, dils = _padded(geo.kernel_size, 1), _padded(geo.padding, 0), _padded(geo.dilation, 1)
-    sizes = _padded(geo.out_spatial_shape, 1)
+    ks, pads, dils = leading_ones(geo.kernel_size), leading_ones(geo.padding, 0), leading_ones(geo.dilation)
+    sizes = leading_ones(geo.out_spatial_shape)
     _, volume = grid_strides(geo.out_spatial_shape)
     grid = (triton.cdiv(L, BLOCK) * K,)   # one axis: (offset, row block) flattened
     if geo.subm:
@@ -176,8 +162,7 @@ def get_indice_pairs(indices: torch.Tensor, geo: Geometry):
         pairs, indice_num = _pack(out_rows, K, L)
         return idx.to(torch.int32).clone(), pairs, indice_num
     keys = torch.empty((K, L), dtype=torch.int64, device=idx.device)
-    strides = _padded(geo.stride, 1)
-    _slot_keys_kernel[grid](idx, keys, L, ndim + 1, *ks, *strides, *pads, *dils, *sizes, volume,
+    _slot_keys_kernel[grid](idx, keys, L, ndim + 1, *ks, *leading_ones(geo.stride), *pads, *dils, *sizes, volume,
                             NDIM=ndim, TRANSPOSE=geo.transpose, BLOCK=BLOCK)
     valid = keys >= 0
     sites, rows = torch.unique(keys[valid], sorted=True, return_inverse=True)

@@ -1,12 +1,9 @@
 """masked_im2col / masked_col2im (mmcv ``masked_conv2d``; MLU-OPS ``mluOpMaskedIm2colForward``).
 
-``masked_im2col`` gathers the ``kh x kw`` window around each mask point into a column,
-``masked_col2im`` scatters one column per mask point back into a feature map. Each is the other's
-autograd adjoint. ``masked_conv2d`` (and :class:`cvops.nn.MaskedConv2d`) gathers the mask points' windows
-with ``masked_im2col``, multiplies them by the weight and copies the columns into a zero map, or, on the
-CPU where that is more work, runs the dense convolution and keeps the mask points, or multiplies the whole
-map by every tap's weight and sums each point's taps (:mod:`.route`: the same values within the
-accumulating-op tolerance).
+``masked_im2col`` gathers the ``kh x kw`` window around each mask point into a column, ``masked_col2im``
+scatters one column per mask point back into a feature map; each is the other's autograd adjoint.
+``masked_conv2d`` (and :class:`cvops.nn.MaskedConv2d`) computes from those columns, or on the CPU by the
+route of least work (:mod:`.route`).
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """The ``torch`` backend of masked_im2col (device-agnostic torch code).
 
-im2col is one ``index_select`` along the plane axis: for tap (i, j) and mask point m the source is
-the flat position ``(h_m - pad_h + i) * W + (w_m - pad_w + j)`` of the channel's plane, so one
-index row of length ``kh*kw*M`` (tap-major, m-minor) serves every channel and the select writes
-``data_col`` in its final (c, i, j) x m order. Taps that fall outside the feature read position 0
-and are zeroed afterwards (a few columns at the border), which keeps NaN/Inf bits exact.
-
-``cpu_numba`` (the ``numba`` backend, the CPU default where numba is installed) runs the forward as a
-fused loop instead (the index_select runs far below memory bandwidth), with the same bits, and this
-module's other directions.
+im2col is one ``index_select`` along the plane axis: one index row of length ``kh*kw*M`` (tap-major,
+m-minor) serves every channel and writes ``data_col`` in its final (c, i, j) x m order. Taps outside the
+feature read position 0 and are zeroed afterwards, which keeps NaN/Inf bits exact. ``cpu_numba`` runs
+the forward as a fused loop instead, with the same bits.
 """
 from __future__ import annotations
 

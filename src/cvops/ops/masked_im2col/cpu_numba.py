@@ -1,23 +1,14 @@
-"""masked_im2col forward as one numba loop: the ``numba`` backend (see ``_core/dispatch.py``).
-The other directions run the torch code (``cpu.py``), re-exported here: no loop of theirs beats it.
+"""masked_im2col forward as one numba loop: the ``numba`` backend (see ``_core/dispatch.py``); the other
+directions are the torch code of ``cpu.py``, re-exported here (no loop of theirs beats it).
 
-Why: the torch path (``cpu.py``) is one ``index_select`` over a ``kh*kw*M`` index row, which runs well
-below memory bandwidth (per-element index loads and bounds checks); the RetinaNet-head case needs the
-gather to run near copy speed.
-
-How: a small plan gives each mask point its window's offset in a channel plane (tap t then reads
-``origin + deltas[t]``) and, per tap, the ascending list of points whose tap falls outside the feature
-(value 0; a few points at the border). Each channel plane (tens of KB, so it stays in L2) is read
-once from memory, and every tap's row of ``data_col`` is written once, in order: branch-free runs of
-points between that row's outside points.
-Values move as raw bits (fp16/bf16 as int16, fp32 as int32, fp64 as int64), so NaN payloads and -0.0
-survive exactly as in the reference. Every output element is written by exactly one loop iteration, so
-the result does not depend on the thread count: ranges of channels go to cvops's workers
-(``_core.parallel.run_parts``).
-
-On x86-64 the rows are written with non-temporal (streaming) stores: ``data_col`` is written once and
-not read back here, and streaming stores skip reading each destination line into the cache first
-(a third of the memory traffic). An ``sfence`` per channel makes them visible before the threads join.
+Why: the torch path's ``index_select`` over a ``kh*kw*M`` index row runs well below memory bandwidth; the
+RetinaNet-head case needs the gather near copy speed. A small plan gives each point its window's offset
+in a channel plane and, per tap, the ascending list of points whose tap falls outside the feature (a few
+at the border). Each channel plane (in L2) is read once and every row of ``data_col`` written once, in
+order, as raw bits (NaN payloads and -0.0 exact), by one thread per range of channels, so the result does
+not depend on the thread count. On x86-64 large outputs use streaming stores: ``data_col`` is not read
+back here, and they skip reading each destination line first (a third of the traffic); an ``sfence`` per
+channel makes them visible before the threads join.
 """
 from __future__ import annotations
 
@@ -55,45 +46,35 @@ def _plan(mask_h_idx, mask_w_idx, height, width, stride_h, stride_w, kernel_h, k
     (ascending), the points whose tap t falls outside the feature (value 0). The sum is taken modulo
     2**64, so it is the right offset for every inside tap even where ``origin`` alone wrapped.
     """
-    mask_cnt = mask_h_idx.shape[0]
     taps = kernel_h * kernel_w
     deltas = np.empty(taps, np.int64)
-    for i in range(kernel_h):
-        for j in range(kernel_w):
-            deltas[i * kernel_w + j] = i * stride_h + j * stride_w
-    origin = np.empty(mask_cnt, np.int64)
-    outside_cnt = np.zeros(taps, np.int64)
-    for m in range(mask_cnt):
-        # int64 arithmetic as in the torch path (any index value is legal)
-        top = np.int64(mask_h_idx[m]) - pad_h
+    for t in range(taps):
+        deltas[t] = (t // kernel_w) * stride_h + (t % kernel_w) * stride_w
+    origin = np.empty(mask_h_idx.shape[0], np.int64)
+    border = np.empty(mask_h_idx.shape[0], np.int64)  # the points whose window is not wholly inside
+    border_cnt = 0
+    for m in range(mask_h_idx.shape[0]):
+        top = np.int64(mask_h_idx[m]) - pad_h  # int64 as in the torch path (any index value is legal)
         left = np.int64(mask_w_idx[m]) - pad_w
         origin[m] = top * stride_h + left * stride_w
-        if top >= 0 and top <= height - kernel_h and left >= 0 and left <= width - kernel_w:
-            continue
-        for i in range(kernel_h):
-            for j in range(kernel_w):
-                h = top + i
-                w = left + j
-                if not (h >= 0 and h < height and w >= 0 and w < width):
-                    outside_cnt[i * kernel_w + j] += 1
+        if top < 0 or top > height - kernel_h or left < 0 or left > width - kernel_w:
+            border[border_cnt] = m
+            border_cnt += 1
     outside_start = np.zeros(taps + 1, np.int64)
-    for t in range(taps):
-        outside_start[t + 1] = outside_start[t] + outside_cnt[t]
-    outside_m = np.empty(outside_start[taps], np.int64)
-    fill = outside_start[:taps].copy()
-    for m in range(mask_cnt):
-        top = np.int64(mask_h_idx[m]) - pad_h
-        left = np.int64(mask_w_idx[m]) - pad_w
-        if top >= 0 and top <= height - kernel_h and left >= 0 and left <= width - kernel_w:
-            continue
-        for i in range(kernel_h):
-            for j in range(kernel_w):
-                h = top + i
-                w = left + j
-                if not (h >= 0 and h < height and w >= 0 and w < width):
-                    t = i * kernel_w + j
-                    outside_m[fill[t]] = m
-                    fill[t] += 1
+    outside_m = np.empty(0, np.int64)
+    for listing in (False, True):  # count the outside taps, then list them
+        n = 0
+        for t in range(taps):
+            for m in border[:border_cnt]:
+                h = np.int64(mask_h_idx[m]) - pad_h + t // kernel_w
+                w = np.int64(mask_w_idx[m]) - pad_w + t % kernel_w
+                if h < 0 or h >= height or w < 0 or w >= width:
+                    if listing:
+                        outside_m[n] = m
+                    n += 1
+            outside_start[t + 1] = n
+        if not listing:
+            outside_m = np.empty(n, np.int64)
     return origin, deltas, outside_start, outside_m
 
 

@@ -1,25 +1,17 @@
 """How ``masked_conv2d`` computes on the CPU: three routes, one rule that counts their work.
 
-* *gather*: ``masked_im2col`` of the windows of the M output points to compute (K = C*kh*kw values
-  each), one ``[O, K] x [K, M]`` product, its columns copied into a zero map. Work: 2*O*K*M flops and
-  K*M gathered values moved (written by the gather, read by the product; the backward moves them again).
-* *dense*: ``conv2d`` over all P = out_h*out_w output positions, then exact zeros filled in off the
-  points. Work: 2*O'*K*P flops with O' = max(O, one vector of output channels: the convolution computes
-  them a vector at a time).
-* *taps*: one product of every tap's weight with the whole input map, ``Y [kh*kw*O, H*W] = W [kh*kw*O, C]
-  x X [C, H*W]`` (BLAS fills its vectors along the H*W positions, so few output channels cost no more
-  than their share), then each point sums its kh*kw shifted entries of Y (a gather of kh*kw*O values).
-  Work: 2*C*kh*kw*O*H*W flops and kh*kw*O*M moved values.
+* *gather*: ``masked_im2col`` of the M points' windows (K = C*kh*kw values each), one ``[O, K] x [K, M]``
+  product, its columns copied into a zero map: 2*O*K*M flops and K*M moved values.
+* *dense*: ``conv2d`` over all P = out_h*out_w positions, then zeros off the points: 2*O'*K*P flops, with
+  O' = max(O, one vector of output channels: the convolution computes them a vector at a time).
+* *taps*: ``Y [kh*kw*O, H*W] = W [kh*kw*O, C] x X [C, H*W]`` (BLAS fills its vectors along H*W, so few
+  output channels cost only their share), then each point sums its kh*kw shifted entries of Y:
+  2*C*kh*kw*O*H*W flops and kh*kw*O*M moved values.
 
-Counting one moved value as :data:`MOVE_FLOPS` flops and the gather route's extra fixed cost as
-:data:`CALL_FLOPS`, :func:`cheapest` takes the route of least work: gather ``M*K*(2*O +
-GATHER_MARGIN*MOVE_FLOPS) + CALL_FLOPS`` (its moves counted :data:`GATHER_MARGIN` times: a gather of
-scattered windows runs at a rate that varies from machine to machine), dense ``P*K*2*O'``, taps
-``H*W*C*2*kh*kw*O + M*kh*kw*O*MOVE_FLOPS``; a tie goes to dense, then taps. With same-size padding the
-taps route can beat the dense one only where O < O' (float32: fewer than 16 output channels), and the
-gather route wins on few points (256 -> 256 channels below 80% masked, 256 -> 4 below about 6%). All
-three give the same values within the accumulating-op tolerance, exact zeros off the points, and a NaN
-or inf off the points' windows reaches no output.
+:func:`cheapest` counts a moved value as :data:`MOVE_FLOPS` flops (the gather's :data:`GATHER_MARGIN` times)
+plus :data:`CALL_FLOPS` for the gather route, and takes the least work (ties: dense, then taps). All three
+give the same values within the accumulating-op tolerance, exact zeros off the points, and a NaN or inf
+off the points' windows reaches no output.
 """
 from __future__ import annotations
 
@@ -30,18 +22,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# A value moved to memory and back costs a CPU core about the time of 64 flops of a matmul (tens of
-# GFLOP/s against a few GB/s of gathered copies), on AMD and Intel cores alike.
+# A value moved to memory and back costs a core about 64 flops of a matmul (tens of GFLOP/s against a
+# few GB/s of gathered copies), on AMD and Intel cores alike.
 MOVE_FLOPS = 64
-# How many times the gather route's moves are counted when it is weighed against the others (see the
-# module docstring): it is taken only where it wins by a clear margin on its least certain term.
+# The gather route's moves count twice: it is taken only where it wins clearly on its least certain term.
 GATHER_MARGIN = 2
-# The gather route's fixed cost beyond the others': a few more calls (the gather's plan and kernel,
-# the product, the copy into the map; about 0.1 ms), counted as the flops of that time on one core.
+# The gather route's extra calls (plan, kernel, product, copy into the map: about 0.1 ms) as flops.
 CALL_FLOPS = 2**23
-# The dense convolution's vector of output channels: 64 bytes (AVX-512; 16 float32, 8 float64). With fewer
-# output channels it takes as long as with a full vector of them (AVX2 cores: half that, so the rule
-# overrates the dense work there by at most 2x below 16 float32 channels).
+# The dense convolution's vector of output channels (AVX-512: 16 float32; AVX2 cores have half, so the
+# rule overrates the dense work there by at most 2x below 16 float32 channels).
 VECTOR_BYTES = 64
 
 

@@ -1,21 +1,15 @@
 """Triton kernels (CUDA tensors; tested on CPU under ``TRITON_INTERPRET=1``).
 
-* im2col: one program per (block of mask points, tap, block of channels). Mask indices are read
-  once per program, the feature is gathered through its strides, and stores run along M, the
+* im2col: one program per (block of mask points, tap, block of channels); stores run along M, the
   contiguous axis of ``data_col``, so they coalesce.
-* col2im: zero output, then a scatter of each written point (unique targets, so no atomics; points
-  that are not written carry target -1, so the launch size is M and nothing is read back to the host).
-  Its adjoint is im2col with a 1x1 window on the written points.
-* im2col backward: one launch per (tap, duplicate round); inside a launch every destination is
-  distinct, so a plain load-add-store is race-free and the sum order is fixed (deterministic). The
-  number of rounds (how often one position repeats among the mask points) is read back to the host:
-  this backward synchronises once per call. (masked_conv2d's own ``nonzero`` of the mask does too: its
-  point count sets the output shape.)
+* col2im: a zero output, then a scatter of the written points (unique targets: no atomics; the others
+  carry target -1, so nothing is read back to the host). Its adjoint is im2col with a 1x1 window.
+* im2col backward: one launch per (tap, duplicate round), so every destination of a launch is distinct:
+  a race-free load-add-store in a fixed order. The round count is read back (one sync per call).
 
-Offsets are int32 whenever every tensor's span fits (``_core.indexing``), int64 otherwise (an
-``INDEX_64`` variant). Mask indices may hold any value: the window test runs in their own dtype and
-only in-range positions are narrowed. Tiles are 16 channels x 64 points (8 elements per thread of 4
-warps), which keeps every kernel under 64 registers.
+Offsets are int32 where every span fits (``_core.indexing``), else int64 (``INDEX_64``). Mask indices may
+hold any value: the window test runs in their own dtype. Tiles of 16 channels x 64 points keep every
+kernel under 64 registers.
 """
 from __future__ import annotations
 
