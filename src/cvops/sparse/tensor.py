@@ -1,7 +1,6 @@
 """``SparseConvTensor``: active-site features, their coordinates, and the kernel maps built on them."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -173,11 +172,12 @@ class SparseConvTensor:
                 what = "batch index" if d == 0 else f"coordinate {d - 1}"
                 require(a >= 0 and b < n, OP, f"dense: indices {what} must lie in [0, {n}), got values in [{a}, {b}]")
         c = self.features.shape[1]
-        out = self.features.new_zeros(self.batch_size, *self.spatial_shape, c)
-        coords = tuple(col.long() for col in self.indices.t())
-        out = out.index_put(coords, self.features, accumulate=True)
-        if channels_first:
-            out = out.permute(0, self.ndim + 1, *range(1, self.ndim + 1)).contiguous()
+        if channels_first:  # rows written straight into the channels-first storage: no transposing copy
+            out = self.features.new_zeros(self.batch_size, c, *self.spatial_shape)
+            rows = out.movedim(1, -1)
+        else:
+            out = rows = self.features.new_zeros(self.batch_size, *self.spatial_shape, c)
+        rows.index_put_(tuple(col.long() for col in self.indices.t()), self.features, accumulate=True)
         return out
 
     def __repr__(self) -> str:
