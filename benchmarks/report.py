@@ -179,10 +179,18 @@ def table_cells(rows: Sequence, limits) -> list[list[str]]:
 
 def format_table(rows: Sequence, limits, width: int = WIDTH) -> list[str]:
     """The table as text lines: each column as wide as its longest cell, so that no case name breaks; two
-    spaces between columns, one where two would pass ``width``."""
+    spaces between columns, one where two would pass ``width``; where even one would, the result column's
+    longest words are cut (ending in "~")."""
     body = table_cells(rows, limits)
     widths = [max(len(cells[i]) for cells in [list(HEADERS)] + body) for i in range(len(HEADERS))]
     gap = "  " if sum(widths) + 2 * (len(widths) - 1) <= width else " "
+    over = sum(widths) + len(gap) * (len(widths) - 1) - width
+    result = HEADERS.index("result")
+    if over > 0:
+        widths[result] = max(len(HEADERS[result]), widths[result] - over)
+        for cells in body:
+            if len(cells[result]) > widths[result]:
+                cells[result] = cells[result][:widths[result] - 1] + "~"
 
     def line(cells):
         return gap.join(c.rjust(w) if h in RIGHT else c.ljust(w) for c, w, h in zip(cells, widths, HEADERS)).rstrip()

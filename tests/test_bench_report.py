@@ -113,6 +113,15 @@ def test_demo_case_names_fit_100_columns():
     assert len(lines) == len(rows) + 2
 
 
+def test_table_cuts_the_result_column_where_one_space_still_overflows():
+    """Cells that leave no room even with one space between columns: the result column is cut, never a name."""
+    rows = [BenchRow("get_indice_pairs", "c" * 40, "forward", "cpu", 123.4, 10**8, check="diff1=3e-1",
+                     anchor="spconv 2.3.8", anchor_seconds=1.0),
+            BenchRow("MaskedConv2d", "ga_retina_p6_cls_30pct (27% masked)", "forward", "cpu", 1.2, 10**8)]
+    lines = format_table(rows, LIMITS)
+    assert max(len(line) for line in lines) <= 100, "\n".join(lines)
+    assert "c" * 40 in lines[2] and "~" in lines[2]
+
 def test_load_line_subtracts_own_cpu_time(monkeypatch):
     clock = {"wall": 0.0, "busy": 100.0, "own": 5.0}
     monkeypatch.setattr(machine_load, "_busy_seconds", lambda: (clock["busy"], 4))
