@@ -464,3 +464,24 @@ def test_layers_match_spconv_forward():
         assert diff1(x.dense(), xs.dense()) < 1e-3 and diff2(x.dense(), xs.dense()) < 1e-3
 
 
+
+
+@pytest.mark.parametrize("channels_first", [True, False])
+def test_dense_round_trip_and_spatial_size(channels_first):
+    """``dense()`` puts each row at its site (duplicates summed) in either layout, its gradient is the rows' own,
+    and ``spatial_size`` is the grid's number of sites (spconv's names)."""
+    indices = torch.tensor([[0, 1, 2, 3], [1, 0, 0, 0], [1, 0, 0, 0], [0, 4, 1, 2]], dtype=torch.int32)
+    features = torch.arange(12, dtype=torch.float64).view(4, 3).requires_grad_()
+    x = sparse.SparseConvTensor(features, indices, [5, 3, 4], 2)
+    assert x.spatial_size == 60
+    dense = x.dense(channels_first)
+    cl = dense.movedim(1, -1) if channels_first else dense
+    assert dense.shape == ((2, 3, 5, 3, 4) if channels_first else (2, 5, 3, 4, 3)) and dense.is_contiguous()
+    assert torch.equal(cl[0, 1, 2, 3], features[0].detach()) and torch.equal(cl[0, 4, 1, 2], features[3].detach())
+    assert torch.equal(cl[1, 0, 0, 0], (features[1] + features[2]).detach())
+    assert int((cl != 0).any(-1).sum()) == 3
+    weight = torch.randn(dense.shape, dtype=torch.float64)
+    (dense * weight).sum().backward()
+    w = weight.movedim(1, -1) if channels_first else weight
+    want = torch.stack([w[0, 1, 2, 3], w[1, 0, 0, 0], w[1, 0, 0, 0], w[0, 4, 1, 2]])
+    assert torch.equal(features.grad, want)

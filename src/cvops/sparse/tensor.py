@@ -1,6 +1,7 @@
 """``SparseConvTensor``: active-site features, their coordinates, and the kernel maps built on them."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
