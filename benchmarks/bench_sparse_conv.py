@@ -22,14 +22,14 @@ quarter case in one session): for a ratio, compare several runs.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 import cvops
-from harness import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, load_module, module_version,
-                              tensor_bytes, time_fn)
+from harness import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, counting_gemm_flops, load_module,
+                     module_version, tensor_bytes, time_fn)
 from tests.support.cases import load_cases
 from cvops.metrics import diff1, diff2
 
@@ -54,22 +54,6 @@ def _spconv():
 
 
 _WARM_UP_ROWS = 256
-
-
-@contextmanager
-def _counting_gemm_flops(net, total: list):
-    """Appends to ``total`` the forward GEMM FLOPs of each sparse conv each time it runs inside the block, from
-    the kernel maps the forward builds (counted during the steps the benchmark times anyway)."""
-    def hook(module, inputs, output):
-        data = output.indice_dict[module.indice_key]
-        total.append(2.0 * float(data.indice_num.sum()) * module.in_channels * module.out_channels)
-
-    handles = [m.register_forward_hook(hook) for m in net.modules() if isinstance(m, cvops.sparse.SparseConvolution)]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def run(limits: MachineLimits, tag: str = "network", repeats: int = 1, anchor: bool = True):
@@ -106,7 +90,7 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 1, anchor: b
             # a step on a few hundred voxels loads (or compiles) the kernels the timed steps use, so that with
             # quick timing a slow first full step is a fair measurement of either library
             step(rows=_WARM_UP_ROWS)
-            with _counting_gemm_flops(model, gemm_flops) if name == "cvops" else nullcontext():
+            with counting_gemm_flops(model, gemm_flops) if name == "cvops" else nullcontext():
                 seconds = time_fn(step, device, repeats=repeats, warmup=1)
             results[name] = (last["out"].dense().detach(), leaf.grad.clone(), model, seconds)
         out_dense, grad_in, model, seconds = results["cvops"]

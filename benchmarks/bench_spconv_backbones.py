@@ -30,8 +30,8 @@ import torch
 
 import cvops
 import cvops.spconv as cvspconv
-from harness import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, load_module, module_version,
-                              tensor_bytes, time_fn)
+from harness import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, counting_gemm_flops, load_module,
+                     matmul_rate, module_version, tensor_bytes, time_fn)
 from cvops.metrics import diff1
 
 _BACKBONES = Path(__file__).resolve().parents[1] / "tests" / "ops" / "_spconv_backbones.py"
@@ -129,32 +129,20 @@ def phase_split(step) -> str:
 
 
 def gemm_flops(model, step) -> float:
-    """The matrix-product FLOPs of one step of ``model``: ``2 * pairs * C_in * C_out`` per sparse conv forward
-    (read off the kernel maps the step builds), three times over (forward, input gradient, weight gradient)."""
+    """The matrix-product FLOPs of one ``step`` of ``model``: each sparse conv's forward products, three times
+    over (forward, input gradient, weight gradient)."""
     total = []
-
-    def hook(module, inputs, output):
-        data = output.indice_dict.get(module.indice_key)
-        total.append(2.0 * float(data.indice_num.sum()) * module.in_channels * module.out_channels
-                     if data is not None else float("nan"))
-
-    handles = [m.register_forward_hook(hook) for m in model.modules()
-               if isinstance(m, cvops.sparse.SparseConvolution)]
-    try:
+    with counting_gemm_flops(model, total):
         step()
-    finally:
-        for h in handles:
-            h.remove()
     return 3.0 * sum(total)
 
 
-def matmul_rate(threads: int) -> float:
-    """fp32 matmul FLOP/s at ``threads`` torch threads (2048-square, best of 5), for the GEMM floor."""
+def matmul_rate_at(threads: int) -> float:
+    """The machine's fp32 matmul FLOP/s at ``threads`` torch threads (the GEMM floor's rate)."""
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        a, b = torch.rand(2048, 2048), torch.rand(2048, 2048)
-        return 2 * 2048**3 / time_fn(lambda: a @ b, torch.device("cpu"), repeats=5, warmup=1)
+        return matmul_rate(torch.device("cpu"))
     finally:
         torch.set_num_threads(saved)
 
@@ -171,7 +159,7 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 3, anchor: b
     features, indices = features.to(device), indices.to(device)
     threads = torch.get_num_threads()
     counts = (1, threads) if threads > 1 else (threads,)
-    rates = {t: matmul_rate(t) for t in counts} if device.type == "cpu" else {}
+    rates = {t: matmul_rate_at(t) for t in counts} if device.type == "cpu" else {}
     rows = []
     for name in nets.split(","):
         torch.manual_seed(0)

@@ -8,6 +8,7 @@ ratios describe this machine, whatever it is.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import statistics
@@ -115,6 +116,34 @@ def tensor_bytes(*tensors) -> int:
     return total
 
 
+@contextlib.contextmanager
+def counting_gemm_flops(net: torch.nn.Module, total: list):
+    """Appends to ``total`` the forward matrix-product FLOPs (``2 * pairs * C_in * C_out``) of each cvops sparse
+    convolution of ``net`` each time it runs inside the block, read off the kernel map its output carries
+    (NaN for a layer whose map is cached under no ``indice_key``)."""
+    from cvops.sparse import SparseConvolution
+
+    def hook(module, inputs, output):
+        data = output.indice_dict.get(module.indice_key)
+        total.append(2.0 * float(data.indice_num.sum()) * module.in_channels * module.out_channels
+                     if data is not None else float("nan"))
+
+    handles = [m.register_forward_hook(hook) for m in net.modules() if isinstance(m, SparseConvolution)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def matmul_rate(device: torch.device) -> float:
+    """fp32 matmul FLOP/s at torch's current thread count (2048-square on the CPU, 8192 on a GPU, best of 5)."""
+    m = 2048 if device.type == "cpu" else 8192
+    a = torch.rand(m, m, device=device)
+    b = torch.rand(m, m, device=device)
+    return 2 * m**3 / time_fn(lambda: a @ b, device, repeats=5, warmup=1)
+
+
 @dataclass
 class MachineLimits:
     """Measured copy bandwidth (bytes read + written per second) and fp32 matmul FLOP/s."""
@@ -132,11 +161,7 @@ class MachineLimits:
         dst = torch.empty_like(src)
         t_copy = time_fn(lambda: dst.copy_(src), device, repeats=9, warmup=2)
         bandwidth = 2 * src.numel() * 4 / t_copy
-        m = 2048 if device.type == "cpu" else 8192
-        a = torch.rand(m, m, device=device)
-        b = torch.rand(m, m, device=device)
-        t_mm = time_fn(lambda: a @ b, device, repeats=5, warmup=1)
-        return cls(device, bandwidth, 2 * m**3 / t_mm)
+        return cls(device, bandwidth, matmul_rate(device))
 
     def describe(self) -> str:
         where = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else \
