@@ -104,22 +104,6 @@ def test_lanes8_sum_eight_lanes_exactly_as_scalar_additions(dtype):
 
 
 @requires_numba
-def test_lanes8_reject_what_they_cannot_hold():
-    import numba
-
-    from cvops._core.jit_intrinsics import load8
-
-    @numba.njit
-    def run(a):
-        return load8(a, 0)
-
-    with pytest.raises(numba.errors.TypingError):
-        run(np.zeros(8, np.int32))  # integers: no Lanes8
-    with pytest.raises(numba.errors.TypingError):
-        run(np.zeros((2, 8), np.float32))  # 1-D arrays only
-
-
-@requires_numba
 @pytest.mark.parametrize("dtype", [np.float32, np.int16, np.int64])
 def test_scalar_load_keeps_a_loop_scalar_unrolled_and_changes_nothing(dtype):
     import numba
@@ -149,16 +133,22 @@ def test_scalar_load_keeps_a_loop_scalar_unrolled_and_changes_nothing(dtype):
 
 
 @requires_numba
-def test_scalar_load_rejects_what_it_cannot_read():
+@pytest.mark.parametrize("name,bad", [
+    ("load8", np.zeros(8, np.int32)),  # integers: no Lanes8
+    ("load8", np.zeros((2, 8), np.float32)),  # 1-D arrays only
+    ("scalar_load", np.zeros((2, 8), np.float32)),  # 1-D arrays only
+    ("scalar_load", np.zeros(8, np.bool_)),  # integers and floats only
+])
+def test_intrinsics_reject_what_they_cannot_read(name, bad):
     import numba
 
-    from cvops._core.jit_intrinsics import scalar_load
+    from cvops._core import jit_intrinsics
+
+    intrinsic = getattr(jit_intrinsics, name)
 
     @numba.njit
     def run(a):
-        return scalar_load(a, 0)
+        return intrinsic(a, 0)
 
     with pytest.raises(numba.errors.TypingError):
-        run(np.zeros((2, 8), np.float32))  # 1-D arrays only
-    with pytest.raises(numba.errors.TypingError):
-        run(np.zeros(8, np.bool_))  # integers and floats only
+        run(bad)
