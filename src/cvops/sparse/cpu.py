@@ -32,10 +32,10 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 BLOCK_BYTES = 4 << 20
 
 
-def _blocks(indice_num: torch.Tensor, identity_offset: int, width: int):
+def _blocks(indice_num: torch.Tensor, identity_offset: int, row_bytes: int):
     """(k, start, stop) over every offset with pairs, the identity offset excepted, ascending k, in blocks
-    of at most ``BLOCK_BYTES`` of ``width``-wide float32 rows."""
-    step = max(1, BLOCK_BYTES // (4 * max(width, 1)))
+    of at most ``BLOCK_BYTES`` of rows of ``row_bytes`` each."""
+    step = max(1, BLOCK_BYTES // max(row_bytes, 1))
     for k, n in enumerate(indice_num.tolist()):
         if n and k != identity_offset:
             for start in range(0, n, step):
@@ -52,7 +52,7 @@ def forward(features, weight, pairs, indice_num, num_out: int, inverse: bool, id
         torch.mm(f[:num_out], w[identity_offset], out=out)
     else:
         out.zero_()
-    for k, a, b in _blocks(indice_num, identity_offset, max(w.shape[1:])):
+    for k, a, b in _blocks(indice_num, identity_offset, max(w.shape[1:]) * w.element_size()):
         rows = torch.index_select(f, 0, pairs[k, src_col, a:b])
         out.index_add_(0, pairs[k, dst_col, a:b], rows @ w[k])
     return out.to(features.dtype)
@@ -71,7 +71,7 @@ def backward(grad_out, features, weight, pairs, indice_num, inverse: bool, ident
         torch.mm(f.t(), g[:rows], out=grad_weight[identity_offset])
     else:
         grad_features.zero_()
-    for k, a, b in _blocks(indice_num, identity_offset, max(w.shape[1:])):
+    for k, a, b in _blocks(indice_num, identity_offset, max(w.shape[1:]) * w.element_size()):
         src, dst = pairs[k, src_col, a:b], pairs[k, dst_col, a:b]
         g_rows = torch.index_select(g, 0, dst)
         grad_features.index_add_(0, src, g_rows @ w[k].t())
