@@ -7,12 +7,13 @@ Rows:
 * ``MaskedConv2d`` forward (cases with ``out_channels``): IO = input + mask + weight + bias +
   output, FLOPs = 2*O*C*kh*kw*M. Anchor: the dense ``F.conv2d`` of the same layer.
   Cases that differ only in ``out_channels`` share one masked_im2col row.
-* ``MaskedConv2d`` GA-RetinaNet (``--tag network``, no ``--backend``): P3-P7 of an 800x1333 image (strides
-  8-128: 100x167 down to 7x11), batch 2, 256 -> 256 channels, 3x3, padding 1, 10% and 30% of the positions
-  masked, forward (no_grad) and forward+backward (input, weight and bias gradients), at 1 thread and at
-  torch's default count. MaskedConv2d takes one image per call (as mmcv's), so it runs once per image; the anchor is
-  ``nn.Conv2d`` on the batch. 'vs anchor' is dense time / masked time. ``ops/masked_im2col/route.py``
-  says which route each call takes.
+* ``MaskedConv2d`` GA-RetinaNet (``--tag network``, no ``--backend``): the head's two masked convolutions
+  (mmdet ``ga_retina_head``: ``retina_cls`` 256 -> 80 and ``retina_reg`` 256 -> 4, 3x3, padding 1) on P3-P7
+  of an 800x1333 image (strides 8-128: 100x167 down to 7x11), 10% and 30% of the positions masked, forward
+  (no_grad) and forward+backward (input, weight and bias gradients), at 1 thread and at torch's default
+  count. Batch 1, as the network runs them: mmcv's op takes one image and mmdet masks with image 0's
+  location map. The anchor is ``nn.Conv2d`` with the same weights on the same input. 'vs anchor' is dense
+  time / masked time. ``ops/masked_im2col/route.py`` says which route each call takes.
 
     python benchmarks/bench_masked_im2col.py [--tag network] [--backend cpu] [--threads N]
 
@@ -98,70 +99,69 @@ def _conv_row(rows, case, feature, h, w, kernel, pad, backend, name, device):
 
 # GA-RetinaNet's levels for an 800x1333 image: strides 8, 16, 32, 64, 128
 GA_LEVELS = {"P3": (100, 167), "P4": (50, 84), "P5": (25, 42), "P6": (13, 21), "P7": (7, 11)}
-GA_BATCH, GA_CHANNELS, GA_MASKED = 2, 256, (0.1, 0.3)
+GA_HEADS, GA_CHANNELS, GA_MASKED = {"cls": 80, "reg": 4}, 256, (0.1, 0.3)
 
 
 def _ga_retinanet_rows(device, name):
-    """MaskedConv2d (one call per image) against nn.Conv2d (the batch) with the same weights, forward and
-    forward+backward, per level and masked share, on the CPU at 1 thread and at torch's default count."""
+    """MaskedConv2d against nn.Conv2d with the same weights, forward and forward+backward, per level, head and
+    masked share, on the CPU at 1 thread and at torch's default count."""
     threads = torch.get_num_threads()
     counts = (1, threads) if threads > 1 and device.type == "cpu" else (threads,)
     gen = torch.Generator().manual_seed(0)
-    batch, channels, rows = GA_BATCH, GA_CHANNELS, []
+    channels, rows = GA_CHANNELS, []
     for level, (height, width) in GA_LEVELS.items():
-        masked = cvops.nn.MaskedConv2d(channels, channels, 3, padding=1).to(device)
-        dense = torch.nn.Conv2d(channels, channels, 3, padding=1).to(device)
-        dense.load_state_dict(masked.state_dict())
-        x = torch.randn(batch, channels, height, width, generator=gen).to(device)
-        grad = torch.randn(batch, channels, height, width, generator=gen).to(device)
+        x = torch.randn(1, channels, height, width, generator=gen).to(device)
         leaf = x.clone().requires_grad_()
-        for share in GA_MASKED:
-            masks = (torch.rand(batch, 1, height, width, generator=gen) < share).float().to(device)
+        for head, out_channels in GA_HEADS.items():
+            masked = cvops.nn.MaskedConv2d(channels, out_channels, 3, padding=1).to(device)
+            dense = torch.nn.Conv2d(channels, out_channels, 3, padding=1).to(device)
+            dense.load_state_dict(masked.state_dict())
+            grad = torch.randn(1, out_channels, height, width, generator=gen).to(device)
+            for share in GA_MASKED:
+                mask = (torch.rand(1, height, width, generator=gen) < share).float().to(device)
 
-            @torch.no_grad()
-            def forward_masked():
-                return torch.cat([masked(x[i:i + 1], masks[i]) for i in range(batch)])
+                @torch.no_grad()
+                def forward_masked():
+                    return masked(x, mask)
 
-            @torch.no_grad()
-            def forward_dense():
-                return dense(x)
+                @torch.no_grad()
+                def forward_dense():
+                    return dense(x)
 
-            def step_masked():
-                masked.zero_grad(set_to_none=True)
-                leaf.grad = None
-                outs = [masked(leaf[i:i + 1], masks[i]) for i in range(batch)]
-                torch.autograd.backward(outs, [grad[i:i + 1] for i in range(batch)])
-                return [leaf.grad, masked.weight.grad, masked.bias.grad]
+                def step_masked():
+                    masked.zero_grad(set_to_none=True)
+                    leaf.grad = None
+                    masked(leaf, mask).backward(grad)
+                    return [leaf.grad, masked.weight.grad, masked.bias.grad]
 
-            def step_dense():
-                dense.zero_grad(set_to_none=True)
-                leaf.grad = None
-                dense(leaf).backward(grad)
+                def step_dense():
+                    dense.zero_grad(set_to_none=True)
+                    leaf.grad = None
+                    dense(leaf).backward(grad)
 
-            # the checks: dense conv times the mask, and its gradients
-            out = forward_masked()
-            check_forward = f"diff1={diff1(out, forward_dense() * masks):.1e}"
-            mine = step_masked()
-            want = torch.autograd.grad(dense(leaf) * masks, [leaf, dense.weight, dense.bias], grad)
-            check_backward = f"diff1={max(diff1(a, b) for a, b in zip(mine, want)):.1e}"
-            points = int(masks.sum())
-            flops = 2.0 * channels * channels * 9 * points
-            io = tensor_bytes(x, masks, masked.weight, masked.bias, out)
-            io_step = io + tensor_bytes(grad, mine)  # the output's gradient in, the three gradients out
-            case = f"GA-RetinaNet {level} {height}x{width} b{batch} {channels}->{channels} ({share:.0%} masked)"
-            for count in counts:
-                torch.set_num_threads(count)
-                try:
-                    timed = [time_pair(forward_masked, forward_dense, device, repeats=5, min_total_s=1.0),
-                             time_pair(step_masked, step_dense, device, repeats=5, min_total_s=1.0)]
-                finally:
-                    torch.set_num_threads(threads)
-                label = f"{name} ({count} thr)" if device.type == "cpu" else name
-                for direction, (t_masked, t_dense), check, io_bytes, scale in zip(
-                        ("forward", "fwd+bwd"), timed, (check_forward, check_backward), (io, io_step), (1, 3)):
-                    rows.append(BenchRow("MaskedConv2d", case, direction, label, t_masked, io_bytes,
-                                         flops=scale * flops, check=check, anchor="nn.Conv2d",
-                                         anchor_seconds=t_dense))
+                # the checks: dense conv times the mask, and its gradients
+                out = forward_masked()
+                check_forward = f"diff1={diff1(out, forward_dense() * mask):.1e}"
+                mine = step_masked()
+                want = torch.autograd.grad(dense(leaf) * mask, [leaf, dense.weight, dense.bias], grad)
+                check_backward = f"diff1={max(diff1(a, b) for a, b in zip(mine, want)):.1e}"
+                flops = 2.0 * out_channels * channels * 9 * int(mask.sum())
+                io = tensor_bytes(x, mask, masked.weight, masked.bias, out)
+                io_step = io + tensor_bytes(grad, mine)  # the output's gradient in, the three gradients out
+                case = f"GA-RetinaNet {level} {height}x{width} {head} {channels}->{out_channels} ({share:.0%} masked)"
+                for count in counts:
+                    torch.set_num_threads(count)
+                    try:
+                        timed = [time_pair(forward_masked, forward_dense, device, repeats=5, min_total_s=0.5),
+                                 time_pair(step_masked, step_dense, device, repeats=5, min_total_s=0.5)]
+                    finally:
+                        torch.set_num_threads(threads)
+                    label = f"{name} ({count} thr)" if device.type == "cpu" else name
+                    for direction, (t_masked, t_dense), check, io_bytes, scale in zip(
+                            ("forward", "fwd+bwd"), timed, (check_forward, check_backward), (io, io_step), (1, 3)):
+                        rows.append(BenchRow("MaskedConv2d", case, direction, label, t_masked, io_bytes,
+                                             flops=scale * flops, check=check, anchor="nn.Conv2d",
+                                             anchor_seconds=t_dense))
     return rows
 
 

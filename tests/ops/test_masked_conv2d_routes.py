@@ -297,3 +297,30 @@ def test_the_taps_route_after_an_inference_mode_call(monkeypatch):
     expected = cvops.masked_conv2d(want[0], mask, *want[1:], 1, backend="reference")
     for got, ref in zip(grads, torch.autograd.grad(expected, want, torch.ones_like(expected))):
         torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("block_bytes", [1, 3 * 8 * 9 * 8, 1 << 30])  # a point, 3 (float64) or 6 points, one block
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_gather_route_without_gradients_runs_in_blocks(dtype, with_bias, block_bytes, monkeypatch, cpu_path):
+    """Without gradients the gather route multiplies blocks of points' columns (``route.blocked_product``): any
+    block size gives the autograd path's values, with zeros off the points."""
+    x, mask, weight, bias = _inputs(dtype, 5, shape=(8, 9, 11))
+    bias = bias if with_bias else None
+    _force(monkeypatch, "gather")
+    spans = []  # the (lo, hi) of each block of points whose columns are gathered
+    product = route.blocked_product
+    monkeypatch.setattr(route, "blocked_product", lambda weight_2d, bias, count, columns: product(
+        weight_2d, bias, count, lambda lo, hi: spans.append((lo, hi)) or columns(lo, hi)))
+    monkeypatch.setattr("cvops._core.memory.BLOCK_BYTES", block_bytes)
+    want = cvops.masked_conv2d(x.clone().requires_grad_(), mask, weight, bias, 1)
+    assert spans == []  # a gradient is wanted: the one product autograd differentiates
+    with torch.no_grad():
+        got = cvops.masked_conv2d(x, mask, weight, bias, 1)
+    points = int((mask > 0).sum())
+    step = max(1, block_bytes // (8 * 9 * x.element_size()))  # C*kh*kw values a point
+    assert spans == [(lo, min(lo + step, points)) for lo in range(0, points, step)] and len(spans) >= 1
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert got.dtype == dtype and diff1(got, want.detach()) <= tol
+    assert bool((got[:, :, _off_points(got, mask)] == 0).all())
+    assert diff1(got, _dense(x, mask, weight, bias, 1)) <= tol

@@ -41,12 +41,11 @@ def triton_interpreted() -> bool:
 def resolve_backend(package: str, op: str, backend: str | None, device: torch.device, *tensors) -> str:
     """The backend that runs a call of ``op`` (from ``package``) on ``device``. ``tensors``: what the numba
     loops' ``supports`` judges (none: the device alone)."""
-    require(backend is None or backend == CPU_ALIAS or backend in BACKENDS, op,
-            f"backend must be one of {BACKENDS}, {CPU_ALIAS!r} or None, got {backend!r}")
-    if backend is None and device.type == "cuda" and triton_available():
-        return "triton"
-    if backend is None or backend == CPU_ALIAS:
+    if backend is None or backend == CPU_ALIAS:  # first: this runs on every call
+        if device.type == "cuda" and backend is None and triton_available():
+            return "triton"
         return "numba" if numba_enabled() and _numba_refusal(package, device, tensors) is None else "torch"
+    require(backend in BACKENDS, op, f"backend must be one of {BACKENDS}, {CPU_ALIAS!r} or None, got {backend!r}")
     refusal = {"numba": _numba_refusal, "triton": _triton_refusal}.get(backend)
     reason = refusal(package, device, tensors) if refusal else None
     if reason is not None:

@@ -47,6 +47,17 @@ def empty_cache() -> int:
     return 0
 
 
+# The scratch of a loop over blocks of rows: a few MiB stay in a server core's L2/L3 from the write to the
+# read, and a heap block of that size is reused from call to call (a whole tens-of-MiB intermediate is
+# fresh pages, zeroed by the kernel, on every call).
+BLOCK_BYTES = 4 << 20
+
+
+def block_rows(row_bytes: int) -> int:
+    """Rows of ``row_bytes`` each in one block of at most :data:`BLOCK_BYTES` (at least one)."""
+    return max(1, BLOCK_BYTES // max(row_bytes, 1))
+
+
 def new_empty(shape, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
     """``torch.empty(shape, dtype, device)``; a large CPU tensor also gets the huge-page advice."""
     device = torch.device(device)

@@ -14,7 +14,7 @@ threads (tests/ops/test_sparse_conv_cpu.py checks the bits on 1 and 2 threads). 
 (``cpu_numba``, the CPU default where numba is installed) makes the same additions in the same order with
 SciPy's BLAS for the products, so the two agree to rounding. Half types are computed in float32 and
 rounded once at the end. On CUDA, ``index_add_`` adds with atomics (no fixed order).
-An offset's pairs are taken in blocks of about ``BLOCK_BYTES`` of gathered rows, so a call holds its
+An offset's pairs are taken in blocks of about 4 MiB (``_core.memory.BLOCK_BYTES``) of gathered rows, so a call holds its
 outputs and a few MiB, not a copy of the features (an offset such as a map's identity has a pair for
 every row); blocks keep the map order, so the additions and their order are unchanged.
 """
@@ -22,20 +22,17 @@ from __future__ import annotations
 
 import torch
 
-from .._core.memory import new_empty
+from .._core.memory import block_rows, new_empty
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-BLOCK_BYTES = 4 << 20
-
-
 def _blocks(indice_num: torch.Tensor, identity_offset: int, row_bytes: int):
     """(k, start, stop) over every offset with pairs, the identity offset excepted, ascending k, in blocks
-    of at most ``BLOCK_BYTES`` of rows of ``row_bytes`` each."""
-    step = max(1, BLOCK_BYTES // max(row_bytes, 1))
+    of at most ``_core.memory.BLOCK_BYTES`` of rows of ``row_bytes`` each."""
+    step = block_rows(row_bytes)
     for k, n in enumerate(indice_num.tolist()):
         if n and k != identity_offset:
             for start in range(0, n, step):

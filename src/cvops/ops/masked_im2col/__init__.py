@@ -200,6 +200,10 @@ def masked_conv2d(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional
     points = keep.reshape(-1).nonzero().view(-1)  # flat h*out_w + w, ascending (row-major for a strided mask too)
     if which == "taps":
         values = route.taps(features, points, out_w, weight, bias, (pad_h, pad_w))
+    elif route.in_blocks(features, weight, bias):
+        rows, cols = points // out_w, points % out_w
+        values = route.blocked_product(weight.reshape(out_channels, -1), bias, points.shape[0], lambda lo, hi: _im2col(
+            features, rows[lo:hi], cols[lo:hi], kernel_h, kernel_w, pad_h, pad_w, backend))
     else:
         # the indices are ours (checked); without autograd or torch.compile the kernel runs without the custom
         # op, whose dispatch costs about as much as the whole gather on the small pyramid levels

@@ -16,11 +16,13 @@ off the points' windows reaches no output.
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ..._core.memory import block_rows
 
 # A value moved to memory and back costs a core about 64 flops of a matmul (tens of GFLOP/s against a
 # few GB/s of gathered copies), on AMD and Intel cores alike.
@@ -59,7 +61,9 @@ def choose(features: Tensor, weight: Tensor, keep: Tensor, backend: Optional[str
         return "gather"
     which = cheapest(int(keep.count_nonzero()), features, keep.numel(), weight)
     if which != "gather" and torch.is_grad_enabled() and weight.requires_grad:
-        return which if bool(torch.isfinite(features).all()) else "gather"
+        # a finite sum means every value is finite (a NaN or an inf makes it NaN or inf); a sum that only
+        # overflows sends the call to the gather route, which is right on any input, in one pass, not four
+        return which if bool(features.sum().isfinite()) else "gather"
     return which
 
 
@@ -67,6 +71,14 @@ def needs_op(features: Tensor) -> bool:
     """Whether the gather runs as the custom op: for the gradient of ``features``, or under torch.compile
     (whose tracing needs the op's fake). Otherwise the kernel is called as a plain function."""
     return (torch.is_grad_enabled() and features.requires_grad) or torch.compiler.is_compiling()
+
+
+def in_blocks(features: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
+    """Whether the gather route runs as :func:`blocked_product`: a CPU call that wants no gradient,
+    outside torch.compile."""
+    if features.device.type != "cpu" or torch.compiler.is_compiling():
+        return False
+    return not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (features, weight, bias))
 
 
 def output_keep(mask: Tensor, out_h: int, out_w: int) -> Tensor:
@@ -100,6 +112,25 @@ def product(weight_2d: Tensor, data_col: Tensor, bias: Optional[Tensor]) -> Tens
     if data_col.shape[1] < weight_2d.shape[0]:
         return F.linear(data_col.t().contiguous(), weight_2d, bias).t()
     return weight_2d.mm(data_col) if bias is None else torch.addmm(bias[:, None], weight_2d, data_col)
+
+
+def blocked_product(weight_2d: Tensor, bias: Optional[Tensor], count: int,
+                    columns: Callable[[int, int], Tensor]) -> Tensor:
+    """:func:`product` of the columns of ``count`` points, taken in blocks of points whose columns
+    (``columns(lo, hi)``: ``[K, hi - lo]``) fill at most ``_core.memory.BLOCK_BYTES``: a block is still in
+    cache when its product reads it, and the call's scratch stays a few MiB (a large map's whole columns
+    are tens of MiB of fresh pages on every call). No autograd: for calls that want no gradient.
+    Returns ``[O, count]`` (a transposed view: each block's products fill rows of a point each)."""
+    out_channels, window = weight_2d.shape
+    step = block_rows(window * weight_2d.element_size())
+    values = weight_2d.new_empty((count, out_channels))
+    for lo in range(0, count, step):
+        data_col, rows = columns(lo, min(lo + step, count)), values[lo:lo + step]
+        if bias is None:
+            torch.mm(data_col.t(), weight_2d.t(), out=rows)
+        else:
+            torch.addmm(bias, data_col.t(), weight_2d.t(), out=rows)
+    return values.t()
 
 
 @functools.lru_cache(maxsize=64)
