@@ -120,17 +120,23 @@ def blocked_product(weight_2d: Tensor, bias: Optional[Tensor], count: int,
     (``columns(lo, hi)``: ``[K, hi - lo]``) fill at most ``_core.memory.BLOCK_BYTES``: a block is still in
     cache when its product reads it, and the call's scratch stays a few MiB (a large map's whole columns
     are tens of MiB of fresh pages on every call). No autograd: for calls that want no gradient.
-    Returns ``[O, count]`` (a transposed view: each block's products fill rows of a point each)."""
+    Returns ``[O, count]``. Each block's product is stored a point per row, except for fewer output
+    channels than a vector holds: BLAS fills its vectors along the stored rows."""
     out_channels, window = weight_2d.shape
     step = block_rows(window * weight_2d.element_size())
-    values = weight_2d.new_empty((count, out_channels))
+    by_point = out_channels >= VECTOR_BYTES // weight_2d.element_size()
+    values = weight_2d.new_empty((count, out_channels) if by_point else (out_channels, count))
     for lo in range(0, count, step):
-        data_col, rows = columns(lo, min(lo + step, count)), values[lo:lo + step]
-        if bias is None:
-            torch.mm(data_col.t(), weight_2d.t(), out=rows)
+        data_col, hi = columns(lo, min(lo + step, count)), min(lo + step, count)
+        if by_point:
+            a, b, out = data_col.t(), weight_2d.t(), values[lo:hi]
         else:
-            torch.addmm(bias, data_col.t(), weight_2d.t(), out=rows)
-    return values.t()
+            a, b, out = weight_2d, data_col, values[:, lo:hi]
+        if bias is None:
+            torch.mm(a, b, out=out)
+        else:
+            torch.addmm(bias if by_point else bias[:, None], a, b, out=out)
+    return values.t() if by_point else values
 
 
 @functools.lru_cache(maxsize=64)
