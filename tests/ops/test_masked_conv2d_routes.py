@@ -301,11 +301,13 @@ def test_the_taps_route_after_an_inference_mode_call(monkeypatch):
 
 @pytest.mark.parametrize("block_bytes", [1, 3 * 8 * 9 * 8, 1 << 30])  # a point, 3 (float64) or 6 points, one block
 @pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("out_channels", [5, 64])  # products stored along the points, and a point per row
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_the_gather_route_without_gradients_runs_in_blocks(dtype, with_bias, block_bytes, monkeypatch, cpu_path):
+def test_the_gather_route_without_gradients_runs_in_blocks(dtype, out_channels, with_bias, block_bytes, monkeypatch,
+                                                           cpu_path):
     """Without gradients the gather route multiplies blocks of points' columns (``route.blocked_product``): any
     block size gives the autograd path's values, with zeros off the points."""
-    x, mask, weight, bias = _inputs(dtype, 5, shape=(8, 9, 11))
+    x, mask, weight, bias = _inputs(dtype, out_channels, shape=(8, 9, 11))
     bias = bias if with_bias else None
     _force(monkeypatch, "gather")
     spans = []  # the (lo, hi) of each block of points whose columns are gathered

@@ -11,7 +11,8 @@
 :func:`cheapest` counts a moved value as :data:`MOVE_FLOPS` flops (the gather's :data:`GATHER_MARGIN` times)
 plus :data:`CALL_FLOPS` for the gather route, and takes the least work (ties: dense, then taps). All three
 give the same values within the accumulating-op tolerance, exact zeros off the points, and a NaN or inf
-off the points' windows reaches no output.
+off the points' windows reaches no output. A CPU call that wants no gradient gathers and multiplies its
+points in blocks of a few MiB of columns (:func:`blocked_product`).
 """
 from __future__ import annotations
 
@@ -127,7 +128,8 @@ def blocked_product(weight_2d: Tensor, bias: Optional[Tensor], count: int,
     by_point = out_channels >= VECTOR_BYTES // weight_2d.element_size()
     values = weight_2d.new_empty((count, out_channels) if by_point else (out_channels, count))
     for lo in range(0, count, step):
-        data_col, hi = columns(lo, min(lo + step, count)), min(lo + step, count)
+        hi = min(lo + step, count)
+        data_col = columns(lo, hi)
         if by_point:
             a, b, out = data_col.t(), weight_2d.t(), values[lo:hi]
         else:
