@@ -1,5 +1,5 @@
-"""masked_im2col forward as one numba loop: the ``numba`` backend (see ``_core/dispatch.py``); the other
-directions are the torch code of ``cpu.py``, re-exported here (no loop of theirs beats it).
+"""masked_im2col forward and its adjoint as numba loops: the ``numba`` backend (see ``_core/dispatch.py``); col2im
+and its adjoint are the torch code of ``cpu.py``, re-exported here (no loop of theirs beats it).
 
 Why: the torch path's ``index_select`` over a ``kh*kw*M`` index row runs well below memory bandwidth; the
 RetinaNet-head case needs the gather near copy speed. A small plan gives each point its window's offset
@@ -20,7 +20,7 @@ from ..._core.jit import njit, use_parallel
 from ..._core.jit_intrinsics import store_fence, stream_store
 from ..._core.memory import new_empty
 from ..._core.parallel import even_parts, run_parts
-from .cpu import col2im_backward, col2im_forward, im2col_backward  # noqa: F401  (the torch code serves these)
+from .cpu import col2im_backward, col2im_forward  # noqa: F401  (the torch code serves these)
 
 # data_col of at least this many bytes is written with streaming stores (a smaller one is likely still
 # in cache when the matmul of MaskedConv2d reads it)
@@ -113,6 +113,26 @@ def _gather(storage, stride_c, origin, deltas, outside_start, outside_m, data_co
             store_fence()
 
 
+@njit
+def _add_windows(grad_col, origin, deltas, outside_start, outside_m, out, plane_size, c_lo, c_hi):
+    """The adjoint of :func:`_gather` on a contiguous ``out``, zeroed here: ``out[c*plane_size + origin[m] +
+    deltas[t]] += grad_col[c*T + t, m]`` for channels ``[c_lo, c_hi)``, skipping the outside taps; taps in order and,
+    within a tap, points in order (``cpu.im2col_backward``'s ``index_add_`` order)."""
+    taps = deltas.shape[0]
+    mask_cnt = origin.shape[0]
+    out[c_lo * plane_size:c_hi * plane_size] = 0  # here, not by torch: no OpenMP region just before the threads
+    for c in range(c_lo, c_hi):
+        for t in range(taps):
+            row = grad_col[c * taps + t]
+            dst = np.uint64(c * plane_size) + np.uint64(deltas[t])
+            start = 0
+            for k in range(outside_start[t], outside_start[t + 1] + 1):
+                stop = outside_m[k] if k < outside_start[t + 1] else mask_cnt
+                for m in range(start, stop):
+                    out[dst + np.uint64(origin[m])] += row[np.uint64(m)]
+                start = stop + 1
+
+
 # ------------------------------------------------------------------------------------------- entry
 def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, pad_w):
     """``feature [1, C, H, W]`` (any strides) -> ``data_col [C*kh*kw, M]``, bit-equal to the reference."""
@@ -133,3 +153,20 @@ def im2col_forward(feature, mask_h_idx, mask_w_idx, kernel_h, kernel_w, pad_h, p
     parts = even_parts(channels, threads * PARTS_PER_THREAD if threads > 1 else 1)
     run_parts(lambda lo, hi: _gather(storage, stride_c, *plan, out, streaming, lo, hi), parts)
     return data_col
+
+
+def im2col_backward(grad_col, mask_h_idx, mask_w_idx, channels, height, width, kernel_h, kernel_w, pad_h, pad_w):
+    """``cpu.im2col_backward``'s additions in its order, as one loop over :func:`_gather`'s plan:
+    ``grad_col [C*kh*kw, M]`` -> ``grad_feature [1, C, H, W]``, the same bits (fp16/bf16 summed in float32,
+    rounded once). One thread per range of channels, so the bits do not depend on the thread count."""
+    acc_dtype = torch.float64 if grad_col.dtype == torch.float64 else torch.float32
+    out = new_empty((channels, height, width), acc_dtype, grad_col.device)
+    grad_col = grad_col.reshape(channels * kernel_h * kernel_w, mask_h_idx.shape[0])
+    values = numpy_alias(grad_col.to(acc_dtype).contiguous())
+    plan = _plan(numpy_alias(mask_h_idx), numpy_alias(mask_w_idx), height, width, width, 1, kernel_h, kernel_w,
+                 pad_h, pad_w)
+    flat = numpy_alias(out.view(-1))
+    threads = torch.get_num_threads() if use_parallel(values.size, threshold=5e5) else 1
+    run_parts(lambda lo, hi: _add_windows(values, *plan, flat, height * width, lo, hi),
+              even_parts(channels, threads * PARTS_PER_THREAD if threads > 1 else 1))
+    return out.unsqueeze(0).to(grad_col.dtype)
