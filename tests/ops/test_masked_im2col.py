@@ -253,6 +253,32 @@ def test_numba_streaming_and_cached_stores_agree(dtype, streaming, monkeypatch):
                              ref_im2col(feature, h, w, kernel, pad)), (shape, kernel)
 
 
+@requires_numba
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_numba_backward_is_the_torch_backwards_bits(dtype):
+    """The numba im2col backward makes the torch path's additions in its order: the same bits, for border,
+    repeated and extreme points, every dtype, serial and parallel sizes, on 1 and 2 threads."""
+    values = [I64_MIN, -2**62, -3, -1, 0, 1, 2, 5, 2**62, I64_MAX]
+    extreme = (torch.tensor([v for v in values for _ in values]), torch.tensor([v for _ in values for v in values]))
+    cases = [((1, 3, 7, 9), random_points(40, -3, 12, torch.int32, seed=1), (3, 3), (1, 1)),
+             ((1, 64, 20, 24), random_points(1000, -2, 26, torch.int64, seed=2), (3, 3), (1, 1)),  # 5.8e5 values: parallel
+             ((1, 4, 5, 6), random_points(30, -4, 10, torch.int64, seed=3), (2, 5), (3, 0)),
+             ((1, 2, 3, 4), extreme, (3, 2), (0, 0))]
+    threads = torch.get_num_threads()
+    try:
+        for shape, (h, w), kernel, pad in cases:
+            grad_col = torch.randn(shape[1] * kernel[0] * kernel[1], h.shape[0]).to(dtype)
+            grads = []
+            for backend, count in (("torch", 1), ("numba", 1), ("numba", 2)):
+                torch.set_num_threads(count)
+                feature = torch.zeros(shape, dtype=dtype, requires_grad=True)
+                cvops.masked_im2col(feature, h, w, kernel, pad, backend=backend).backward(grad_col)
+                grads.append(feature.grad)
+            assert bit_equal(grads[0], grads[1]) and bit_equal(grads[1], grads[2]), (shape, kernel, pad)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_result_does_not_depend_on_thread_count(cpu_path):
     case = next(c for c in load_cases("masked_im2col", "network") if c["name"] == "retinanet_head_k3p1")
     feature, h, w, kernel, pad = case_inputs(case)
