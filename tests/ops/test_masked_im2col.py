@@ -261,7 +261,8 @@ def test_numba_backward_is_the_torch_backwards_bits(dtype):
     values = [I64_MIN, -2**62, -3, -1, 0, 1, 2, 5, 2**62, I64_MAX]
     extreme = (torch.tensor([v for v in values for _ in values]), torch.tensor([v for _ in values for v in values]))
     cases = [((1, 3, 7, 9), random_points(40, -3, 12, torch.int32, seed=1), (3, 3), (1, 1)),
-             ((1, 64, 20, 24), random_points(1000, -2, 26, torch.int64, seed=2), (3, 3), (1, 1)),  # 5.8e5 values: parallel
+             # 5.8e5 added values: the parallel path
+             ((1, 64, 20, 24), random_points(1000, -2, 26, torch.int64, seed=2), (3, 3), (1, 1)),
              ((1, 4, 5, 6), random_points(30, -4, 10, torch.int64, seed=3), (2, 5), (3, 0)),
              ((1, 2, 3, 4), extreme, (3, 2), (0, 0))]
     threads = torch.get_num_threads()
