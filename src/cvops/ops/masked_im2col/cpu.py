@@ -3,7 +3,7 @@
 im2col is one ``index_select`` along the plane axis: one index row of length ``kh*kw*M`` (tap-major,
 m-minor) serves every channel and writes ``data_col`` in its final (c, i, j) x m order. Taps outside the
 feature read position 0 and are zeroed afterwards, which keeps NaN/Inf bits exact. ``cpu_numba`` runs
-the forward as a fused loop instead, with the same bits.
+the forward and its adjoint as loops instead, with the same bits.
 """
 from __future__ import annotations
 
