@@ -12,8 +12,8 @@ that order; others are sorted here), so a block's pairs of one offset are one co
 
 Determinism: a block's work depends only on its rows (fixed block sizes, independent of the thread count),
 every output row belongs to one block, and inside a block the offsets run in ascending order (the identity
-offset first), so the bits are the same on any thread count. The weight gradient is a partial per block,
-added in block order. The matrix products are SciPy's BLAS, not torch's, so the results agree with the torch
+offset first), so the bits are the same on any thread count. The weight gradient is a partial per block
+(``np.dot`` of each chunk's gathered input rows, transposed, with its gradient rows), added in block order. The matrix products are SciPy's BLAS, not torch's, so the results agree with the torch
 path to rounding (within 1e-6 relative), not bit for bit.
 
 Every loop checks each row index against the array it indexes (and that a destination row lies in its
@@ -32,7 +32,7 @@ from threadpoolctl import ThreadpoolController
 
 from .._core import jit
 from .._core.bits import numpy_alias
-from .._core.jit import REASSOCIATE, inline, njit
+from .._core.jit import inline, njit
 from .._core.memory import new_empty
 from .._core.parallel import guided_parts, run_parts
 from .._core.validate import require
@@ -162,28 +162,7 @@ def _conv_forward(out, f, w, pairs, bounds, todo, identity, src_col, dst_col, bl
     return bad
 
 
-@inline
-def _add_outer_products(acc, a, b, n):
-    """``acc += a[:n].T @ b[:n]``, eight rows at a time (a register-held run of ``a``'s column, ``acc``'s row
-    read and written once per eight rows), vectorised over ``b``'s channels: BLAS is slow for this shape
-    (small result, long sum)."""
-    i = 0
-    while i + 8 <= n:
-        for p in range(a.shape[1]):
-            a0, a1, a2, a3 = a[i, p], a[i + 1, p], a[i + 2, p], a[i + 3, p]
-            a4, a5, a6, a7 = a[i + 4, p], a[i + 5, p], a[i + 6, p], a[i + 7, p]
-            for q in range(b.shape[1]):
-                acc[p, q] += ((a0 * b[i, q] + a1 * b[i + 1, q] + a2 * b[i + 2, q] + a3 * b[i + 3, q])
-                              + (a4 * b[i + 4, q] + a5 * b[i + 5, q] + a6 * b[i + 6, q] + a7 * b[i + 7, q]))
-        i += 8
-    while i < n:
-        for p in range(a.shape[1]):
-            for q in range(b.shape[1]):
-                acc[p, q] += a[i, p] * b[i, q]
-        i += 1
-
-
-@njit(fastmath=REASSOCIATE)
+@njit
 def _conv_backward(grad_f, partials, g, f, w_t, pairs, bounds, todo, identity, src_col, dst_col, block, chunk,
                    b_lo, b_hi):
     bad = 0
@@ -195,9 +174,10 @@ def _conv_backward(grad_f, partials, g, f, w_t, pairs, bounds, todo, identity, s
         g_rows = np.empty((chunk, g.shape[1]), f.dtype)
         f_rows = np.empty((chunk, f.shape[1]), f.dtype)
         prods = np.empty((chunk, f.shape[1]), f.dtype)
+        outer = np.empty((f.shape[1], g.shape[1]), f.dtype)
         if identity >= 0:
             np.dot(g[r0:r1], w_t[identity], grad_f[r0:r1])
-            _add_outer_products(part[identity], f[r0:r1], g[r0:r1], r1 - r0)
+            np.dot(f[r0:r1].T, g[r0:r1], part[identity])
         else:
             grad_f[r0:r1] = 0
         for t in range(todo.shape[0]):
@@ -210,7 +190,8 @@ def _conv_backward(grad_f, partials, g, f, w_t, pairs, bounds, todo, identity, s
                 bad += _gather_rows(f_rows, f, pairs, k, src_col, start, n, r0, r1)
                 np.dot(g_rows[:n], w_t[k], prods[:n])
                 _scatter_add_rows(grad_f, prods, pairs, k, src_col, start, n, r0, r1)
-                _add_outer_products(part[k], f_rows, g_rows, n)
+                np.dot(f_rows[:n].T, g_rows[:n], outer)
+                part[k] += outer
                 start += n
     return bad
 
