@@ -109,6 +109,17 @@ def build(large):
     feats, weight = torch.randn(len(idx), c), torch.randn(27, c, c)
     return lambda: sparse.indice_conv(feats, weight, pairs, num, len(idx))
 """,
+    "dense_backward": """
+from cvops import sparse
+def build(large):
+    n, shape, c = (40000, [4, 200, 176], 64) if large else (10, [2, 4, 4], 2)
+    flat = torch.randperm(2 * shape[0] * shape[1] * shape[2])[:n]
+    idx = torch.stack(torch.unravel_index(flat, (2, *shape)), 1).int()
+    feats = torch.randn(n, c, requires_grad=True)
+    grid = sparse.SparseConvTensor(feats, idx, shape, 2).dense()
+    grad = torch.randn(grid.shape)
+    return lambda: torch.autograd.grad(grid, feats, grad, retain_graph=True)
+""",
 }
 
 SCRATCH = 8 * MIB  # allocator slack, row buffers, index vectors
@@ -130,6 +141,8 @@ CASES = [
     # a map not sorted by output row is sorted once (a copy of indice_pairs: 27 * 2 * 200000 int32), then
     # the destination-row blocks hold a few MiB per worker thread (each with its own malloc arena)
     ("indice_conv", {}, lambda out: 27 * 2 * 200000 * 4 + 4 * SCRATCH),
+    # SparseConvTensor.dense()'s backward gathers the rows' gradients: no copy of the 72 MB grid's gradient
+    ("dense_backward", {}, lambda out: SCRATCH),
 ]
 
 

@@ -215,6 +215,31 @@ def test_sparse_conv_tensor_spconv_api():
     assert spconv.RemoveGrid()(t).grid is None and spconv.SparseIdentity()(t) is t
 
 
+
+@pytest.mark.parametrize("channels_first", [True, False])
+def test_dense_sums_duplicate_sites_and_its_gradient_gathers_them(channels_first):
+    """dense() against a plain loop (duplicate sites summed), gradcheck, and the same under torch.compile."""
+    x = random_sparse(2, (3, 4, 5), 12, 3, dtype=torch.float64, seed=7)
+    indices = torch.cat([x.indices, x.indices[:4]])  # four sites twice
+    features = torch.randn(indices.shape[0], 3, dtype=torch.float64, requires_grad=True)
+
+    def dense(f):
+        return sparse.SparseConvTensor(f, indices, [3, 4, 5], 2).dense(channels_first)
+
+    expected = torch.zeros(2, 3, 4, 5, 3, dtype=torch.float64)
+    for row, (b, z, y, w) in zip(features.detach(), indices.tolist()):
+        expected[b, z, y, w] += row
+    got = dense(features)
+    torch.testing.assert_close(got, expected.movedim(-1, 1) if channels_first else expected, rtol=0, atol=1e-15)
+    assert got.is_contiguous()
+    assert torch.autograd.gradcheck(dense, (features,))
+    compiled = torch.compile(dense, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(features), got)
+    grad = torch.randn(got.shape, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad(compiled(features), features, grad)[0],
+                               torch.autograd.grad(got, features, grad)[0])
+
+
 # ----------------------------------------------------------------------------- new layers vs dense torch
 @pytest.mark.parametrize("kernel,stride,padding,output_padding", [(3, 2, 1, 0), (2, 2, 0, 0), (3, 1, 1, 0),
                                                                   ((3, 2, 3), (2, 1, 2), (1, 0, 1), 0)])

@@ -53,6 +53,26 @@ class IndiceData:
         return self.pairs_by_output
 
 
+class _Dense(torch.autograd.Function):
+    """Rows put (summed) at their sites of a zero grid, written straight into the channels-first storage (no
+    transposing copy). The backward gathers each row's gradient from the grid's: autograd's own backward of
+    an in-place put into a view first copies the whole grid's gradient (the step's peak memory, on
+    SparseEncoder's 69 MB grid)."""
+
+    @staticmethod
+    def forward(ctx, features, channels_first: bool, shape, *index):
+        out = features.new_zeros(shape)
+        (out.movedim(1, -1) if channels_first else out).index_put_(index, features, accumulate=True)
+        ctx.channels_first = channels_first
+        ctx.save_for_backward(*index)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows = grad.movedim(1, -1) if ctx.channels_first else grad
+        return (rows[ctx.saved_tensors], None, None) + (None,) * len(ctx.saved_tensors)
+
+
 def _ints(name: str, values) -> list[int]:
     """A shape given as list/tuple/torch.Size/tensor/numpy array of integers, as Python ints."""
     if hasattr(values, "tolist"):
@@ -172,14 +192,9 @@ class SparseConvTensor:
             for d, (a, b, n) in enumerate(zip(lo, hi, limits)):
                 what = "batch index" if d == 0 else f"coordinate {d - 1}"
                 require(a >= 0 and b < n, OP, f"dense: indices {what} must lie in [0, {n}), got values in [{a}, {b}]")
-        c = self.features.shape[1]
-        if channels_first:  # rows written straight into the channels-first storage: no transposing copy
-            out = self.features.new_zeros(self.batch_size, c, *self.spatial_shape)
-            rows = out.movedim(1, -1)
-        else:
-            out = rows = self.features.new_zeros(self.batch_size, *self.spatial_shape, c)
-        rows.index_put_(tuple(col.long() for col in self.indices.t()), self.features, accumulate=True)
-        return out
+        b, c, spatial = self.batch_size, self.features.shape[1], tuple(self.spatial_shape)
+        shape = (b, c, *spatial) if channels_first else (b, *spatial, c)
+        return _Dense.apply(self.features, channels_first, shape, *(col.long() for col in self.indices.t()))
 
     def __repr__(self) -> str:
         return (f"SparseConvTensor(features={tuple(self.features.shape)}, spatial_shape={self.spatial_shape}, "
