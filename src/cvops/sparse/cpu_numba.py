@@ -13,8 +13,9 @@ that order; others are sorted here), so a block's pairs of one offset are one co
 Determinism: a block's work depends only on its rows (fixed block sizes, independent of the thread count),
 every output row belongs to one block, and inside a block the offsets run in ascending order (the identity
 offset first), so the bits are the same on any thread count. The weight gradient is a partial per block
-(``np.dot`` of each chunk's gathered input rows, transposed, with its gradient rows), added in block order. The matrix products are SciPy's BLAS, not torch's, so the results agree with the torch
-path to rounding (within 1e-6 relative), not bit for bit.
+(``np.dot`` of each chunk's gathered input rows, transposed, with its gradient rows), added in block order; the
+blocks run in waves whose partials fill at most ``PARTIAL_BYTES``. The matrix products are SciPy's BLAS, not
+torch's, so the results agree with the torch path to rounding (within 1e-6 relative), not bit for bit.
 
 Every loop checks each row index against the array it indexes (and that a destination row lies in its
 block); a bad index is counted and skipped, never read or written, and the wrapper raises.
@@ -43,6 +44,7 @@ _BLAS = ThreadpoolController()
 BLOCK_BYTES = 1 << 20   # rows per block: this many bytes of the block's own (output or gradient) rows ...
 BLOCK_ROWS = (1024, 16384)  # ... within these bounds
 CHUNK_BYTES = 1 << 20   # the most pairs gathered per product: this many bytes of the wider row side
+PARTIAL_BYTES = 16 << 20  # the backward's weight-gradient partials held at once (a wave of blocks)
 
 
 def supports(*tensors: torch.Tensor) -> bool:
@@ -163,13 +165,13 @@ def _conv_forward(out, f, w, pairs, bounds, todo, identity, src_col, dst_col, bl
 
 
 @njit
-def _conv_backward(grad_f, partials, g, f, w_t, pairs, bounds, todo, identity, src_col, dst_col, block, chunk,
-                   b_lo, b_hi):
+def _conv_backward(grad_f, partials, first, g, f, w_t, pairs, bounds, todo, identity, src_col, dst_col, block,
+                   chunk, b_lo, b_hi):
     bad = 0
     for b in range(b_lo, b_hi):
         r0 = b * block
         r1 = min(f.shape[0], r0 + block)
-        part = partials[b]
+        part = partials[b - first]  # the partials of the wave of blocks from ``first`` on
         part[:] = 0
         g_rows = np.empty((chunk, g.shape[1]), f.dtype)
         f_rows = np.empty((chunk, f.shape[1]), f.dtype)
@@ -202,11 +204,13 @@ def _sum_in_order(partials, total):
         total += partials[b]
 
 
-def _run_blocks(kernel, n_blocks: int, work: float, *args) -> int:
-    """``kernel(*args, b_lo, b_hi)`` over every block, in ranges shared by the calling thread and the pool
-    when the work is worth waking it; the kernels' bad-index counts summed."""
+def _run_blocks(kernel, blocks: tuple[int, int], work: float, *args) -> int:
+    """``kernel(*args, b_lo, b_hi)`` over the blocks ``[lo, hi)``, in ranges shared by the calling thread and the
+    pool when the work (the whole call's) is worth waking it; the kernels' bad-index counts summed."""
+    lo, hi = blocks
     threads = torch.get_num_threads()
-    parts = guided_parts(n_blocks, threads, 1) if jit.use_parallel(work) else [(0, n_blocks)]
+    parts = guided_parts(hi - lo, threads, 1) if jit.use_parallel(work) else [(0, hi - lo)]
+    parts = [(lo + a, lo + b) for a, b in parts]
     bad = []
     with _BLAS.limit(limits=1, user_api="blas"):
         run_parts(lambda lo, hi: bad.append(kernel(*args, lo, hi)), parts)
@@ -219,7 +223,7 @@ def conv_forward(out, f, w, pairs, bounds, todo, identity: int, src_col: int, ds
     the first pair of offset ``k`` in block ``b`` (pairs sorted by ``dst_col``); ``todo``: the offsets with
     pairs, ascending, the identity offset (initialising each block, or -1) excepted."""
     work = 2.0 * (float(bounds[:, -1].sum()) + (out.shape[0] if identity >= 0 else 0)) * f.shape[1] * w.shape[2]
-    bad = _run_blocks(_conv_forward, bounds.shape[1] - 1, work, numpy_alias(out), numpy_alias(f), numpy_alias(w),
+    bad = _run_blocks(_conv_forward, (0, bounds.shape[1] - 1), work, numpy_alias(out), numpy_alias(f), numpy_alias(w),
                       numpy_alias(pairs), numpy_alias(bounds), todo, identity, src_col, dst_col, block, chunk)
     _raise_if_bad(bad, pairs, max(out.shape[0], f.shape[0]))
 
@@ -229,14 +233,20 @@ def conv_backward(grad_f, grad_w, g, f, w, pairs, bounds, todo, identity: int, s
     """``grad_f`` and ``grad_w`` (zeroed by the caller) of :func:`conv_forward`, blocks of ``block`` source rows
     (pairs sorted by ``src_col``)."""
     n_blocks = bounds.shape[1] - 1
-    partials = torch.empty((n_blocks, *w.shape), dtype=w.dtype)
+    # the blocks run in waves, each holding the weight-gradient partials of its blocks (at most PARTIAL_BYTES,
+    # and blocks enough to share between the threads), added in block order: the same bits for any wave size
+    wave = max(PARTIAL_BYTES // max(1, w.numel() * w.element_size()), 2 * torch.get_num_threads())
+    partials = torch.empty((min(wave, n_blocks), *w.shape), dtype=w.dtype)
     work = 4.0 * (float(bounds[:, -1].sum()) + (f.shape[0] if identity >= 0 else 0)) * f.shape[1] * w.shape[2]
     # w transposed once ([K, C_out, C_in] contiguous): the products g_rows @ w[k].T read it row-major
     w_t = w.transpose(1, 2).contiguous()
-    bad = _run_blocks(_conv_backward, n_blocks, work, numpy_alias(grad_f), numpy_alias(partials), numpy_alias(g),
-                      numpy_alias(f), numpy_alias(w_t), numpy_alias(pairs), numpy_alias(bounds), todo, identity,
-                      src_col, dst_col, block, chunk)
-    _sum_in_order(numpy_alias(partials), numpy_alias(grad_w))
+    args = [numpy_alias(t) for t in (grad_f, partials, g, f, w_t, pairs, bounds, grad_w)]
+    bad = 0
+    for first in range(0, n_blocks, wave):
+        last = min(first + wave, n_blocks)
+        bad += _run_blocks(_conv_backward, (first, last), work, *args[:2], first, *args[2:7], todo, identity,
+                           src_col, dst_col, block, chunk)
+        _sum_in_order(args[1][:last - first], args[7])
     _raise_if_bad(bad, pairs, max(g.shape[0], f.shape[0]))
 
 
