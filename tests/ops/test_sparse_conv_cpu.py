@@ -34,10 +34,13 @@ def test_compiled_layer_matches_torch_path(case, threads, monkeypatch):
 @pytest.mark.parametrize("case", list(MAP_CASES))
 def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
     """On 1 and 2 torch threads each CPU backend gives the same bits, and both match the reference: the torch
-    path, and the numba path's destination-row blocks (here a few rows each, chunks of 3 pairs) on any thread."""
+    path, and the numba path's destination-row blocks (here a few rows each, chunks of 3 pairs) on any thread,
+    with the backward's blocks in one wave or in waves of two blocks per thread."""
     from cvops._core import jit
+    partial_sizes = [None]
     if jit.numba_available():
         from cvops.sparse import cpu_numba
+        partial_sizes = [cpu_numba.PARTIAL_BYTES, 1]
         monkeypatch.setattr(cpu_numba, "BLOCK_ROWS", (7, 7))
         monkeypatch.setattr(cpu_numba, "CHUNK_BYTES", 3 * 7 * 4)  # 3 rows of the widest side (7 channels, float32)
         monkeypatch.setattr(jit, "use_parallel", lambda work, threshold=0: torch.get_num_threads() > 1)
@@ -47,8 +50,10 @@ def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
     threads = torch.get_num_threads()
     results = {backend: [] for backend in backends}
     try:
-        for n_threads in (1, 2):
+        for n_threads, partial in ((n, size) for n in (1, 2) for size in partial_sizes):
             torch.set_num_threads(n_threads)
+            if partial is not None:
+                monkeypatch.setattr(cpu_numba, "PARTIAL_BYTES", partial)
             for backend in backends:
                 f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
                 out = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident,
@@ -56,9 +61,9 @@ def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
                 results[backend].append((out.detach(), *torch.autograd.grad(out, (f, w), grad)))
     finally:
         torch.set_num_threads(threads)
-    for one_thread, two_threads in results.values():
-        for a, b in zip(one_thread, two_threads):
-            assert bit_equal(a, b)
+    for first, *others in results.values():
+        for run in others:
+            assert all(bit_equal(a, b) for a, b in zip(first, run))
     f, w = feats.clone().requires_grad_(), weight.clone().requires_grad_()
     ref = sparse.indice_conv(f, w, pairs, num, num_out, inverse=inverse, identity_offset=ident, backend="reference")
     expected = (ref.detach(), *torch.autograd.grad(ref, (f, w), grad))
