@@ -215,7 +215,6 @@ def test_sparse_conv_tensor_spconv_api():
     assert spconv.RemoveGrid()(t).grid is None and spconv.SparseIdentity()(t) is t
 
 
-
 @pytest.mark.parametrize("channels_first", [True, False])
 def test_dense_sums_duplicate_sites_and_its_gradient_gathers_them(channels_first):
     """dense() against a plain loop (duplicate sites summed), gradcheck, and the same under torch.compile."""
