@@ -217,7 +217,8 @@ def test_sparse_conv_tensor_spconv_api():
 
 @pytest.mark.parametrize("channels_first", [True, False])
 def test_dense_sums_duplicate_sites_and_its_gradient_gathers_them(channels_first):
-    """dense() against a plain loop (duplicate sites summed), gradcheck, and the same under torch.compile."""
+    """dense() against a plain loop (duplicate sites summed), gradcheck, and the same under torch.compile and
+    torch.func.grad."""
     x = random_sparse(2, (3, 4, 5), 12, 3, dtype=torch.float64, seed=7)
     indices = torch.cat([x.indices, x.indices[:4]])  # four sites twice
     features = torch.randn(indices.shape[0], 3, dtype=torch.float64, requires_grad=True)
@@ -235,8 +236,9 @@ def test_dense_sums_duplicate_sites_and_its_gradient_gathers_them(channels_first
     compiled = torch.compile(dense, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(features), got)
     grad = torch.randn(got.shape, dtype=torch.float64)
-    torch.testing.assert_close(torch.autograd.grad(compiled(features), features, grad)[0],
-                               torch.autograd.grad(got, features, grad)[0])
+    expected_grad = torch.autograd.grad(got, features, grad)[0]
+    torch.testing.assert_close(torch.autograd.grad(compiled(features), features, grad)[0], expected_grad)
+    torch.testing.assert_close(torch.func.grad(lambda f: (dense(f) * grad).sum())(features.detach()), expected_grad)
 
 
 # ----------------------------------------------------------------------------- new layers vs dense torch

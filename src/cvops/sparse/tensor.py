@@ -60,12 +60,15 @@ class _Dense(torch.autograd.Function):
     SparseEncoder's 69 MB grid)."""
 
     @staticmethod
-    def forward(ctx, features, channels_first: bool, shape, *index):
+    def forward(features, channels_first: bool, shape, *index):
         out = features.new_zeros(shape)
         (out.movedim(1, -1) if channels_first else out).index_put_(index, features, accumulate=True)
-        ctx.channels_first = channels_first
-        ctx.save_for_backward(*index)
         return out
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # a separate setup_context: torch.func transforms take the function
+        _, ctx.channels_first, _, *index = inputs
+        ctx.save_for_backward(*index)
 
     @staticmethod
     def backward(ctx, grad):
