@@ -207,10 +207,10 @@ def _sum_in_order(partials, total):
 def _run_blocks(kernel, blocks: tuple[int, int], work: float, *args) -> int:
     """``kernel(*args, b_lo, b_hi)`` over the blocks ``[lo, hi)``, in ranges shared by the calling thread and the
     pool when the work (the whole call's) is worth waking it; the kernels' bad-index counts summed."""
-    lo, hi = blocks
+    first, last = blocks
     threads = torch.get_num_threads()
-    parts = guided_parts(hi - lo, threads, 1) if jit.use_parallel(work) else [(0, hi - lo)]
-    parts = [(lo + a, lo + b) for a, b in parts]
+    parts = guided_parts(last - first, threads, 1) if jit.use_parallel(work) else [(0, last - first)]
+    parts = [(first + a, first + b) for a, b in parts]
     bad = []
     with _BLAS.limit(limits=1, user_api="blas"):
         run_parts(lambda lo, hi: bad.append(kernel(*args, lo, hi)), parts)
@@ -240,13 +240,14 @@ def conv_backward(grad_f, grad_w, g, f, w, pairs, bounds, todo, identity: int, s
     work = 4.0 * (float(bounds[:, -1].sum()) + (f.shape[0] if identity >= 0 else 0)) * f.shape[1] * w.shape[2]
     # w transposed once ([K, C_out, C_in] contiguous): the products g_rows @ w[k].T read it row-major
     w_t = w.transpose(1, 2).contiguous()
-    args = [numpy_alias(t) for t in (grad_f, partials, g, f, w_t, pairs, bounds, grad_w)]
+    grad_f_np, partials_np, grad_w_np = (numpy_alias(t) for t in (grad_f, partials, grad_w))
+    inputs = [numpy_alias(t) for t in (g, f, w_t, pairs, bounds)]
     bad = 0
     for first in range(0, n_blocks, wave):
         last = min(first + wave, n_blocks)
-        bad += _run_blocks(_conv_backward, (first, last), work, *args[:2], first, *args[2:7], todo, identity,
-                           src_col, dst_col, block, chunk)
-        _sum_in_order(args[1][:last - first], args[7])
+        bad += _run_blocks(_conv_backward, (first, last), work, grad_f_np, partials_np, first, *inputs, todo,
+                           identity, src_col, dst_col, block, chunk)
+        _sum_in_order(partials_np[:last - first], grad_w_np)
     _raise_if_bad(bad, pairs, max(g.shape[0], f.shape[0]))
 
 

@@ -135,8 +135,8 @@ def _add_windows(grad_col, origin, deltas, outside_start, outside_m, out, plane_
 
 # ------------------------------------------------------------------------------------------- entry
 def _channel_parts(channels: int, values: int) -> list[tuple[int, int]]:
-    """The ranges of channels handed to the threads for a call moving ``values`` values: a second thread gains
-    from about 5e5 (0.3 ms of copying; waking it costs about 0.1 ms)."""
+    """The ranges of channels handed to the threads for a call moving ``values`` values: a second thread from
+    about 5e5 values, where the copying outweighs waking it."""
     threads = torch.get_num_threads() if use_parallel(values, threshold=5e5) else 1
     return even_parts(channels, threads * PARTS_PER_THREAD if threads > 1 else 1)
 
