@@ -13,8 +13,9 @@ with cvops's CPU time split into kernel maps, convolution forward, convolution b
 time its convolutions' matrix products alone would take at the machine's matmul rate at that thread count (the
 GEMM floor: the convolutions' time above it is their gathers, scatter-adds and dispatch). The check column
 compares the outputs of cvops and 1-thread spconv (diff1). Peak memory
-is the largest resident-set growth seen while one step runs (sampled every millisecond) after idle memory
-went back to the system (cvops.empty_cache, malloc_trim), so it is approximate.
+is the largest resident-set growth seen while one step runs (sampled every millisecond), measured for each
+library and thread count in a fresh process after a warm-up step (in one long process a step's growth depends
+on what ran before it), so it is approximate.
 
     python benchmarks/bench_spconv_backbones.py [--tag network] [--nets VoxelBackBone8x,UNetV2] [--repeats 3]
 
@@ -22,6 +23,9 @@ went back to the system (cvops.empty_cache, malloc_trim), so it is approximate.
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -88,6 +92,39 @@ def peak_rss_growth(fn) -> int:
         done.set()
         thread.join()
     return max(peak[0], _rss() - base)
+
+
+def peak_in_fresh_process(lib_name: str, net: str, threads: int, tag: str) -> int:
+    """:func:`peak_rss_growth` of one step of ``net`` built from ``lib_name`` (``cvops`` or ``spconv``) at
+    ``threads`` torch threads, in a new Python process (:func:`_peak_main`) after one warm-up step."""
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(here), str(here.parent),
+                                                                    os.environ.get("PYTHONPATH")))))
+    done = subprocess.run([sys.executable, __file__, "--peak-of", lib_name, net, str(threads), tag], env=env,
+                          capture_output=True, text=True, check=True)
+    return int(done.stdout.split()[-1])
+
+
+def _peak_main(lib_name: str, net: str, threads: str, tag: str) -> None:
+    torch.set_num_threads(int(threads))
+    lib = cvspconv if lib_name == "cvops" else _spconv()
+    grid, per_frame, batch = CASES[tag]
+    features, indices = _backbones().lidar_input(per_frame * batch, batch, grid, seed=0)
+    torch.manual_seed(0)
+    step = _step(_backbones().BACKBONES[net](lib).train(), lib, features, indices, grid, batch)
+    step()
+    print(peak_rss_growth(step))
+
+
+def _step(model, lib, features, indices, grid, batch):
+    """One training step of ``model``: forward from a fresh leaf of ``features``, backward of :func:`_loss`."""
+    def step():
+        model.zero_grad(set_to_none=True)
+        leaf = features.clone().requires_grad_()
+        outs = model(lib.SparseConvTensor(leaf, indices, list(grid), batch))
+        _loss(outs).backward()
+        return outs
+    return step
 
 
 def _loss(outs):
@@ -171,13 +208,7 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 3, anchor: b
             models["spconv"] = (ref, spt)
         results = {}
         for lib_name, (model, lib) in models.items():
-            def step(model=model, lib=lib):
-                model.zero_grad(set_to_none=True)
-                leaf = features.clone().requires_grad_()
-                outs = model(lib.SparseConvTensor(leaf, indices, list(grid), batch))
-                _loss(outs).backward()
-                return outs
-
+            step = _step(model, lib, features, indices, grid, batch)
             for t in counts:
                 torch.set_num_threads(t)
                 try:
@@ -185,7 +216,7 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 3, anchor: b
                     if t == 1 or lib_name == "cvops":
                         results.setdefault(f"{lib_name}_out", _first_dense(outs).detach())
                     seconds = time_fn(step, device, repeats=repeats, warmup=0)
-                    mem = peak_rss_growth(step)
+                    mem = peak_in_fresh_process(lib_name, name, t, tag) if device.type == "cpu" else peak_rss_growth(step)
                     split = phase_split(step) if lib_name == "cvops" else ""
                     if lib_name == "cvops" and t in rates:
                         floor = gemm_flops(model, step) / rates[t]
@@ -214,6 +245,9 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 3, anchor: b
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--peak-of"]:
+        _peak_main(*sys.argv[2:6])
+        sys.exit()
     bench_main(run, "spconv detection backbones", __doc__,
                (("--repeats", {"dest": "repeats", "type": int, "default": 3}),
                 ("--nets", {"dest": "nets", "default": ",".join(CASES_NETS)}), NO_ANCHOR))
