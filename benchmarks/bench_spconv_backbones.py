@@ -106,12 +106,14 @@ def peak_in_fresh_process(lib_name: str, net: str, threads: int, tag: str) -> in
 
 
 def _peak_main(lib_name: str, net: str, threads: str, tag: str) -> None:
+    """The fresh process of :func:`peak_in_fresh_process`: prints the peak growth in bytes."""
     torch.set_num_threads(int(threads))
     lib = cvspconv if lib_name == "cvops" else _spconv()
+    bb = _backbones()
     grid, per_frame, batch = CASES[tag]
-    features, indices = _backbones().lidar_input(per_frame * batch, batch, grid, seed=0)
+    features, indices = bb.lidar_input(per_frame * batch, batch, grid, seed=0)
     torch.manual_seed(0)
-    step = _step(_backbones().BACKBONES[net](lib).train(), lib, features, indices, grid, batch)
+    step = _step(bb.BACKBONES[net](lib).train(), lib, features, indices, grid, batch)
     step()
     print(peak_rss_growth(step))
 
@@ -216,7 +218,8 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 3, anchor: b
                     if t == 1 or lib_name == "cvops":
                         results.setdefault(f"{lib_name}_out", _first_dense(outs).detach())
                     seconds = time_fn(step, device, repeats=repeats, warmup=0)
-                    mem = peak_in_fresh_process(lib_name, name, t, tag) if device.type == "cpu" else peak_rss_growth(step)
+                    fresh = device.type == "cpu"
+                    mem = peak_in_fresh_process(lib_name, name, t, tag) if fresh else peak_rss_growth(step)
                     split = phase_split(step) if lib_name == "cvops" else ""
                     if lib_name == "cvops" and t in rates:
                         floor = gemm_flops(model, step) / rates[t]
