@@ -30,6 +30,7 @@ import torch
 import cvops
 from harness import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, counting_gemm_flops, load_module,
                      module_version, tensor_bytes, time_fn)
+from tests.support.anchors import spconv_pytorch
 from tests.support.cases import load_cases
 from cvops.metrics import diff1, diff2
 
@@ -40,26 +41,13 @@ def _encoder_module():
     return load_module(_EXAMPLE, "sparse_encoder")
 
 
-def _spconv():
-    try:
-        import spconv.pytorch as spt
-        from spconv.pytorch import ops as spt_ops
-    except Exception:  # not installed, or built without this device
-        return None
-    if not torch.cuda.is_available():
-        # spconv 2.3's indice_conv_backward asks torch.cuda for a stream even for CPU tensors, which
-        # fails on a CPU-only torch; stream 0 is what its CPU kernels use.
-        spt_ops.get_current_stream = lambda: 0
-    return spt
-
-
 _WARM_UP_ROWS = 256
 
 
 def run(limits: MachineLimits, tag: str = "network", repeats: int = 1, anchor: bool = True):
     device = limits.device
     enc = _encoder_module()
-    spt = _spconv() if anchor else None
+    spt = spconv_pytorch() if anchor else None
     rows = []
     for case in load_cases("sparse_conv", tag):
         grid, batch = list(case["grid"]), case["batch"]

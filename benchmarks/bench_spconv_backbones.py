@@ -37,6 +37,7 @@ import cvops.spconv as cvspconv
 from harness import (NO_ANCHOR, BenchRow, MachineLimits, bench_main, counting_gemm_flops, load_module,
                      matmul_rate, module_version, tensor_bytes, time_fn)
 from cvops.metrics import diff1
+from tests.support.anchors import spconv_pytorch
 
 _BACKBONES = Path(__file__).resolve().parents[1] / "tests" / "ops" / "_spconv_backbones.py"
 CASES = {"network": ((41, 1600, 1408), 16000, 2), "unit": ((41, 200, 176), 3000, 2)}
@@ -45,17 +46,6 @@ CASES_NETS = ("VoxelBackBone8x", "VoxelResBackBone8x", "UNetV2", "SparseEncoder"
 
 def _backbones():
     return load_module(_BACKBONES, "_spconv_backbones")
-
-
-def _spconv():
-    try:
-        import spconv.pytorch as spt
-        from spconv.pytorch import ops as spt_ops
-    except Exception:
-        return None
-    if not torch.cuda.is_available():
-        spt_ops.get_current_stream = lambda: 0  # spconv 2.3's CPU backward asks torch.cuda for a stream
-    return spt
 
 
 def _rss() -> int:
@@ -108,7 +98,7 @@ def peak_in_fresh_process(lib_name: str, net: str, threads: int, tag: str) -> in
 def _peak_main(lib_name: str, net: str, threads: str, tag: str) -> None:
     """The fresh process of :func:`peak_in_fresh_process`: prints the peak growth in bytes."""
     torch.set_num_threads(int(threads))
-    lib = cvspconv if lib_name == "cvops" else _spconv()
+    lib = cvspconv if lib_name == "cvops" else spconv_pytorch()
     bb = _backbones()
     grid, per_frame, batch = CASES[tag]
     features, indices = bb.lidar_input(per_frame * batch, batch, grid, seed=0)
@@ -192,7 +182,7 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 3, anchor: b
     same count (1 thread) or spconv's best of 1 and the default (the default count's row)."""
     device = limits.device
     bb = _backbones()
-    spt = _spconv() if anchor else None
+    spt = spconv_pytorch() if anchor else None
     grid, per_frame, batch = CASES[tag]
     features, indices = bb.lidar_input(per_frame * batch, batch, grid, seed=0)
     features, indices = features.to(device), indices.to(device)

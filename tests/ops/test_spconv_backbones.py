@@ -10,24 +10,13 @@ import torch
 
 import cvops.spconv as cvspconv
 from tests.ops._spconv_backbones import BACKBONES, lidar_input
+from tests.support.anchors import spconv_pytorch
 
 GRID = (41, 64, 56)
 VOXELS, BATCH = 1200, 2
 
 
-def _spconv():
-    try:
-        import spconv.pytorch as spt
-        from spconv.pytorch import ops as spt_ops
-    except Exception:
-        return None
-    if not torch.cuda.is_available():
-        # spconv 2.3's CPU backward asks torch.cuda for a stream; stream 0 is what its CPU kernels use
-        spt_ops.get_current_stream = lambda: 0
-    return spt
-
-
-requires_spconv = pytest.mark.skipif(_spconv() is None, reason="spconv not installed")
+requires_spconv = pytest.mark.skipif(spconv_pytorch() is None, reason="spconv not installed")
 
 
 def _outputs(out):
@@ -83,7 +72,7 @@ def test_backbone_trains_one_step(name):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.float64, 1e-10)])
 @pytest.mark.parametrize("name", list(BACKBONES))
 def test_backbone_matches_spconv(name, dtype, tol):
-    spt = _spconv()
+    spt = spconv_pytorch()
     features, indices = lidar_input(VOXELS, BATCH, GRID, seed=2)
     torch.manual_seed(0)
     # float32 runs in eval mode: in train mode BatchNorm over the few sites of the deep stages makes the
