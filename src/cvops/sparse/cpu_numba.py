@@ -205,7 +205,7 @@ def _sum_in_order(partials, total):
 
 
 def _run_blocks(kernel, blocks: tuple[int, int], work: float, *args) -> int:
-    """``kernel(*args, b_lo, b_hi)`` over the blocks ``[lo, hi)``, in ranges shared by the calling thread and the
+    """``kernel(*args, b_lo, b_hi)`` over the blocks ``[first, last)``, in ranges shared by the calling thread and the
     pool when the work (the whole call's) is worth waking it; the kernels' bad-index counts summed."""
     first, last = blocks
     threads = torch.get_num_threads()
