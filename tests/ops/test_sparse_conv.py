@@ -17,6 +17,7 @@ from cvops._core.errors import BadParamError, NotSupportedError
 from cvops.metrics import bit_equal, diff1, diff2
 from tests.conftest import requires_triton
 from tests.ops._sparse_kmap import MAP_CASES, build_kernel_map, map_case, random_sparse
+from tests.support.anchors import spconv_pytorch
 from tests.support.op_tester import OpTester, Sample
 
 
@@ -429,19 +430,11 @@ def test_triton_rejects_repeated_rows_within_an_offset():
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
-def _spconv():
-    try:
-        import spconv.pytorch as spt
-    except Exception:
-        return None
-    return spt
-
-
-@pytest.mark.skipif(_spconv() is None, reason="spconv not installed")
+@pytest.mark.skipif(spconv_pytorch() is None, reason="spconv not installed")
 def test_layers_match_spconv_forward():
     # spconv 2.x's own layers on the same sites with its own [out, *k, in] weights, converted by
     # cvops.sparse.load_state_dict: subm, strided sparse conv, and the inverse conv restoring sites
-    spt = _spconv()
+    spt = spconv_pytorch()
     x = random_sparse(2, (9, 16, 16), 120, 4, dtype=torch.float32, seed=22)
     torch.manual_seed(0)
     ref = spt.SparseSequential(spt.SubMConv3d(4, 6, 3, padding=1, indice_key="s1"),

@@ -16,6 +16,7 @@ import cvops.spconv as spconv
 from cvops import sparse
 from cvops._core.errors import BadParamError, NotSupportedError
 from tests.ops._sparse_kmap import random_sparse
+from tests.support.anchors import spconv_pytorch
 
 
 def _sp(x):
@@ -332,8 +333,7 @@ def test_mmcv_layout_classes_share_the_implementation():
 
 # ----------------------------------------------------------------------------- against spconv itself
 def test_transposed_conv_and_max_pool_match_spconv():
-    from tests.ops.test_spconv_backbones import _spconv
-    spt = _spconv()
+    spt = spconv_pytorch()
     if spt is None:
         pytest.skip("spconv not installed")
     x = random_sparse(2, (6, 7, 5), 70, 3, dtype=torch.float32, seed=6)
