@@ -252,8 +252,8 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 3, anchor: b
                 right = [c for c in counts if results["spconv", c][3] <= TOLERANCE]
                 best = 1 if t == 1 else min(right or [1], key=lambda c: results["spconv", c][0])
                 anchor_s, s_mem, _, _ = results["spconv", best]
-                wrong = "".join(f"; spconv {c} thr WRONG (diff1 up to {results['spconv', c][3]:.1e}: not its best)"
-                                for c in counts if c not in right)
+                wrong = "".join(f"; spconv {c} thr {results['spconv', c][0] * 1e3:.0f} ms but WRONG (diff1 up to "
+                                f"{results['spconv', c][3]:.1e}: not its best)" for c in counts if c not in right)
                 check = f"peak+{mem / 2**20:.0f}MiB, spconv peak+{s_mem / 2**20:.0f}MiB{diff}{strays}{wrong}; {split}"
                 anchor_name = f"spconv {module_version('spconv')} ({best} thr{'' if t == 1 else ', its best'})"
             backend = "triton" if device.type == "cuda" else f"cpu ({t} thr)"

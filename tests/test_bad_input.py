@@ -247,6 +247,7 @@ def _spconv_pairs(ksize, stride, padding):
 
 
 # (id, call(backend), exception or (cvops exception, peer's exception), message fragment)
+MMCV_ERROR = (BadParamError, AssertionError)
 FUNCTIONAL_CASES = [
     # psamask
     ("psamask dtype", lambda b: cvops.psamask(_t(1, 9, 4, 4, dtype=torch.int64), "collect", 3, backend=b),
@@ -379,26 +380,27 @@ FUNCTIONAL_CASES = [
      "multiple of output_size"),
     ("tv PSRoIPool spatial_scale", lambda b: tv.PSRoIPool(2, float("nan"))(_PS_IN, _PS_ROIS),
      (BadParamError, RuntimeError), "spatial_scale"),
-    ("mmcv carafe masks channels", lambda b: mmcv.carafe(_CF_X, _CF_M[:, :8], 3, 1, 2), BadParamError,
+    # mmcv asserts these: an AssertionError as well (a masked conv's stride is a ValueError there, as BadParamError is)
+    ("mmcv carafe masks channels", lambda b: mmcv.carafe(_CF_X, _CF_M[:, :8], 3, 1, 2), MMCV_ERROR,
      "masks channels"),
-    ("mmcv carafe scale_factor", lambda b: mmcv.carafe(_CF_X, _CF_M, 3, 1, 3), BadParamError, "masks spatial size"),
-    ("mmcv carafe_naive kernel", lambda b: mmcv.carafe_naive(_CF_X, _CF_M, 2, 1, 2), BadParamError, "odd"),
-    ("mmcv CARAFE masks", lambda b: mmcv.CARAFE(3, 1, 2)(_CF_X, _CF_M[..., :5]), BadParamError, "masks spatial size"),
+    ("mmcv carafe scale_factor", lambda b: mmcv.carafe(_CF_X, _CF_M, 3, 1, 3), MMCV_ERROR, "masks spatial size"),
+    ("mmcv carafe_naive kernel", lambda b: mmcv.carafe_naive(_CF_X, _CF_M, 2, 1, 2), MMCV_ERROR, "odd"),
+    ("mmcv CARAFE masks", lambda b: mmcv.CARAFE(3, 1, 2)(_CF_X, _CF_M[..., :5]), MMCV_ERROR, "masks spatial size"),
     ("mmcv CARAFEPack group", lambda b: mmcv.CARAFEPack(4, 2, up_group=3), BadParamError, "divisible by up_group"),
     ("mmcv CARAFEPack channels", lambda b: mmcv.CARAFEPack(8, 2)(_CF_X), BadParamError, "channels=8"),
     ("mmcv MaskedConv2d channels", lambda b: mmcv.MaskedConv2d(3, 4, 3)(_t(1, 2, 5, 5), torch.ones(1, 5, 5)),
-     BadParamError, "input channels"),
+     MMCV_ERROR, "input channels"),
     ("mmcv MaskedConv2d mask", lambda b: mmcv.MaskedConv2d(2, 4, 3)(_t(1, 2, 5, 5), torch.ones(1, 4, 5)),
-     BadParamError, "mask spatial size"),
+     MMCV_ERROR, "mask spatial size"),
     ("mmcv MaskedConv2d batch", lambda b: mmcv.MaskedConv2d(2, 4, 3)(_t(2, 2, 5, 5), torch.ones(2, 5, 5)),
-     BadParamError, "input batch"),
+     MMCV_ERROR, "input batch"),
     ("mmcv MaskedConv2d stride", lambda b: mmcv.MaskedConv2d(2, 4, 3, stride=2)(_t(1, 2, 5, 5), torch.ones(1, 5, 5)),
-     BadParamError, "stride must be 1"),
-    ("mmcv psa_mask channels", lambda b: psa_mask(_t(1, 8, 4, 4), 0, 3), BadParamError, "input channels"),
-    ("mmcv psa_mask type", lambda b: psa_mask(_X9, 2, 3), BadParamError, "psa_type"),
-    ("mmcv psa_mask size", lambda b: psa_mask(_X9, 0, (3, 0)), BadParamError, "mask_size"),
-    ("mmcv PSAMask rank", lambda b: mmcv.PSAMask("collect", 3)(_X9[0]), BadParamError, "input must be 4-D"),
-    ("mmcv PSAMask no mask_size", lambda b: mmcv.PSAMask("distribute")(_X9), BadParamError, "mask_size"),
+     MMCV_ERROR, "stride must be 1"),
+    ("mmcv psa_mask channels", lambda b: psa_mask(_t(1, 8, 4, 4), 0, 3), MMCV_ERROR, "input channels"),
+    ("mmcv psa_mask type", lambda b: psa_mask(_X9, 2, 3), MMCV_ERROR, "psa_type"),
+    ("mmcv psa_mask size", lambda b: psa_mask(_X9, 0, (3, 0)), MMCV_ERROR, "mask_size"),
+    ("mmcv PSAMask rank", lambda b: mmcv.PSAMask("collect", 3)(_X9[0]), MMCV_ERROR, "input must be 4-D"),
+    ("mmcv PSAMask no mask_size", lambda b: mmcv.PSAMask("distribute")(_X9), MMCV_ERROR, "mask_size"),
     # every op: backend strings
     ("backend name", lambda b: cvops.psamask(_X9, "collect", 3, backend="gpu"), BadParamError, "backend"),
     ("backend name carafe", lambda b: cvops.carafe(_CF_X, _CF_M, 3, 1, 2, backend="cuda"), BadParamError, "backend"),

@@ -113,6 +113,22 @@ def test_deform_conv2d_rejects_bad_arguments():
     assert mm.DeformConv2d(4, 4, 3, deformable_groups=2).deform_groups == 2  # mmcv 1.x's name
 
 
+def test_deform_conv2d_errors_are_the_assertion_errors_mmcv_raises():
+    """mmcv's own test_deform_conv expects AssertionError for these (bias, groups, the batch against
+    im2col_step); each is also cvops's BadParamError."""
+    for make in (lambda: mm.DeformConv2d(1, 1, 2, bias=True), lambda: mm.DeformConv2d(3, 2, 3, groups=2),
+                 lambda: mm.DeformConv2d(3, 4, 3, groups=3)):
+        with pytest.raises(AssertionError) as caught:
+            make()
+        assert isinstance(caught.value, BadParamError)
+    x, offset, weight, args = _deform_case()
+    batch = torch.cat([x] * 10), torch.cat([offset] * 10)
+    with pytest.raises(AssertionError, match="batch size must be divisible by im2col_step"):
+        mm.deform_conv2d(*batch, weight, **args, im2col_step=3)
+    torch.testing.assert_close(mm.deform_conv2d(*batch, weight, **args, im2col_step=5)[:2],
+                               mm.deform_conv2d(x, offset, weight, **args, im2col_step=2))  # min(step, N) divides N
+
+
 # ---------------------------------------------------------------------------------------------------- nms
 
 def iou(a, b, offset=0) -> float:

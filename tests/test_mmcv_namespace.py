@@ -168,6 +168,29 @@ def test_psamask_repr_and_rejects_unknown_type():
         mm.PSAMask("gather", (3, 3))
 
 
+def test_argument_errors_are_the_assertion_errors_mmcv_raises():
+    """mmcv asserts its arguments; cvops.mmcv's BadParamError is that AssertionError too (and still a
+    ValueError, which mmcv raises for a masked conv's stride). cvops's own functions stay plain."""
+    from cvops.mmcv.psa_mask import psa_mask
+    x, mask = torch.randn(1, 4, 5, 5), torch.ones(1, 5, 5)
+    calls = {"carafe masks": lambda: mm.carafe(x, torch.rand(1, 9, 9, 9), 3, 1, 2),
+             "CARAFE kernel": lambda: mm.CARAFE(4, 1, 2),
+             "CARAFE forward masks": lambda: mm.CARAFE(3, 1, 2)(x, torch.rand(1, 9, 9, 9)),
+             "PSAMask type": lambda: mm.PSAMask("gather", (3, 3)),
+             "PSAMask channels": lambda: mm.PSAMask("collect", (3, 3))(x),
+             "psa_mask channels": lambda: psa_mask(x, 0, (3, 3)),
+             "MaskedConv2d mask": lambda: mm.MaskedConv2d(4, 2, 3, padding=1)(x, mask[0]),
+             "masked_conv2d stride": lambda: mm.masked_conv2d(x, mask, torch.randn(2, 4, 3, 3), None, 1, 2),
+             "nms boxes": lambda: mm.nms(torch.rand(3, 3), torch.rand(3), 0.5)}
+    for name, call in calls.items():
+        with pytest.raises(AssertionError) as caught:
+            call()
+        assert isinstance(caught.value, cvops.BadParamError) and isinstance(caught.value, ValueError), name
+    with pytest.raises(cvops.BadParamError) as native:
+        cvops.carafe(x, torch.rand(1, 9, 9, 9), 3, 1, 2)
+    assert not isinstance(native.value, AssertionError)
+
+
 def test_psamask_pspnet_shape():
     x = torch.randn(1, 13 * 13, 9, 9)  # PSANet's mask on a small map
     assert mm.PSAMask("distribute", (13, 13))(x).shape == (1, 81, 9, 9)

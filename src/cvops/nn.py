@@ -6,6 +6,10 @@
   ``torch.fx.wrap`` keeps single graph nodes (their checks inspect real tensors; a ``Proxy`` has no dtype);
 - TorchScript cannot compile those checks, so a scripted forward checks the shape rules the kernels rely
   on (``_script_require``) and calls the ``torch.ops.cvops`` operators directly.
+
+In the mmcv modules (CARAFE, CARAFEPack, MaskedConv2d, PSAMask), an argument error that mmcv meets in an
+``assert`` (a forward's, CARAFE's and PSAMask's constructors') is a ``BadParamError`` that is also an
+``AssertionError``.
 """
 import functools as _functools
 from typing import List as _List, Optional as _Optional, Tuple as _Tuple, Union as _Union
@@ -13,6 +17,7 @@ from typing import List as _List, Optional as _Optional, Tuple as _Tuple, Union 
 import torch as _torch
 from torch import Tensor as _Tensor, nn as _nn
 
+from ._core.errors import asserts_like_mmcv as _asserts_like_mmcv
 from ._core.validate import check_int as _check_int, pair as _pair, require as _require
 from .ops.carafe import carafe as _carafe, checks as _carafe_checks
 from .ops.masked_im2col import masked_conv2d as _masked_conv2d
@@ -34,16 +39,19 @@ def _check_sizes(op: str, **limits) -> None:
 
 
 @_torch.jit.unused
+@_asserts_like_mmcv
 def _call_psamask(input: _Tensor, psa_type: str, mask_size) -> _Tensor:  # mask_size as given (int, pair, None)
     return _psamask(input, psa_type, mask_size)
 
 
 @_torch.jit.unused
+@_asserts_like_mmcv
 def _call_carafe(features: _Tensor, masks: _Tensor, kernel_size: int, group_size: int, scale_factor: int) -> _Tensor:
     return _carafe(features, masks, kernel_size, group_size, scale_factor)
 
 
 @_torch.jit.unused
+@_asserts_like_mmcv
 def _call_masked_conv2d(input: _Tensor, mask: _Tensor, weight: _Tensor, bias: _Optional[_Tensor], padding: _List[int],
                         stride: _List[int], dilation: _List[int], groups: int) -> _Tensor:
     return _masked_conv2d(input, mask, weight, bias, padding, stride, dilation, groups)
@@ -113,6 +121,7 @@ class CARAFE(_nn.Module):
     reassembly kernel ``k``, ``G`` mask groups and upsampling ratio ``s``:
     ``forward(features [N, C, H, W], masks [N, G*k*k, sH, sW]) -> [N, C, sH, sW]``."""
 
+    @_asserts_like_mmcv
     def __init__(self, kernel_size: int, group_size: int, scale_factor: int):
         super().__init__()
         self.kernel_size, self.group_size, self.scale_factor = _carafe_checks.check_params(
@@ -221,6 +230,7 @@ class PSAMask(_nn.Module):
     """PSANet's point-wise spatial attention mask (mmcv ``PSAMask``), ``psa_type`` ``"collect"`` or
     ``"distribute"``, ``mask_size`` ``(h_mask, w_mask)`` or one int: ``[N, h_mask*w_mask, H, W] -> [N, H*W, H, W]``."""
 
+    @_asserts_like_mmcv
     def __init__(self, psa_type: str, mask_size=None):
         super().__init__()
         self.psa_code = _psamask_checks.psa_type_code(psa_type)  # reject unknown modes at construction, as mmcv does

@@ -53,14 +53,29 @@ def _also(error_type: type, peer_types: tuple) -> type:
 
 
 @contextlib.contextmanager
-def raising_also(*peer_types: type):
-    """Re-raise a :class:`CvopsError` from the block as an instance of ``peer_types`` too (same message and
-    status), so ``except`` clauses written for a drop-in namespace's peer catch it."""
+def raising_also(*peer_types: type, of: type = CvopsError):
+    """Re-raise an ``of`` error (a :class:`CvopsError`) from the block as an instance of ``peer_types`` too (same
+    message and status), so ``except`` clauses written for a drop-in namespace's peer catch it."""
     try:
         yield
-    except CvopsError as error:
+    except of as error:
         widened_type = _also(type(error), peer_types)
         widened = widened_type.__new__(widened_type, *error.args)
         widened.args = error.args
         widened.__dict__.update(error.__dict__)
         raise widened.with_traceback(error.__traceback__) from None
+
+
+def raises_also(*peer_types: type, of: type = CvopsError):
+    """Decorator: the function's ``of`` errors are ``peer_types`` too (:func:`raising_also` around each call)."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            with raising_also(*peer_types, of=of):
+                return fn(*args, **kwargs)
+        return call
+    return decorate
+
+
+# mmcv asserts its arguments: a bad one is an AssertionError there (and a ValueError where mmcv raises one)
+asserts_like_mmcv = raises_also(AssertionError, of=BadParamError)

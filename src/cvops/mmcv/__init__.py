@@ -6,9 +6,9 @@ What differs from mmcv 2.x, on purpose:
 - everything runs on the CPU too (mmcv's CARAFE is CUDA-only) and every backward is deterministic;
 - ``MaskedConv2d``/``masked_conv2d`` have a backward (input, weight, bias; mmcv returns no gradients) and
   accept ``bias=None``;
-- a bad argument raises :class:`cvops.BadParamError` (a ``ValueError``) naming the rule where mmcv
-  asserts; a masked ``MaskedConv2d`` with stride, dilation or groups other than 1 raises where mmcv
-  silently computes the stride-1, undilated convolution;
+- a bad argument raises :class:`cvops.BadParamError` naming the rule, a ``ValueError`` that is also the
+  ``AssertionError`` mmcv's ``assert`` raises; a masked ``MaskedConv2d`` with stride, dilation or groups
+  other than 1 raises where mmcv silently computes the stride-1, undilated convolution;
 - ``PSAMask`` also accepts ``psa_type`` 0/1 (mmcv's enum values);
 - ``batched_nms`` runs ``nms_cfg`` type ``'nms'`` (or a callable) only, and one suppression for any number of
   boxes (mmcv loops over classes above ``split_thr``, with the same result); ``deform_conv2d`` raises on an

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from cvops import nn as _nn  # absolute: the file also imports as mmcv.ops.<name>
+from cvops._core.errors import asserts_like_mmcv
 from cvops.ops.carafe import carafe_forward as _carafe
 
 CARAFE = _nn.CARAFE
@@ -12,6 +13,7 @@ CARAFENaive = _nn.CARAFENaive
 CARAFEPack = _nn.CARAFEPack
 
 
+@asserts_like_mmcv
 def carafe(features: Tensor, masks: Tensor, kernel_size: int, group_size: int, scale_factor: int) -> Tensor:
     """mmcv ``carafe``: ``features [N, C, H, W]``, ``masks [N, G*k*k, sH, sW]`` -> ``[N, C, sH, sW]``;
     mask channel ``(g*k + ky)*k + kx``, zero padding outside the feature. Differentiable."""

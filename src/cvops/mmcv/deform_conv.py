@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 # absolute imports: the file also loads as mmcv.ops.<name> where cvops.mmcv stands in for mmcv.ops
+from cvops._core.errors import asserts_like_mmcv
 from cvops._core.validate import FLOAT_DTYPES, check_int, check_same_device, check_tensor, pair, require
 from cvops.mmcv._torchvision import torchvision_ops
 
@@ -21,15 +22,20 @@ _OP = "deform_conv2d"
 IntPair = Union[int, tuple]
 
 
+@asserts_like_mmcv
 def deform_conv2d(input: Tensor, offset: Tensor, weight: Tensor, stride: IntPair = 1, padding: IntPair = 0,
                   dilation: IntPair = 1, groups: int = 1, deform_groups: int = 1, bias: bool = False,
                   im2col_step: int = 32) -> Tensor:
     """mmcv ``deform_conv2d``: ``input [N, C, H, W]``, ``offset [N, deform_groups*2*kh*kw, Ho, Wo]``, ``weight
-    [O, C/groups, kh, kw]`` -> ``[N, O, Ho, Wo]``. ``bias`` must be False and ``im2col_step`` only sizes mmcv's
-    CUDA batches, as in mmcv. Differentiable in input, offset and weight."""
+    [O, C/groups, kh, kw]`` -> ``[N, O, Ho, Wo]``. ``bias`` must be False and the batch a multiple of
+    ``min(im2col_step, N)``, as in mmcv (where the step sizes its CUDA batches; here it changes nothing else).
+    Differentiable in input, offset and weight."""
     stride, padding, dilation, groups, deform_groups = _check(input, offset, weight, stride, padding, dilation,
                                                               groups, deform_groups)
     require(bias is False, _OP, f"bias must be False (mmcv's DeformConv2d has no bias), got {bias!r}")
+    step = min(check_int(_OP, "im2col_step", im2col_step, min_value=1), input.shape[0])
+    require(step == 0 or input.shape[0] % step == 0, _OP,  # mmcv's rule, though the result would not depend on it
+            f"batch size must be divisible by im2col_step: {input.shape[0]} % {step} != 0")
     tv = torchvision_ops()
     if tv is not None:
         return tv.deform_conv2d(input, offset, weight, None, stride, padding, dilation)
@@ -126,6 +132,7 @@ class DeformConv2d(nn.Module):
     kw]`` (kaiming-uniform), no bias (``bias=True`` is an error, as in mmcv). ``deformable_groups`` is
     accepted for ``deform_groups``, as mmcv accepts it."""
 
+    @asserts_like_mmcv
     @_renamed_deformable_groups
     def __init__(self, in_channels: int, out_channels: int, kernel_size: IntPair, stride: IntPair = 1,
                  padding: IntPair = 0, dilation: IntPair = 1, groups: int = 1, deform_groups: int = 1,

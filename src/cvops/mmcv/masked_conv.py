@@ -7,11 +7,13 @@ from typing import Optional
 from torch import Tensor
 
 from cvops import nn as _nn  # absolute: the file also imports as mmcv.ops.<name>
+from cvops._core.errors import asserts_like_mmcv
 from cvops.ops.masked_im2col import masked_conv2d as _masked_conv2d
 
 MaskedConv2d = _nn.MaskedConv2d
 
 
+@asserts_like_mmcv
 def masked_conv2d(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], padding=0,
                   stride=1) -> Tensor:
     """mmcv ``masked_conv2d``: ``features [1, C, H, W]``, ``mask [1, H, W]`` -> ``[1, O, H + 2p - kh + 1,

@@ -13,10 +13,12 @@ import torch
 from torch import Tensor
 
 # absolute: the file also loads as mmcv.ops.<name>
+from cvops._core.errors import asserts_like_mmcv
 from cvops._core.validate import FLOAT_DTYPES, check_int, check_tensor, require, require_supported
 from cvops.mmcv._torchvision import torchvision_ops
 
 
+@asserts_like_mmcv
 def nms(boxes, scores, iou_threshold: float, offset: int = 0, score_threshold: float = 0, max_num: int = -1):
     """mmcv ``nms``: ``boxes [N, 4]``, ``scores [N]`` (tensors or NumPy arrays) -> ``(dets [K, 5], inds [K])``,
     the kept boxes with their scores in descending score order and their indices into the input. Boxes scoring
@@ -68,6 +70,7 @@ def nms_torch(boxes: Tensor, scores: Tensor, iou_threshold: float, offset: int =
     return order[torch.tensor(kept, dtype=torch.long, device=boxes.device)]
 
 
+@asserts_like_mmcv
 def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, nms_cfg: Optional[dict],
                 class_agnostic: bool = False):
     """mmcv ``batched_nms``: NMS within each class ``idxs [N]`` (across classes with ``class_agnostic``, also

@@ -6,6 +6,7 @@ from typing import Optional
 from torch import Tensor
 
 from cvops import nn as _nn  # absolute: the file also imports as mmcv.ops.<name>
+from cvops._core.errors import asserts_like_mmcv
 from cvops.ops.psamask import psamask as _psamask
 
 
@@ -23,6 +24,7 @@ class PSAMask(_nn.PSAMask):
         return f"{self.__class__.__name__}(psa_type={self.psa_type}, mask_size={self.mask_size})"
 
 
+@asserts_like_mmcv
 def psa_mask(input: Tensor, psa_type, mask_size) -> Tensor:
     """mmcv ``psa_mask`` (its autograd function's ``apply``): ``psa_type`` 0 (collect) or 1 (distribute), as
     ``PSAMask`` passes it, or the name; ``mask_size`` an int or ``(h_mask, w_mask)``. Differentiable."""
