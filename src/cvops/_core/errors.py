@@ -52,6 +52,15 @@ def _also(error_type: type, peer_types: tuple) -> type:
     return type(error_type.__name__, (error_type, *peer_types), {"__module__": error_type.__module__})
 
 
+def _widened(error: CvopsError, peer_types: tuple) -> CvopsError:
+    """``error`` as an instance of its own type and ``peer_types`` (same message, status and traceback)."""
+    widened_type = _also(type(error), peer_types)
+    widened = widened_type.__new__(widened_type, *error.args)
+    widened.args = error.args
+    widened.__dict__.update(error.__dict__)
+    return widened.with_traceback(error.__traceback__)
+
+
 @contextlib.contextmanager
 def raising_also(*peer_types: type, of: type = CvopsError):
     """Re-raise an ``of`` error (a :class:`CvopsError`) from the block as an instance of ``peer_types`` too (same
@@ -59,20 +68,19 @@ def raising_also(*peer_types: type, of: type = CvopsError):
     try:
         yield
     except of as error:
-        widened_type = _also(type(error), peer_types)
-        widened = widened_type.__new__(widened_type, *error.args)
-        widened.args = error.args
-        widened.__dict__.update(error.__dict__)
-        raise widened.with_traceback(error.__traceback__) from None
+        raise _widened(error, peer_types) from None
 
 
 def raises_also(*peer_types: type, of: type = CvopsError):
-    """Decorator: the function's ``of`` errors are ``peer_types`` too (:func:`raising_also` around each call)."""
+    """Decorator: the function's ``of`` errors are ``peer_types`` too, as with :func:`raising_also` (a plain
+    ``try``: nothing to pay on a call that raises nothing)."""
     def decorate(fn):
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            with raising_also(*peer_types, of=of):
+            try:
                 return fn(*args, **kwargs)
+            except of as error:
+                raise _widened(error, peer_types) from None
         return call
     return decorate
 
