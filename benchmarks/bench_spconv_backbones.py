@@ -137,11 +137,6 @@ def _loss(outs):
     return total
 
 
-def _first_dense(outs):
-    o = outs[0] if isinstance(outs, tuple) else outs
-    return o if isinstance(o, torch.Tensor) else o.dense()
-
-
 def _first_output(outs):
     """The first output's values, kept cheaply inside a timed step (no dense copy): a tensor, or the features,
     indices, shape and batch size of a sparse tensor; :func:`_as_dense` makes them dense afterwards."""
@@ -218,7 +213,7 @@ def run(limits: MachineLimits, tag: str = "network", repeats: int = 3, anchor: b
             ref = bb.BACKBONES[name](spt).to(device).train()
             net.load_state_dict(ref.state_dict())
             models["spconv"] = (ref, spt)
-        results, reference = {}, None
+        results = {}
         for lib_name, (model, lib) in models.items():
             step = _step(model, lib, features, indices, grid, batch)
             for t in counts:
