@@ -194,13 +194,11 @@ def masked_conv2d(features: Tensor, mask: Tensor, weight: Tensor, bias: Optional
         require(False, op, f"output size ({out_h}, {out_w}) must be positive: kernel {kernel_h}x{kernel_w} is larger "
                 f"than the padded input {features.shape[2] + 2 * pad_h}x{features.shape[3] + 2 * pad_w}")
     keep = route.output_keep(mask, out_h, out_w)
-    which = route.choose(features, weight, keep, backend)
-    if which == "dense":
-        return route.dense(features, keep, weight, bias, (pad_h, pad_w))
+    which = route.choose(features, weight, keep, (pad_h, pad_w), backend)
+    if which != "gather":
+        return (route.dense if which == "dense" else route.taps)(features, keep, weight, bias, (pad_h, pad_w))
     points = keep.reshape(-1).nonzero().view(-1)  # flat h*out_w + w, ascending (row-major for a strided mask too)
-    if which == "taps":
-        values = route.taps(features, points, out_w, weight, bias, (pad_h, pad_w))
-    elif route.in_blocks(features, weight, bias):
+    if route.in_blocks(features, weight, bias):
         rows, cols = points // out_w, points % out_w
         values = route.blocked_product(weight.reshape(out_channels, -1), bias, points.shape[0], lambda lo, hi: _im2col(
             features, rows[lo:hi], cols[lo:hi], kernel_h, kernel_w, pad_h, pad_w, backend))

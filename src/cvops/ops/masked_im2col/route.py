@@ -5,8 +5,8 @@
 * *dense*: ``conv2d`` over all P = out_h*out_w positions, then zeros off the points: 2*O'*K*P flops, with
   O' = max(O, one vector of output channels: the convolution computes them a vector at a time).
 * *taps*: ``Y [kh*kw*O, H*W] = W [kh*kw*O, C] x X [C, H*W]`` (BLAS fills its vectors along H*W, so few
-  output channels cost only their share), then each point sums its kh*kw shifted entries of Y:
-  2*C*kh*kw*O*H*W flops and kh*kw*O*M moved values.
+  output channels cost only their share), then each position sums its kh*kw shifted entries of Y (one
+  ``fold``) and zeros go off the points: 2*C*kh*kw*O*H*W flops and kh*kw*O*P moved values.
 
 :func:`cheapest` counts a moved value as :data:`MOVE_FLOPS` flops (the gather's :data:`GATHER_MARGIN` times)
 plus :data:`CALL_FLOPS` for the gather route, and takes the least work (ties: dense, then taps). All three
@@ -16,7 +16,6 @@ points in blocks of a few MiB of columns (:func:`blocked_product`).
 """
 from __future__ import annotations
 
-import functools
 from typing import Callable, Optional
 
 import torch
@@ -37,22 +36,24 @@ CALL_FLOPS = 2**23
 VECTOR_BYTES = 64
 
 
-def cheapest(points: int, features: Tensor, out_positions: int, weight: Tensor) -> str:
-    """The route of least work (``"dense"``, ``"taps"`` or ``"gather"``) for ``points`` output points of
-    ``out_positions`` on the map of ``features``, as in the module docstring."""
+def cheapest(points: int, features: Tensor, out_positions: int, weight: Tensor, with_taps: bool = True) -> str:
+    """The route of least work (``"dense"``, ``"taps"`` or ``"gather"``; not ``"taps"`` unless ``with_taps``)
+    for ``points`` output points of ``out_positions`` on the map of ``features``, as in the module docstring."""
     out_channels, channels, kernel_h, kernel_w = weight.shape
     taps_count = kernel_h * kernel_w
     window = channels * taps_count
     vector = max(out_channels, VECTOR_BYTES // weight.element_size())
     work = {"dense": out_positions * window * 2 * vector,
             "taps": (features.shape[2] * features.shape[3] * window * 2 * out_channels
-                     + points * taps_count * out_channels * MOVE_FLOPS),
+                     + out_positions * taps_count * out_channels * MOVE_FLOPS),
             "gather": points * window * (2 * out_channels + GATHER_MARGIN * MOVE_FLOPS) + CALL_FLOPS}
+    if not with_taps:
+        del work["taps"]
     return min(work, key=work.get)  # the first of equals: dense, then taps
 
 
-def choose(features: Tensor, weight: Tensor, keep: Tensor, backend: Optional[str]) -> str:
-    """This call's route: the :func:`cheapest` for a CPU float32/float64 call with the default or cpu
+def choose(features: Tensor, weight: Tensor, keep: Tensor, padding, backend: Optional[str]) -> str:
+    """This call's route: the :func:`cheapest` (taps where :func:`takes_taps`) for a CPU float32/float64 call with the default or cpu
     backend outside torch.compile (the point count is data-dependent there), else the gather route.
     Where the weight's gradient is wanted every feature value must also be finite for the dense and taps
     routes: their weight gradient sums over every position, and a zero gradient times an inf away
@@ -60,7 +61,7 @@ def choose(features: Tensor, weight: Tensor, keep: Tensor, backend: Optional[str
     if (features.device.type != "cpu" or backend not in (None, "cpu") or torch.compiler.is_compiling()
             or features.dtype not in (torch.float32, torch.float64)):
         return "gather"
-    which = cheapest(int(keep.count_nonzero()), features, keep.numel(), weight)
+    which = cheapest(int(keep.count_nonzero()), features, keep.numel(), weight, takes_taps(weight, padding))
     if which != "gather" and torch.is_grad_enabled() and weight.requires_grad:
         # a finite sum means every value is finite (a NaN or an inf makes it NaN or inf); a sum that only
         # overflows sends the call to the gather route, which is right on any input, in one pass, not four
@@ -101,16 +102,17 @@ def dense(features: Tensor, keep: Tensor, weight: Tensor, bias: Optional[Tensor]
 
 
 def product(weight_2d: Tensor, data_col: Tensor, bias: Optional[Tensor]) -> Tensor:
-    """``bias[:, None] + weight_2d @ data_col`` (mmcv's addmm): ``[O, K] x [K, M] -> [O, M]``. The larger
-    of O and M runs along the rows of the stored product: BLAS runs a product a few columns wide at a
-    fraction of its rate. With fewer points than output channels the points are the rows (a
-    transposed view is returned), on a contiguous copy of the columns (smaller than the weight), so
-    that autograd forms the columns' gradient in that layout too."""
+    """``bias[:, None] + weight_2d @ data_col`` (mmcv's addmm): ``[O, K] x [K, M] -> [O, M]``. BLAS fills its
+    vectors along the stored rows and runs a product a few columns wide at a fraction of its rate: with
+    fewer points than a vector holds the points are the rows (a transposed view is returned), on a
+    contiguous copy of the columns (a small one), so that autograd forms the columns' gradient in that
+    layout too. From a vector of points on, the columns stay as they are: transposing them costs more
+    (twice with the gradient) than BLAS loses on a product a few vectors wide."""
     if torch.compiler.is_compiling():
         # the data-dependent M: aten's mm/addmm backward guards on its strides under torch.compile, einsum's not
         out = torch.einsum("ok,km->om", weight_2d, data_col)
         return out if bias is None else out + bias[:, None]
-    if data_col.shape[1] < weight_2d.shape[0]:
+    if data_col.shape[1] < VECTOR_BYTES // data_col.element_size():
         return F.linear(data_col.t().contiguous(), weight_2d, bias).t()
     return weight_2d.mm(data_col) if bias is None else torch.addmm(bias[:, None], weight_2d, data_col)
 
@@ -141,28 +143,26 @@ def blocked_product(weight_2d: Tensor, bias: Optional[Tensor], count: int,
     return values.t() if by_point else values
 
 
-@functools.lru_cache(maxsize=64)
-def _tap_offsets(kernel_h: int, kernel_w: int, padded_w: int) -> Tensor:
-    """``[kh*kw, 1, 1]``: tap (i, j)'s flat offset ``i*padded_w + j`` in the padded map (CPU int64; the
-    taps route runs on the CPU only). Made once per geometry: a small tensor costs a call as long as
-    the tap sum on the smallest maps."""
-    return torch.tensor([i * padded_w + j for i in range(kernel_h) for j in range(kernel_w)]).view(-1, 1, 1)
-
-
-def taps(features: Tensor, points: Tensor, out_w: int, weight: Tensor, bias: Optional[Tensor], padding) -> Tensor:
-    """The taps route's values at ``points`` (flat ``h*out_w + w``): ``[O, M]``. ``Y`` (see the module
-    docstring) is zero-padded like the input, so that a tap outside the map reads 0 and a point's tap
-    (i, j) reads Y's padded position ``(h + i, w + j)``."""
+def taps(features: Tensor, keep: Tensor, weight: Tensor, bias: Optional[Tensor], padding) -> Tensor:
+    """The taps route's output ``[1, O, out_h, out_w]``, zeros off ``keep``. Each position's sum of its
+    window's entries of ``Y`` (module docstring) is a ``fold`` of ``Y`` with the taps reversed: ``fold``
+    adds tap ``t`` of position ``p`` into ``p + t - pad'``, so reversed taps and ``pad' = k - 1 - pad`` add
+    into each position exactly its window's ``kh*kw`` entries (:func:`takes_taps`: ``pad <= k - 1``)."""
     _, channels, height, width = features.shape
     out_channels, _, kernel_h, kernel_w = weight.shape
     taps_count = kernel_h * kernel_w
     pad_h, pad_w = padding
-    tap_weight = weight.permute(2, 3, 0, 1).reshape(taps_count * out_channels, channels)  # row (i*kw + j)*O + o
-    products = tap_weight.mm(features.reshape(channels, height * width))
-    if pad_h or pad_w:
-        products = F.pad(products.view(-1, height, width), (pad_w, pad_w, pad_h, pad_h))
-    padded_w = width + 2 * pad_w
-    origin = points + (points // out_w) * (padded_w - out_w)  # (h, w) -> h*padded_w + w
-    index = (_tap_offsets(kernel_h, kernel_w, padded_w) + origin).expand(taps_count, out_channels, points.shape[0])
-    values = products.view(taps_count, out_channels, -1).gather(2, index).sum(0)
-    return values if bias is None else values + bias[:, None]
+    # row o*kh*kw + t holds tap kh*kw - 1 - t of output channel o: fold's channel-major, tap-minor rows
+    tap_weight = weight.reshape(out_channels, channels, taps_count).flip(2).transpose(1, 2)
+    products = tap_weight.reshape(-1, channels).mm(features.reshape(channels, height * width))
+    out_size = keep.shape[-2:]
+    out = F.fold(products.unsqueeze(0), out_size, (kernel_h, kernel_w), padding=(kernel_h - 1 - pad_h, kernel_w - 1 - pad_w))
+    if bias is not None:
+        out = out + bias.view(1, -1, 1, 1)
+    return out.masked_fill_(keep.logical_not(), 0)
+
+
+def takes_taps(weight: Tensor, padding) -> bool:
+    """Whether the taps route computes this geometry: a padding of at most the kernel size - 1 (fold's own
+    padding, ``k - 1 - pad``, is not negative), every layer of the detection heads."""
+    return padding[0] < weight.shape[2] and padding[1] < weight.shape[3]
