@@ -19,7 +19,10 @@ GEMM floor: the convolutions' time above it is their gathers, scatter-adds and d
 compares the outputs of cvops and 1-thread spconv (diff1). Peak memory
 is the largest resident-set growth seen while one step runs (sampled every millisecond), measured for each
 library and thread count in a fresh process after a warm-up step (in one long process a step's growth depends
-on what ran before it), so it is approximate.
+on what ran before it), with glibc's mmap threshold fixed at 128 KiB (``MALLOC_MMAP_THRESHOLD_``): every
+larger block goes back to the system when freed, so the reading is the memory the step holds, the same in
+every process, not what glibc's adaptive threshold happens to keep (which moved one step's reading by up to
+160 MiB between processes).
 
     python benchmarks/bench_spconv_backbones.py [--tag network] [--nets VoxelBackBone8x,UNetV2] [--repeats 3]
 
@@ -89,12 +92,17 @@ def peak_rss_growth(fn) -> int:
     return max(peak[0], _rss() - base)
 
 
+PEAK_MMAP_THRESHOLD = 128 << 10  # glibc's own initial threshold, held fixed (see the module docstring)
+
+
 def peak_in_fresh_process(lib_name: str, net: str, threads: int, tag: str) -> int:
     """:func:`peak_rss_growth` of one step of ``net`` built from ``lib_name`` (``cvops`` or ``spconv``) at
-    ``threads`` torch threads, in a new Python process (:func:`_peak_main`) after one warm-up step."""
+    ``threads`` torch threads, in a new Python process (:func:`_peak_main`) after one warm-up step, with glibc's
+    mmap threshold fixed."""
     here = Path(__file__).resolve().parent
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(here), str(here.parent),
-                                                                    os.environ.get("PYTHONPATH")))))
+                                                                    os.environ.get("PYTHONPATH")))),
+               MALLOC_MMAP_THRESHOLD_=str(PEAK_MMAP_THRESHOLD))
     done = subprocess.run([sys.executable, __file__, "--peak-of", lib_name, net, str(threads), tag], env=env,
                           capture_output=True, text=True, check=True)
     return int(done.stdout.split()[-1])

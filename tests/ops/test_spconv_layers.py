@@ -89,6 +89,27 @@ def test_subm_centres_the_kernel_and_ignores_padding():
     torch.testing.assert_close(ya.features, _rows(ref, ya), atol=1e-10, rtol=1e-9)
 
 
+@pytest.mark.parametrize("cls", ["SubMConv3d", "SparseConv3d"])
+def test_the_backward_keeps_the_weight_itself_not_a_copy(cls):
+    """A layer's [out, *k, in] weight reaches the convolution as a permuted view: what its backward keeps is
+    that view of the parameter, so a network holds no second copy of its weights between forward and
+    backward. Its gradient is still the dense convolution's."""
+    x = _sp(random_sparse(2, (6, 7, 8), 60, 3, dtype=torch.float64, seed=2))
+    layer = getattr(spconv, cls)(3, 4, 3, padding=1, bias=False).double()
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        y = layer(x)
+    weights = [t for t in kept if t.dtype == torch.float64 and t.shape == (27, 3, 4)]
+    assert weights and all(t.untyped_storage().data_ptr() == layer.weight.untyped_storage().data_ptr()
+                           for t in weights)
+    y.features.sum().backward()
+    w = sparse.convert_weight(layer.weight.detach(), "spconv", "torch").requires_grad_()
+    dense = F.conv3d(x.dense(), w, None, 1, 1)
+    _rows(dense, y).sum().backward()
+    torch.testing.assert_close(layer.weight.grad, sparse.convert_weight(w.grad, "torch", "spconv"),
+                               atol=1e-10, rtol=1e-9)
+
+
 def test_indice_key_reuse_rules():
     x = _sp(random_sparse(2, (6, 7, 8), 60, 4, dtype=torch.float32, seed=3))
     # the backbone pattern: padding=1 then default padding under one key

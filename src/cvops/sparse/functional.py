@@ -119,12 +119,13 @@ def _conv_backward(grad_out: torch.Tensor, features: torch.Tensor, weight: torch
                    indice_num: torch.Tensor, inverse: bool, identity_offset: int,
                    backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     impl = backend_module(__package__, OP, backend, features.device, grad_out, features, weight)
-    return impl.backward(grad_out.contiguous(), features, weight, indice_pairs, indice_num, inverse,
-                         identity_offset)
+    grad_features, grad_weight = impl.backward(grad_out.contiguous(), features, weight, indice_pairs, indice_num,
+                                               inverse, identity_offset)
+    return grad_features, grad_weight.contiguous()  # the weight may be a strided view (the layers' spconv layout)
 
 
 def _conv_backward_fake(grad_out, features, weight, *_):
-    return torch.empty_like(features), torch.empty_like(weight)
+    return torch.empty_like(features), weight.new_empty(weight.shape)
 
 
 _indice_conv_op = custom_op("sparse_indice_conv", _conv, _conv_fake, backward=_conv_grad,
@@ -183,5 +184,7 @@ def _indice_conv(features, weight, indice_pairs, indice_num, num_out, *, inverse
         check_rows_unique_per_offset(by_input, indice_num)
     # forward scatters into the output rows (input rows when inverse), backward into the others
     pairs_forward, pairs_backward = (by_input, by_output) if inverse else (by_output, by_input)
-    return _indice_conv_op(features.contiguous(), weight.contiguous(), pairs_forward, pairs_backward,
+    # the weight as given (the layers pass a permuted view of their parameter): a contiguous copy saved for the
+    # backward would hold every layer's weight again until then; the kernels copy it for their call only
+    return _indice_conv_op(features.contiguous(), weight, pairs_forward, pairs_backward,
                            indice_num.cpu(), num_out, inverse, int(identity_offset), backend)

@@ -33,7 +33,7 @@ class IndiceData:
     transposed: bool = False
     algo: object = None
     voxel_num: object = None
-    pairs_by_output: torch.Tensor | None = field(default=None, repr=False)  # built on first use
+    pairs_by_output: torch.Tensor | None = field(default=None, repr=False)  # a subm map's, built on first use
 
     @property
     def indice_pair_num(self) -> torch.Tensor:
@@ -48,9 +48,15 @@ class IndiceData:
         return list(self.kernel_size)
 
     def pairs_sorted_by_output(self) -> torch.Tensor:
-        if self.pairs_by_output is None:
-            self.pairs_by_output = sort_pairs_by_output(self.indice_pairs, self.indice_num)
-        return self.pairs_by_output
+        """The map in output-row order. Kept for a subm map, which the following layers of its key reuse; a
+        strided map's is made anew for each use (its conv, and an inverse conv near the end of the network):
+        kept, a copy of the map would be held through the whole forward for that one later use."""
+        if self.pairs_by_output is not None:
+            return self.pairs_by_output
+        pairs = sort_pairs_by_output(self.indice_pairs, self.indice_num)
+        if self.subm:
+            self.pairs_by_output = pairs
+        return pairs
 
 
 class _Dense(torch.autograd.Function):
