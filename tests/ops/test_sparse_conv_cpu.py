@@ -72,16 +72,17 @@ def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
             assert diff1(a, b) < 1e-6 and diff2(a, b) < 1e-6
 
 
+@pytest.mark.parametrize("high", [9, 1 << 30])  # ties in a narrow range (counting sort); a wide one (merge sort)
 @pytest.mark.parametrize("col", [0, 1])
-def test_sort_pairs_numba_matches_torch(col):
-    """sort_pairs_by_column: the numba merge sort gives the torch stable sort's map (ties keep their order,
-    the slots past indice_num stay as they were), and an already sorted map comes back as it is."""
+def test_sort_pairs_numba_matches_torch(col, high):
+    """sort_pairs_by_column: the numba sort gives the torch stable sort's map (ties keep their order, the
+    slots past indice_num stay as they were), and an already sorted map comes back as it is."""
     from cvops._core import jit
     from cvops.sparse.kmap import sort_pairs_by_column
     if not jit.numba_available():
         pytest.skip("numba not installed")
     g = torch.Generator().manual_seed(23)
-    pairs = torch.randint(0, 9, (5, 2, 40), generator=g, dtype=torch.int32)  # ties on purpose
+    pairs = torch.randint(0, high, (5, 2, 40), generator=g, dtype=torch.int32)
     num = torch.tensor([40, 0, 17, 1, 33], dtype=torch.int32)
     results = []
     for backend in ("torch", "numba"):

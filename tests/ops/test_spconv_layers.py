@@ -110,6 +110,26 @@ def test_the_backward_keeps_the_weight_itself_not_a_copy(cls):
                                atol=1e-10, rtol=1e-9)
 
 
+def test_a_strided_map_is_kept_compact_and_serves_its_inverse():
+    """A strided layer keeps its map with as many slots per offset as the fullest offset fills (the op's map
+    has one per input site): the same pairs, and the conv and its inverse give the results of the full map."""
+    x = _sp(random_sparse(2, (12, 14, 16), 300, 3, dtype=torch.float64, seed=4))
+    down = spconv.SparseConv3d(3, 5, 3, 2, 1, indice_key="d").double()
+    up = spconv.SparseInverseConv3d(5, 3, 3, "d").double()
+    y = down(x)
+    z = up(y)
+    data = y.indice_dict["d"]
+    _, full, num = sparse.get_indice_pairs_nd(x.indices, 2, x.spatial_shape, (3, 3, 3), (2, 2, 2), (1, 1, 1),
+                                              (1, 1, 1), False, False, 0)
+    assert full.shape[2] == x.indices.shape[0] > data.indice_pairs.shape[2] == int(num.max())
+    assert torch.equal(data.indice_pairs, full[:, :, :int(num.max())]) and torch.equal(data.indice_num, num)
+    w_down, w_up = down.kernel_weight(), up.kernel_weight()
+    want_y = sparse.indice_conv(x.features, w_down, full, num, y.indices.shape[0]) + down.bias
+    want_z = sparse.indice_conv(want_y, w_up, full, num, x.indices.shape[0], inverse=True) + up.bias
+    torch.testing.assert_close(y.features, want_y, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(z.features, want_z, rtol=1e-12, atol=1e-12)
+
+
 def test_indice_key_reuse_rules():
     x = _sp(random_sparse(2, (6, 7, 8), 60, 4, dtype=torch.float32, seed=3))
     # the backbone pattern: padding=1 then default padding under one key

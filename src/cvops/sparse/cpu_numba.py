@@ -289,17 +289,32 @@ def block_bounds(pairs: torch.Tensor, counts: torch.Tensor, col: int, block_rows
 def _sort_by_column(pairs, counts, col, out, k_lo, k_hi):
     for k in range(k_lo, k_hi):
         n = counts[k]
-        order = np.argsort(pairs[k, col, :n], kind="mergesort")
-        for c in range(2):
+        keys = pairs[k, col, :n]
+        lo = keys.min() if n else 0
+        span = (keys.max() - lo + 1) if n else 0
+        if span <= 4 * n + 4096:  # row numbers: a stable counting sort, two passes
+            starts = np.zeros(span + 1, np.int64)
             for i in range(n):
-                out[k, c, i] = pairs[k, c, order[i]]
-            for i in range(n, pairs.shape[2]):
-                out[k, c, i] = pairs[k, c, i]
+                starts[keys[i] - lo + 1] += 1
+            for v in range(span):
+                starts[v + 1] += starts[v]
+            for i in range(n):
+                slot = starts[keys[i] - lo]
+                starts[keys[i] - lo] = slot + 1
+                out[k, 0, slot] = pairs[k, 0, i]
+                out[k, 1, slot] = pairs[k, 1, i]
+        else:  # keys spread far wider than their count: a merge sort
+            order = np.argsort(keys, kind="mergesort")
+            for c in range(2):
+                for i in range(n):
+                    out[k, c, i] = pairs[k, c, order[i]]
+        out[k, :, n:] = pairs[k, :, n:]
 
 
 def sort_pairs_by_column(pairs: torch.Tensor, counts: torch.Tensor, col: int) -> torch.Tensor:
-    """Each offset's valid pairs in ascending ``pairs[k, col]`` (stable merge sort), the tail slots as they
-    were: the result of ``kmap.sort_pairs_by_column``'s torch sort, without its int64 key copy."""
+    """Each offset's valid pairs in ascending ``pairs[k, col]``, stable, the tail slots as they were: the result
+    of ``kmap.sort_pairs_by_column``'s torch sort, without its int64 key copy. The keys are row numbers, so a
+    counting sort orders an offset in two passes over its pairs and the rows they span."""
     out = torch.empty_like(pairs)
     _per_offset(_sort_by_column, pairs, int(counts.sum()) * 16, numpy_alias(pairs),
                 numpy_alias(counts.to(torch.int64)), col, numpy_alias(out))
