@@ -72,9 +72,10 @@ def test_cpu_blocks_give_the_same_bits_on_any_thread_count(case, monkeypatch):
             assert diff1(a, b) < 1e-6 and diff2(a, b) < 1e-6
 
 
-@pytest.mark.parametrize("high", [9, 1 << 30])  # ties in a narrow range (counting sort); a wide one (merge sort)
+# ties in a narrow range (counting sort); a wide one (merge sort); int32's whole range (its span overflows int32)
+@pytest.mark.parametrize("low, high", [(0, 9), (0, 1 << 30), (-(1 << 31), (1 << 31) - 1)])
 @pytest.mark.parametrize("col", [0, 1])
-def test_sort_pairs_numba_matches_torch(col, high):
+def test_sort_pairs_numba_matches_torch(col, low, high):
     """sort_pairs_by_column: the numba sort gives the torch stable sort's map (ties keep their order, the
     slots past indice_num stay as they were), and an already sorted map comes back as it is."""
     from cvops._core import jit
@@ -82,7 +83,7 @@ def test_sort_pairs_numba_matches_torch(col, high):
     if not jit.numba_available():
         pytest.skip("numba not installed")
     g = torch.Generator().manual_seed(23)
-    pairs = torch.randint(0, high, (5, 2, 40), generator=g, dtype=torch.int32)
+    pairs = torch.randint(low, high, (5, 2, 40), generator=g, dtype=torch.int32)
     num = torch.tensor([40, 0, 17, 1, 33], dtype=torch.int32)
     results = []
     for backend in ("torch", "numba"):

@@ -290,9 +290,9 @@ def _sort_by_column(pairs, counts, col, out, k_lo, k_hi):
     for k in range(k_lo, k_hi):
         n = counts[k]
         keys = pairs[k, col, :n]
-        lo = keys.min() if n else 0
-        span = (keys.max() - lo + 1) if n else 0
-        if span <= 4 * n + 4096:  # row numbers: a stable counting sort, two passes
+        lo = np.int64(keys.min()) if n else np.int64(0)
+        span = np.int64(keys.max()) - lo + 1 if n else np.int64(0)  # negative if it wraps: any int64 keys
+        if 0 <= span <= 4 * n + 4096:  # row numbers: a stable counting sort, two passes
             starts = np.zeros(span + 1, np.int64)
             for i in range(n):
                 starts[keys[i] - lo + 1] += 1

@@ -53,8 +53,9 @@ def cheapest(points: int, features: Tensor, out_positions: int, weight: Tensor, 
 
 
 def choose(features: Tensor, weight: Tensor, keep: Tensor, padding, backend: Optional[str]) -> str:
-    """This call's route: the :func:`cheapest` (taps where :func:`takes_taps`) for a CPU float32/float64 call with the default or cpu
-    backend outside torch.compile (the point count is data-dependent there), else the gather route.
+    """This call's route: the :func:`cheapest` (taps where :func:`takes_taps`) for a CPU float32/float64 call
+    with the default or cpu backend outside torch.compile (the point count is data-dependent there), else the
+    gather route.
     Where the weight's gradient is wanted every feature value must also be finite for the dense and taps
     routes: their weight gradient sums over every position, and a zero gradient times an inf away
     from the points is NaN."""
@@ -155,8 +156,8 @@ def taps(features: Tensor, keep: Tensor, weight: Tensor, bias: Optional[Tensor],
     # row o*kh*kw + t holds tap kh*kw - 1 - t of output channel o: fold's channel-major, tap-minor rows
     tap_weight = weight.reshape(out_channels, channels, taps_count).flip(2).transpose(1, 2)
     products = tap_weight.reshape(-1, channels).mm(features.reshape(channels, height * width))
-    out_size = keep.shape[-2:]
-    out = F.fold(products.unsqueeze(0), out_size, (kernel_h, kernel_w), padding=(kernel_h - 1 - pad_h, kernel_w - 1 - pad_w))
+    out = F.fold(products.unsqueeze(0), keep.shape[-2:], (kernel_h, kernel_w),
+                 padding=(kernel_h - 1 - pad_h, kernel_w - 1 - pad_w))
     if bias is not None:
         out = out + bias.view(1, -1, 1, 1)
     return out.masked_fill_(keep.logical_not(), 0)
