@@ -21,8 +21,7 @@ is the largest resident-set growth seen while one step runs (sampled every milli
 library and thread count in a fresh process after a warm-up step (in one long process a step's growth depends
 on what ran before it), with glibc's mmap threshold fixed at 128 KiB (``MALLOC_MMAP_THRESHOLD_``): every
 larger block goes back to the system when freed, so the reading is the memory the step holds, the same in
-every process, not what glibc's adaptive threshold happens to keep (which moved one step's reading by up to
-160 MiB between processes).
+every process, not what glibc's adaptive threshold happens to keep.
 
     python benchmarks/bench_spconv_backbones.py [--tag network] [--nets VoxelBackBone8x,UNetV2] [--repeats 3]
 

@@ -163,11 +163,12 @@ def kernel_map(layer, x: SparseConvTensor, *, inverse: bool = False, transposed:
                 f"output spatial shape {out_spatial} is empty for input {x.spatial_shape}")
     out_indices, pairs, num = get_indice_pairs_nd(x.indices, x.batch_size, x.spatial_shape, kernel, stride,
                                                   padding, dilation, subm, transposed, output_padding or 0)
-    if not subm and pairs.shape[2] and int(num.max()) < pairs.shape[2]:
+    width = pairs.shape[2] if subm or not pairs.shape[2] else int(num.max())
+    if width < pairs.shape[2]:
         # a strided map has a slot per input site in every offset, and an offset pairs about 1/stride**3 of
         # them: kept compact, the slots no offset fills (86% of the strided maps of the four detection backbones
         # in benchmarks/) are not held to the end of the step
-        pairs = pairs[:, :, :int(num.max())].clone()
+        pairs = pairs[:, :, :width].clone()
     data = IndiceData(out_indices, x.indices, pairs, num, list(x.spatial_shape), list(out_spatial), kernel, subm,
                       stride=stride, padding=padding, dilation=dilation, transposed=transposed,
                       algo=getattr(layer, "algo", None))
