@@ -16,7 +16,7 @@ from tests.support.cases import case_id, load_cases
 from cvops._core.errors import BadParamError, Status
 from cvops.metrics import bit_equal
 from tests.conftest import installed_cpu_paths, requires_numba
-from tests.support.op_tester import LAYOUTS, OpTester, Sample
+from tests.support.op_tester import ALL, LAYOUTS, OpTester, Sample, backend_params
 
 MODES = ("collect", "distribute")
 
@@ -227,6 +227,49 @@ def test_module_matches_functional_and_rejects_bad_modes():
         cvops.nn.PSAMask("collect", 3)(x)
 
 
+# -------------------------------------------------------------------------------- out=
+@pytest.mark.parametrize("backend", backend_params(ALL))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_out_receives_the_result_and_is_returned(backend, layout):
+    """Every element of ``out`` is written (it starts as NaN), with the bits of a call without it."""
+    for mode in MODES:
+        s = sample(2, 4, 5, 3, 4, mode, layout)
+        for fn, t in ((cvops.psamask_forward, s.x), (cvops.psamask_backward, s.dy)):
+            want = fn(t, mode, s.mask, layout, backend=backend)
+            out = torch.full_like(want, float("nan"))
+            assert fn(t, mode, s.mask, layout, backend=backend, out=out) is out
+            assert bit_equal(out, want), (fn.__name__, mode)
+
+
+def test_out_with_zero_elements_and_without_grad_mode():
+    x = torch.randn(0, 9, 4, 4)
+    out = torch.full((0, 16, 4, 4), 1.0)
+    assert cvops.psamask_forward(x, "collect", 3, out=out) is out
+    leaf = torch.randn(1, 9, 3, 3, requires_grad=True)
+    with torch.no_grad():  # as torch's out= functions: allowed where no gradient is recorded
+        out = cvops.psamask_forward(leaf, "collect", 3, out=torch.empty(1, 9, 3, 3))
+    assert torch.equal(out, cvops.psamask_forward(leaf.detach(), "collect", 3))
+
+
+@pytest.mark.parametrize("bad, rule", [
+    (lambda x: torch.empty(1, 16, 4, 4, dtype=torch.float64), "out must be torch.float32 on cpu"),
+    (lambda x: torch.empty(1, 16, 4, 5), r"out must have shape \(1, 16, 4, 4\)"),
+    (lambda x: torch.empty(1, 4, 4, 16).permute(0, 3, 1, 2), "out must be contiguous"),
+    (lambda x: x, "out must not share memory with the input"),
+    (lambda x: torch.empty(1, 16, 4, 4, device="meta"), "out must be torch.float32 on cpu"),
+    (lambda x: [0.0], "out must be a torch.Tensor"),
+])
+def test_bad_out_is_refused_naming_the_rule(bad, rule):
+    x = torch.randn(1, 16, 4, 4)  # a 4x4 map under a 4x4 mask: out has the input's shape
+    with pytest.raises(BadParamError, match=rule):
+        cvops.psamask_forward(x, "collect", 4, out=bad(x))
+    with pytest.raises(BadParamError, match="out= does not differentiate"):
+        cvops.psamask_backward(x.clone().requires_grad_(), "collect", 4, out=torch.empty(1, 16, 4, 4))
+    both = torch.randn(2, 16, 4, 4)  # out half over the input, half past it
+    with pytest.raises(BadParamError, match="share memory"):
+        cvops.psamask_forward(both[:1], "distribute", 4, out=torch.as_strided(both, (1, 16, 4, 4), (256, 16, 4, 1), 128))
+
+
 def _mlu_psamask(direction, psa_type, x, out, h_mask, w_mask, layout=mluops.Layout.NHWC):
     handle = mluops.create_handle()
     x_desc = mluops.descriptor_of(x, layout)
@@ -260,6 +303,7 @@ def test_mluops_bad_parameters_return_bad_param():
         ("forward", 0, x, y, None, 3),                                 # h_mask is null
         ("forward", 0, x, y, "3", 3),                                  # h_mask a string
         ("backward", 0, torch.zeros(1, 4, 4, 15), torch.zeros(1, 4, 4, 9), 3, 3),
+        ("forward", 0, y, y, 4, 4),                                    # y is x: written while read
     ]
     for direction, mode, a, b, hm, wm in cases:
         status, handle = _mlu_psamask(direction, mode, a, b, hm, wm)

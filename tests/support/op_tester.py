@@ -41,7 +41,8 @@ ALL = ("reference",) + FAST
 _MARKS = {"numba": requires_numba, "triton": requires_triton}
 
 
-def _backends(names):
+def backend_params(names):
+    """pytest params of ``names``, each backing off where its backend is missing."""
     return [pytest.param(b, marks=_MARKS[b]) if b in _MARKS else b for b in names]
 
 
@@ -203,7 +204,7 @@ class OpTester:
         if "bad" in names:
             metafunc.parametrize("bad", self.bad_inputs, ids=[b[0] for b in self.bad_inputs])
         if "backend" in names:
-            metafunc.parametrize("backend", _backends(self._backends_of(metafunc.function.__name__)))
+            metafunc.parametrize("backend", backend_params(self._backends_of(metafunc.function.__name__)))
 
     def _backends_of(self, test: str) -> tuple:
         if test in ("test_gradcheck", "test_zero_elements", "test_bad_input"):

@@ -75,6 +75,30 @@ def pair(op: str, name: str, value, n: int = 2, *, min_value: int | None = None)
     return tuple(check_int(op, name, v, min_value=min_value) for v in items)
 
 
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes ``[first, last)`` that ``t``'s elements can occupy (torch strides are not negative)."""
+    reach = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (reach + 1) * t.element_size()
+
+
+def check_out(op: str, out, shape, source: torch.Tensor) -> None:
+    """``out`` can take an op's result of ``shape`` computed from ``source``: a contiguous tensor of
+    ``source``'s dtype and device that shares no memory with it. As for torch's functions with ``out=``,
+    nothing is differentiated: ``source`` must not want a gradient."""
+    check_tensor(op, "out", out)
+    if tuple(out.shape) != tuple(shape):
+        require(False, op, f"out must have shape {tuple(shape)}, got {tuple(out.shape)}")
+    if out.dtype != source.dtype or out.device != source.device:
+        require(False, op, f"out must be {source.dtype} on {source.device} like the input, "
+                           f"got {out.dtype} on {out.device}")
+    require(out.is_contiguous(), op, "out must be contiguous")
+    if out.numel() and source.numel():
+        (a, b), (c, d) = _byte_span(out), _byte_span(source)
+        require(b <= c or d <= a, op, "out must not share memory with the input")
+    require(not (torch.is_grad_enabled() and source.requires_grad), op,
+            "out= does not differentiate (as torch's functions with out=): the input requires grad")
+
+
 def check_same_device(op: str, **tensors: torch.Tensor) -> None:
     if all(t.is_cpu for t in tensors.values()):  # the common case, without building a device object per tensor
         return

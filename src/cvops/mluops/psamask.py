@@ -2,6 +2,8 @@
 caller-allocated outputs."""
 from __future__ import annotations
 
+import torch
+
 from .._core.errors import BadParamError
 from .._core.validate import check_int, require
 from ..ops.psamask import psamask_backward as _psamask_backward, psamask_forward as _psamask_forward
@@ -43,7 +45,8 @@ def psamask_forward(handle, psa_type, x_desc, x, h_mask, w_mask, y_desc, y):
     op = "mluOpPsamaskForward"
     if not _check(op, psa_type, x_desc, y_desc, h_mask, w_mask):
         x, y = check_data(op, "x", x_desc, x), check_data(op, "y", y_desc, y)
-        y.copy_(_psamask_forward(x, psa_type, (h_mask, w_mask), layout="NHWC"))
+        with torch.no_grad():  # the kernel writes y itself (y overlapping x is BAD_PARAM)
+            _psamask_forward(x, psa_type, (h_mask, w_mask), layout="NHWC", out=y)
 
 
 @entry_point("mluOpPsamaskBackward")
@@ -52,4 +55,5 @@ def psamask_backward(handle, psa_type, dy_desc, dy, h_mask, w_mask, dx_desc, dx)
     op = "mluOpPsamaskBackward"
     if not _check(op, psa_type, dx_desc, dy_desc, h_mask, w_mask):
         dy, dx = check_data(op, "dy", dy_desc, dy), check_data(op, "dx", dx_desc, dx)
-        dx.copy_(_psamask_backward(dy, psa_type, (h_mask, w_mask), layout="NHWC"))
+        with torch.no_grad():
+            _psamask_backward(dy, psa_type, (h_mask, w_mask), layout="NHWC", out=dx)

@@ -16,18 +16,28 @@ import torch
 from ..._core.dispatch import backend_module, check_backend
 from ..._core.layout import as_nchw, from_nchw, nchw_shape, stored_shape
 from ..._core.opdef import custom_op
+from ..._core.validate import check_out
 from .checks import OP, check_backward, check_forward
 
 __all__ = ["psamask", "psamask_forward", "psamask_backward"]
 
 
 def _run(direction: str, t: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str,
-         backend: Optional[str]) -> torch.Tensor:
+         backend: Optional[str], out: Optional[torch.Tensor] = None) -> torch.Tensor:
     module = backend_module(__name__, OP, backend, t.device, t)
     if t.numel() == 0:  # psamask.md 1.1: zero elements return at once
-        return t.new_zeros(_result_shape(direction, t, h_mask, w_mask, layout))
-    out = getattr(module, direction)(as_nchw(t, layout), psa_type, h_mask, w_mask, layout)
-    return from_nchw(out, layout).contiguous()
+        shape = _result_shape(direction, t, h_mask, w_mask, layout)
+        return t.new_zeros(shape) if out is None else out.zero_()
+    result = getattr(module, direction)(as_nchw(t, layout), psa_type, h_mask, w_mask, layout,
+                                        out=None if out is None else as_nchw(out, layout))
+    return from_nchw(result, layout).contiguous() if out is None else out
+
+
+def _into(direction: str, t: torch.Tensor, code: int, h_mask: int, w_mask: int, layout: str,
+          backend: Optional[str], out: torch.Tensor) -> torch.Tensor:
+    """A call with ``out=``: the kernel writes the caller's tensor, outside autograd and the custom op."""
+    check_out(OP, out, _result_shape(direction, t, h_mask, w_mask, layout), t)
+    return _run(direction, t, code, h_mask, w_mask, layout, backend, out)
 
 
 def _result_shape(direction, t, h_mask, w_mask, layout):
@@ -64,7 +74,7 @@ _backward_op = custom_op("psamask_backward", _backward, _fake("backward"), backw
 
 
 def psamask_forward(input: torch.Tensor, psa_type, mask_size, layout: str = "NCHW",
-                    backend: Optional[str] = None) -> torch.Tensor:
+                    backend: Optional[str] = None, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """PSA mask forward.
 
     Args:
@@ -75,24 +85,31 @@ def psamask_forward(input: torch.Tensor, psa_type, mask_size, layout: str = "NCH
         layout: storage layout of input and output.
         backend: ``None`` (the device's default), ``"reference"``, ``"torch"``, ``"numba"`` or ``"triton"`` (see
             ``cvops._core.dispatch``; ``"cpu"`` still means the CPU default).
+        out: optional contiguous tensor of the result's shape, dtype and device, sharing no memory with
+            ``input``, to write the result into (and return); as with torch's ``out=``, no gradient flows.
+            A caller that reuses it skips a fresh output's page faults, a large part of this op's cost.
 
     Returns:
         ``[N, H*W, H, W]`` (NCHW) or ``[N, H, W, H*W]`` (NHWC), same dtype and device as ``input``.
     """
     code, h_mask, w_mask, layout = check_forward(input, psa_type, mask_size, layout)
     check_backend(__name__, OP, backend, input.device, input)
+    if out is not None:
+        return _into("forward", input, code, h_mask, w_mask, layout, backend, out)
     return _forward_op(input, code, h_mask, w_mask, layout, backend)
 
 
 def psamask_backward(grad_output: torch.Tensor, psa_type, mask_size, layout: str = "NCHW",
-                     backend: Optional[str] = None) -> torch.Tensor:
+                     backend: Optional[str] = None, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Gradient of :func:`psamask_forward` w.r.t. its input.
 
     ``grad_output [N, H*W, H, W]`` (or NHWC ``[N, H, W, H*W]``) -> ``[N, h_mask*w_mask, H, W]`` (or NHWC).
-    ``backend``: as in :func:`psamask_forward`.
+    ``backend`` and ``out``: as in :func:`psamask_forward`.
     """
     code, h_mask, w_mask, layout = check_backward(grad_output, psa_type, mask_size, layout)
     check_backend(__name__, OP, backend, grad_output.device, grad_output)
+    if out is not None:
+        return _into("backward", grad_output, code, h_mask, w_mask, layout, backend, out)
     return _backward_op(grad_output, code, h_mask, w_mask, layout, backend)
 
 

@@ -30,20 +30,21 @@ def _windows(h: int, w: int, h_mask: int, w_mask: int, psa_type: int):
                 yield mask_index, (slice(None), ph, pw, rows, cols)
 
 
-def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
-    """x: logical NCHW ``[N, h_mask*w_mask, H, W]`` -> logical NCHW ``[N, H*W, H, W]`` stored in ``layout``."""
+def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str, out=None) -> torch.Tensor:
+    """x: logical NCHW ``[N, h_mask*w_mask, H, W]`` -> logical NCHW ``[N, H*W, H, W]`` stored in ``layout``
+    (``out`` when given)."""
     n, _, h, w = x.shape
-    out = empty_nchw((n, h * w, h, w), layout, like=x, zero=True)
+    out = empty_nchw((n, h * w, h, w), layout, like=x, zero=True) if out is None else out.zero_()
     src, dst = x.unflatten(1, (h_mask, w_mask)), out.unflatten(1, (h, w))
     for mask_index, map_index in _windows(h, w, h_mask, w_mask, psa_type):
         dst[map_index] = src[mask_index]
     return out
 
 
-def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
-    """dy: logical NCHW ``[N, H*W, H, W]`` -> dx logical NCHW ``[N, h_mask*w_mask, H, W]``."""
+def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str, out=None) -> torch.Tensor:
+    """dy: logical NCHW ``[N, H*W, H, W]`` -> dx logical NCHW ``[N, h_mask*w_mask, H, W]`` (``out`` when given)."""
     n, _, h, w = dy.shape
-    dx = empty_nchw((n, h_mask * w_mask, h, w), layout, like=dy, zero=True)
+    dx = empty_nchw((n, h_mask * w_mask, h, w), layout, like=dy, zero=True) if out is None else out.zero_()
     src, dst = dy.unflatten(1, (h, w)), dx.unflatten(1, (h_mask, w_mask))
     for mask_index, map_index in _windows(h, w, h_mask, w_mask, psa_type):
         dst[mask_index] = src[map_index]

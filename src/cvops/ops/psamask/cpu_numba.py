@@ -454,10 +454,11 @@ def _launch_sheared(out, src, is_forward, collect, h, w, hm, wm, blocks):
            blocks, out.numel())
 
 
-def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
-    """x: logical NCHW ``[N, h_mask*w_mask, H, W]`` -> logical NCHW ``[N, H*W, H, W]`` stored in ``layout``."""
+def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str, out=None) -> torch.Tensor:
+    """x: logical NCHW ``[N, h_mask*w_mask, H, W]`` -> logical NCHW ``[N, H*W, H, W]`` stored in ``layout``
+    (``out`` when given: every element is written)."""
     n, _, h, w = x.shape
-    out = empty_nchw((n, h * w, h, w), layout, like=x)
+    out = empty_nchw((n, h * w, h, w), layout, like=x) if out is None else out
     if _sheared(x, layout, w, w_mask):
         _launch_sheared(out, x, True, psa_type == COLLECT, h, w, h_mask, w_mask, n * h)
         return out
@@ -469,10 +470,10 @@ def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: st
     return out
 
 
-def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
-    """dy: logical NCHW ``[N, H*W, H, W]`` -> dx logical NCHW ``[N, h_mask*w_mask, H, W]``."""
+def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str, out=None) -> torch.Tensor:
+    """dy: logical NCHW ``[N, H*W, H, W]`` -> dx logical NCHW ``[N, h_mask*w_mask, H, W]`` (``out`` when given)."""
     n, _, h, w = dy.shape
-    dx = empty_nchw((n, h_mask * w_mask, h, w), layout, like=dy)
+    dx = empty_nchw((n, h_mask * w_mask, h, w), layout, like=dy) if out is None else out
     if _sheared(dy, layout, w, w_mask):
         _launch_sheared(dx, dy, False, psa_type == COLLECT, h, w, h_mask, w_mask, n * h_mask)
         return dx

@@ -25,6 +25,10 @@ def _from_bits(flat: np.ndarray, shape_nhwc, like: torch.Tensor) -> torch.Tensor
     return out.permute(0, 3, 1, 2).to(like.device)
 
 
+def _into(result: torch.Tensor, out) -> torch.Tensor:
+    return result if out is None else out.copy_(result)
+
+
 def _walk(num, h_feature, w_feature, h_mask, w_mask, psa_type):
     """Yield (input_slice, output_slice) pairs of the doc's loops, innermost loop as slices."""
     c_o = h_feature * w_feature
@@ -58,21 +62,23 @@ def _walk(num, h_feature, w_feature, h_mask, w_mask, psa_type):
                            slice(out_index, out_index + out_step * (count - 1) + 1, out_step))
 
 
-def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
-    """x: logical NCHW ``[N, h_mask*w_mask, H, W]`` -> logical NCHW ``[N, H*W, H, W]``."""
+def forward(x: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str, out=None) -> torch.Tensor:
+    """x: logical NCHW ``[N, h_mask*w_mask, H, W]`` -> logical NCHW ``[N, H*W, H, W]`` (written into ``out``
+    when given)."""
     num, _, h_feature, w_feature = x.shape
     src = _flat_bits(x)
-    out = np.zeros(num * h_feature * w_feature * h_feature * w_feature, dtype=src.dtype)
+    out_bits = np.zeros(num * h_feature * w_feature * h_feature * w_feature, dtype=src.dtype)
     for in_slice, out_slice in _walk(num, h_feature, w_feature, h_mask, w_mask, psa_type):
-        out[out_slice] = src[in_slice]
-    return _from_bits(out, (num, h_feature, w_feature, h_feature * w_feature), x)
+        out_bits[out_slice] = src[in_slice]
+    return _into(_from_bits(out_bits, (num, h_feature, w_feature, h_feature * w_feature), x), out)
 
 
-def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str) -> torch.Tensor:
-    """dy: logical NCHW ``[N, H*W, H, W]`` -> dx logical NCHW ``[N, h_mask*w_mask, H, W]``."""
+def backward(dy: torch.Tensor, psa_type: int, h_mask: int, w_mask: int, layout: str, out=None) -> torch.Tensor:
+    """dy: logical NCHW ``[N, H*W, H, W]`` -> dx logical NCHW ``[N, h_mask*w_mask, H, W]`` (written into
+    ``out`` when given)."""
     num, _, h_feature, w_feature = dy.shape
     src = _flat_bits(dy)
     dx = np.zeros(num * h_feature * w_feature * h_mask * w_mask, dtype=src.dtype)
     for in_slice, out_slice in _walk(num, h_feature, w_feature, h_mask, w_mask, psa_type):
         dx[in_slice] = src[out_slice]
-    return _from_bits(dx, (num, h_feature, w_feature, h_mask * w_mask), dy)
+    return _into(_from_bits(dx, (num, h_feature, w_feature, h_mask * w_mask), dy), out)

@@ -98,12 +98,13 @@ def _launch(kernel, src, dst, psa_type, h_mask, w_mask, layout):
     return dst
 
 
-def forward(x, psa_type, h_mask, w_mask, layout):
+def forward(x, psa_type, h_mask, w_mask, layout, out=None):
     n, _, h, w = x.shape
-    return _launch(_psamask_forward_kernel, x, empty_nchw((n, h * w, h, w), layout, like=x), psa_type, h_mask, w_mask, layout)
+    out = empty_nchw((n, h * w, h, w), layout, like=x) if out is None else out
+    return _launch(_psamask_forward_kernel, x, out, psa_type, h_mask, w_mask, layout)
 
 
-def backward(dy, psa_type, h_mask, w_mask, layout):
+def backward(dy, psa_type, h_mask, w_mask, layout, out=None):
     n, _, h, w = dy.shape
-    return _launch(_psamask_backward_kernel, dy, empty_nchw((n, h_mask * w_mask, h, w), layout, like=dy),
-                   psa_type, h_mask, w_mask, layout)
+    dx = empty_nchw((n, h_mask * w_mask, h, w), layout, like=dy) if out is None else out
+    return _launch(_psamask_backward_kernel, dy, dx, psa_type, h_mask, w_mask, layout)
