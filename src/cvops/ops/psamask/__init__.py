@@ -28,12 +28,14 @@ def _run(direction: str, t: torch.Tensor, psa_type: int, h_mask: int, w_mask: in
     if t.numel() == 0:  # psamask.md 1.1: zero elements return at once
         shape = _result_shape(direction, t, h_mask, w_mask, layout)
         return t.new_zeros(shape) if out is None else out.zero_()
-    result = getattr(module, direction)(as_nchw(t, layout), psa_type, h_mask, w_mask, layout,
-                                        out=None if out is None else as_nchw(out, layout))
-    return from_nchw(result, layout).contiguous() if out is None else out
+    kernel = getattr(module, direction)
+    if out is None:
+        return from_nchw(kernel(as_nchw(t, layout), psa_type, h_mask, w_mask, layout), layout).contiguous()
+    kernel(as_nchw(t, layout), psa_type, h_mask, w_mask, layout, out=as_nchw(out, layout))
+    return out
 
 
-def _into(direction: str, t: torch.Tensor, code: int, h_mask: int, w_mask: int, layout: str,
+def _run_into(direction: str, t: torch.Tensor, code: int, h_mask: int, w_mask: int, layout: str,
           backend: Optional[str], out: torch.Tensor) -> torch.Tensor:
     """A call with ``out=``: the kernel writes the caller's tensor, outside autograd and the custom op."""
     check_out(OP, out, _result_shape(direction, t, h_mask, w_mask, layout), t)
@@ -95,7 +97,7 @@ def psamask_forward(input: torch.Tensor, psa_type, mask_size, layout: str = "NCH
     code, h_mask, w_mask, layout = check_forward(input, psa_type, mask_size, layout)
     check_backend(__name__, OP, backend, input.device, input)
     if out is not None:
-        return _into("forward", input, code, h_mask, w_mask, layout, backend, out)
+        return _run_into("forward", input, code, h_mask, w_mask, layout, backend, out)
     return _forward_op(input, code, h_mask, w_mask, layout, backend)
 
 
@@ -109,7 +111,7 @@ def psamask_backward(grad_output: torch.Tensor, psa_type, mask_size, layout: str
     code, h_mask, w_mask, layout = check_backward(grad_output, psa_type, mask_size, layout)
     check_backend(__name__, OP, backend, grad_output.device, grad_output)
     if out is not None:
-        return _into("backward", grad_output, code, h_mask, w_mask, layout, backend, out)
+        return _run_into("backward", grad_output, code, h_mask, w_mask, layout, backend, out)
     return _backward_op(grad_output, code, h_mask, w_mask, layout, backend)
 
 
