@@ -26,8 +26,7 @@ def _run(direction: str, t: torch.Tensor, psa_type: int, h_mask: int, w_mask: in
          backend: Optional[str], out: Optional[torch.Tensor] = None) -> torch.Tensor:
     module = backend_module(__name__, OP, backend, t.device, t)
     if t.numel() == 0:  # psamask.md 1.1: zero elements return at once
-        shape = _result_shape(direction, t, h_mask, w_mask, layout)
-        return t.new_zeros(shape) if out is None else out.zero_()
+        return t.new_zeros(_result_shape(direction, t, h_mask, w_mask, layout)) if out is None else out.zero_()
     kernel = getattr(module, direction)
     if out is None:
         return from_nchw(kernel(as_nchw(t, layout), psa_type, h_mask, w_mask, layout), layout).contiguous()
